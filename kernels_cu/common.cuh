@@ -1,0 +1,44 @@
+// common.cuh -- device helpers shared by every kernel file of the catalogue.
+//
+// Kept small on purpose: a kernel file should read on its own, so only what several files use
+// lives here (ceil_div, warp reductions, float4 access, the GELU constant).
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
+
+namespace cg = cooperative_groups;
+
+#define CEIL_DIV(M, N) (((M) + (N) - 1) / (N))
+
+// Full-warp butterfly reductions: every lane ends with the result. All 32 lanes must take part.
+__device__ __forceinline__ float warpReduceSum(float val) {
+    for (int offset = 16; offset > 0; offset /= 2) {
+        val += __shfl_xor_sync(0xFFFFFFFFu, val, offset);
+    }
+    return val;
+}
+
+__device__ __forceinline__ float warpReduceMax(float val) {
+    for (int offset = 16; offset > 0; offset /= 2) {
+        val = fmaxf(val, __shfl_xor_sync(0xFFFFFFFFu, val, offset));
+    }
+    return val;
+}
+
+// 128-bit access to FP32 data: the "packed" loads of llm.c's bf16 kernels are float4 in FP32.
+// The pointer must be 16-byte aligned, which the runtime checks for float4* parameters.
+__device__ __forceinline__ float4 load128(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load128cs(const float* p) { return __ldcs(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ void store128(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void store128cs(float* p, float4 v) { __stcs(reinterpret_cast<float4*>(p), v); }
+
+__device__ __forceinline__ float float4_get(const float4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ void float4_set(float4& v, int i, float x) {
+    if (i == 0) v.x = x; else if (i == 1) v.y = x; else if (i == 2) v.z = x; else v.w = x;
+}
+
+// sqrt(2/pi), the constant of GPT-2's tanh approximation of GELU.
+#define GELU_SCALING_FACTOR 0.7978845608028654f

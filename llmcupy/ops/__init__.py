@@ -1,0 +1,66 @@
+"""The kernel catalogue: every op module in this package that defines ``OP`` is registered.
+
+``llmcupy.ops`` is itself a read-only mapping from op name to :class:`~llmcupy.ops._op.Op`::
+
+    import llmcupy
+    op = llmcupy.ops["softmax_forward"]
+    sorted(llmcupy.ops)            # every op name
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+import types
+
+from ._op import ALL_BLOCK_SIZES, Bound, Op, OpError, Version, check_outputs, compare
+
+_REGISTRY: dict[str, Op] = {}
+
+
+def _discover() -> dict[str, Op]:
+    if not _REGISTRY:
+        for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+            if info.name.startswith("_"):
+                continue
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            op = getattr(module, "OP", None)
+            if isinstance(op, Op):
+                _REGISTRY[op.name] = op
+    return _REGISTRY
+
+
+def get(name: str) -> Op:
+    ops = _discover()
+    if name not in ops:
+        raise OpError(f"unknown op {name!r}; ops: {', '.join(sorted(ops))}")
+    return ops[name]
+
+
+def names() -> list[str]:
+    return sorted(_discover())
+
+
+class _OpsModule(types.ModuleType):
+    """Lets the package be used as ``llmcupy.ops["name"]``, ``"name" in llmcupy.ops``, ``list(llmcupy.ops)``."""
+
+    def __getitem__(self, name: str) -> Op:
+        return get(name)
+
+    def __contains__(self, name) -> bool:
+        return name in _discover()
+
+    def __iter__(self):
+        return iter(names())
+
+    def __len__(self) -> int:
+        return len(_discover())
+
+    def items(self):
+        return [(n, get(n)) for n in names()]
+
+
+sys.modules[__name__].__class__ = _OpsModule
+
+__all__ = ["ALL_BLOCK_SIZES", "Bound", "Op", "OpError", "Version", "check_outputs", "compare", "get", "names"]

@@ -1,0 +1,232 @@
+"""What an op is: a NumPy reference, numbered kernel versions, sizes, tolerances and a bound.
+
+An op module (``llmcupy/ops/<name>.py``) builds one :class:`Op` named ``OP``; the registry finds
+it. The same object serves the CLI, the model, the tests, the benchmark and notebooks::
+
+    op = llmcupy.ops["softmax_forward"]
+    y = op(x, version=5)            # runs kernel version 5 on the current backend
+    y_ref = op.reference(x)         # the NumPy reference
+    op.versions                     # {1: Version(...), ...}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..runtime import backend as _backend
+from ..runtime.module import load_kernel_file
+
+ALL_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024)
+
+
+class OpError(ValueError):
+    """Bad input to an op: unknown version, wrong shape or dtype, a violated constraint."""
+
+
+@dataclass
+class Version:
+    """One numbered kernel version of an op.
+
+    ``launch(arrays, block_size)`` launches the kernel(s) on ``arrays`` (inputs and outputs by
+    name, already on the backend). ``requires(arrays, block_size)`` returns None when the version
+    can run, else a sentence saying which constraint fails. A version with ``unavailable`` set is
+    listed with that reason and refuses to run.
+    """
+
+    number: int
+    summary: str
+    launch: Callable | None = None
+    block_sizes: tuple = ALL_BLOCK_SIZES
+    default_block_size: int | None = None
+    requires: Callable | None = None
+    unavailable: str | None = None
+
+    def __post_init__(self):
+        if self.default_block_size is None and self.block_sizes:
+            self.default_block_size = 256 if 256 in self.block_sizes else self.block_sizes[-1]
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable is None
+
+
+@dataclass
+class Bound:
+    """The upper bound a version's time is compared against.
+
+    ``kind="memory"``: ``bytes(sizes)`` moved once (reads + writes), compared with the device's
+    measured copy bandwidth. ``kind="flops"``: ``flops(sizes)``, compared with ``baseline(arrays)``
+    (the cuBLAS computation of the same result) timed on the same inputs.
+    """
+
+    kind: str
+    bytes: Callable | None = None
+    flops: Callable | None = None
+    baseline: Callable | None = None
+
+
+@dataclass
+class Op:
+    name: str
+    summary: str
+    source: str                      # kernels_cu/<source>
+    inputs: tuple                    # positional argument names of op(...)
+    outputs: tuple                   # names of the returned arrays
+    versions: dict
+    default_version: int
+    reference_fn: Callable           # reference(**inputs as NumPy) -> dict of outputs
+    make_inputs_fn: Callable         # make_inputs(rng, **sizes) -> dict of NumPy inputs
+    allocate_fn: Callable            # allocate(xp, arrays) -> dict of output arrays (may alias inputs)
+    sizes: dict                      # the spec's benchmark sizes
+    sim_sizes: dict                  # the emulator's default (small) sizes
+    test_shapes: list                # awkward shapes the tests run every version at
+    tolerance: dict                  # output -> (atol, rtol): |ref - out| <= atol + rtol * |ref|
+    tolerance_note: str = ""         # why these tolerances
+    validate_fn: Callable | None = None  # validate(arrays) raises OpError on a shape/dtype mismatch
+    sizes_of: Callable | None = None     # sizes_of(arrays) -> dict (for the bound)
+    bound: Bound | None = None
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+    # -- discovery ------------------------------------------------------------------------------
+
+    def version(self, number) -> Version:
+        try:
+            number = int(number)
+        except (TypeError, ValueError):
+            number = None
+        if number not in self.versions:
+            listing = ", ".join(str(v) for v in sorted(self.versions))
+            raise OpError(f"{self.name} has no version {number}; versions: {listing}")
+        return self.versions[number]
+
+    def describe(self) -> str:
+        lines = [f"{self.name}: {self.summary} (kernels_cu/{self.source})"]
+        for n in sorted(self.versions):
+            v = self.versions[n]
+            mark = "*" if n == self.default_version else " "
+            state = f"  [unavailable: {v.unavailable}]" if v.unavailable else ""
+            lines.append(f" {mark}{n:>3}  {v.summary}{state}")
+        return "\n".join(lines)
+
+    def source_code(self) -> str:
+        from ..runtime.module import kernels_dir
+
+        return (kernels_dir() / self.source).read_text()
+
+    def module(self):
+        return load_kernel_file(self.source)
+
+    def kernel(self, name: str):
+        return self.module().get_function(name)
+
+    # -- running --------------------------------------------------------------------------------
+
+    def reference(self, *args, **kwargs):
+        arrays = self._bind(args, kwargs, numpy=True)
+        out = self.reference_fn(**{k: np.array(v, copy=True) for k, v in arrays.items()})
+        return self._unpack(out)
+
+    def make_inputs(self, rng=None, **sizes) -> dict:
+        rng = rng if rng is not None else np.random.default_rng(0)
+        merged = dict(self.sim_sizes if _backend.is_sim() else self.sizes)
+        merged.update({k: v for k, v in sizes.items() if v is not None})
+        return self.make_inputs_fn(rng, **merged)
+
+    def run(self, version: int | None, arrays: dict, block_size: int | None = None) -> dict:
+        """Runs a version on ``arrays`` (backend arrays by name); returns the outputs by name."""
+        v = self.version(self.default_version if version is None else version)
+        if not v.available:
+            raise OpError(f"{self.name} version {v.number} is unavailable: {v.unavailable}")
+        if self.validate_fn is not None:
+            self.validate_fn(arrays)
+        bs = v.default_block_size if block_size is None else int(block_size)
+        if v.block_sizes and bs not in v.block_sizes:
+            raise OpError(
+                f"{self.name} version {v.number}: block size {bs} is not one of {', '.join(map(str, v.block_sizes))}"
+            )
+        if v.requires is not None:
+            problem = v.requires(arrays, bs)
+            if problem:
+                raise OpError(f"{self.name} version {v.number}: {problem}")
+        outputs = self.allocate_fn(_backend.xp(), arrays)
+        v.launch({**arrays, **outputs}, bs)
+        return outputs
+
+    def __call__(self, *args, version: int | None = None, block_size: int | None = None, **kwargs):
+        arrays = self._bind(args, kwargs, numpy=False)
+        return self._unpack(self.run(version, arrays, block_size))
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _bind(self, args, kwargs, numpy: bool) -> dict:
+        if len(args) > len(self.inputs):
+            raise OpError(f"{self.name} takes {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(args)}")
+        arrays = dict(zip(self.inputs, args))
+        for k, v in kwargs.items():
+            if k not in self.inputs:
+                raise OpError(f"{self.name} has no input {k!r}; inputs: {', '.join(self.inputs)}")
+            arrays[k] = v
+        missing = [k for k in self.inputs if k not in arrays]
+        if missing:
+            raise OpError(f"{self.name} is missing input(s) {', '.join(missing)}")
+        if numpy:
+            return {k: (None if v is None else _backend.to_numpy(v)) for k, v in arrays.items()}
+        return arrays
+
+    def _unpack(self, out: dict):
+        if len(self.outputs) == 1:
+            return out[self.outputs[0]]
+        return tuple(out[k] for k in self.outputs)
+
+
+def compare(name: str, ref: np.ndarray, got: np.ndarray, atol: float, rtol: float) -> dict:
+    """llm.c's check: |ref - got| <= atol + rtol * |ref| elementwise, non-finite references skipped."""
+    ref = np.asarray(ref, dtype=np.float64)
+    got = np.asarray(got, dtype=np.float64)
+    if ref.shape != got.shape:
+        return {"name": name, "ok": False, "max_abs": float("inf"), "max_rel": float("inf"), "mismatches": ref.size,
+                "first": f"shape {got.shape} != reference shape {ref.shape}"}
+    finite = np.isfinite(ref)
+    diff = np.where(finite, np.abs(ref - got), 0.0)
+    diff = np.where(finite & ~np.isfinite(got), np.inf, diff)
+    bad = diff > atol + rtol * np.abs(np.where(finite, ref, 0.0))
+    rel = diff / np.maximum(np.abs(np.where(finite, ref, 0.0)), 1e-30)
+    result = {
+        "name": name,
+        "ok": not bool(bad.any()),
+        "max_abs": float(diff.max()) if diff.size else 0.0,
+        "max_rel": float(np.where(finite & (np.abs(ref) > atol), rel, 0.0).max()) if diff.size else 0.0,
+        "mismatches": int(bad.sum()),
+        "atol": atol,
+        "rtol": rtol,
+    }
+    if bad.any():
+        idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        result["first"] = f"at {tuple(int(i) for i in idx)}: reference {ref[idx]!r}, got {got[idx]!r}"
+    return result
+
+
+def check_outputs(op: Op, ref: dict, got: dict) -> list:
+    results = []
+    for name in op.outputs:
+        atol, rtol = op.tolerance[name]
+        results.append(compare(name, ref[name], _backend.to_numpy(got[name]), atol, rtol))
+    return results
+
+
+def need(condition: bool, message: str) -> None:
+    """Shape/dtype validation helper for op modules."""
+    if not condition:
+        raise OpError(message)
+
+
+def check_float32(op_name: str, **arrays) -> None:
+    for k, a in arrays.items():
+        if a is None:
+            continue
+        if getattr(a, "dtype", None) != np.float32:
+            raise OpError(f"{op_name}: {k} must be float32, got {getattr(a, 'dtype', type(a).__name__)}")

@@ -1,0 +1,191 @@
+"""``llmcupy.RawModule``: ``cupy.RawModule``'s interface on both backends.
+
+    mod = llmcupy.RawModule(code=src, options=("-std=c++17",), name_expressions=["k<float>"])
+    k = mod.get_function("k<float>")
+    k((grid,), (block,), (out, inp, np.int32(n)), shared_mem=0)
+
+On ``cuda`` this is a thin wrapper over ``cupy.RawModule``; on ``sim`` the same source is built
+by the emulator. Either way every launch checks its arguments against the kernel's C signature
+(see ``signature.py``), so op code never branches on the backend and a user's own CuPy kernel runs
+in the emulator by changing one import.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..sim import compiler as sim_compiler
+from . import backend as _backend
+from .signature import KernelArgumentError, Param, check_arguments, parse_compiled_signature, parse_signature
+
+# llm.c compiles its kernels with these numerics.
+DEFAULT_OPTIONS = ("--use_fast_math", "-std=c++17")
+
+
+def _dims(value, what: str, kernel: str) -> tuple[int, int, int]:
+    if isinstance(value, (int, np.integer)):
+        value = (value,)
+    try:
+        dims = tuple(int(v) for v in value)
+    except TypeError:
+        raise KernelArgumentError(f"{kernel}: {what} must be an int or a tuple of 1-3 ints, got {value!r}") from None
+    if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
+        raise KernelArgumentError(f"{kernel}: {what} must be 1-3 positive ints, got {value!r}")
+    return dims + (1,) * (3 - len(dims))
+
+
+class RawKernel:
+    """One kernel of a :class:`RawModule`; call it as ``kernel(grid, block, args, shared_mem=0)``."""
+
+    def __init__(self, module: "RawModule", name: str):
+        self.module = module
+        self.name = name
+        self.backend = module.backend
+        self.max_dynamic_shared_size_bytes = 0
+        if self.backend == "cuda":
+            self._kernel = module._cupy_module.get_function(name)
+            params = parse_signature(module.code, name)
+            if params is None:
+                raise KernelArgumentError(
+                    f"{name}: cannot find its __global__ declaration in the source, so its arguments cannot be checked"
+                )
+            self.params: list[Param] = params
+        else:
+            self._entry = module._sim_library.launcher(name)
+            parsed = parse_signature(module.code, name) or []
+            compiled = parse_compiled_signature(module._sim_library.signature(name), [p.name for p in parsed] or None)
+            self.params = compiled
+
+    @property
+    def signature(self) -> str:
+        return f"{self.name}({', '.join(p.describe() for p in self.params)})"
+
+    def __repr__(self) -> str:
+        return f"<llmcupy.RawKernel {self.signature} on {self.backend}>"
+
+    def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None):
+        grid3 = _dims(grid, "grid", self.name)
+        block3 = _dims(block, "block", self.name)
+        threads = block3[0] * block3[1] * block3[2]
+        if threads > 1024:
+            raise KernelArgumentError(f"{self.name}: a block of {threads} threads exceeds CUDA's limit of 1024")
+        if not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
+            raise KernelArgumentError(f"{self.name}: shared_mem must be a non-negative int, got {shared_mem!r}")
+        prepared = check_arguments(self.name, self.params, args, self.backend)
+        if self.backend == "cuda":
+            if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
+                # Above 48 KiB CUDA wants an explicit opt-in per kernel.
+                self._kernel.max_dynamic_shared_size_bytes = int(shared_mem)
+                self.max_dynamic_shared_size_bytes = int(shared_mem)
+            kwargs = {"shared_mem": int(shared_mem)}
+            if stream is not None:
+                kwargs["stream"] = stream
+            self._kernel(grid3, block3, tuple(prepared), **kwargs)
+        else:
+            if shared_mem > 227 * 1024:
+                raise KernelArgumentError(f"{self.name}: {shared_mem} bytes of shared memory exceed any GPU's 227 KiB")
+            from ..sim.launcher import launch
+
+            launch(self._entry, self.name, grid3, block3, prepared, int(shared_mem))
+
+
+class RawModule:
+    """Compiles CUDA C source for the current backend (``cupy.RawModule``'s signature).
+
+    ``target`` overrides the backend (``"cuda"`` or ``"sim"``) for this module only.
+    """
+
+    def __init__(self, *, code: str | None = None, path: str | None = None, options=(), backend: str = "nvrtc",
+                 translate_cucomplex: bool = False, enable_cooperative_groups: bool = False,
+                 name_expressions=None, jitify: bool = False, target: str | None = None,
+                 filename: str | None = None):
+        if (code is None) == (path is None):
+            raise ValueError("give exactly one of code= or path=")
+        if path is not None:
+            with open(path) as f:
+                code = f.read()
+            filename = filename or str(path).replace("\\", "/").rsplit("/", 1)[-1]
+        self.code = code
+        self.options = tuple(options)
+        self.filename = filename or "kernel.cu"
+        self.backend = target or _backend.get_backend()
+        self.name_expressions = list(name_expressions or [])
+        self._functions: dict[str, RawKernel] = {}
+        if self.backend == "cuda":
+            import cupy
+
+            self._cupy_module = cupy.RawModule(
+                code=code, options=self.options, backend=backend, translate_cucomplex=translate_cucomplex,
+                enable_cooperative_groups=enable_cooperative_groups,
+                name_expressions=self.name_expressions or None, jitify=jitify,
+            )
+        elif self.backend == "sim":
+            names = sim_compiler.global_kernel_names(code)
+            for expr in self.name_expressions:
+                if expr not in names:
+                    names.append(expr)
+            self.kernel_names = names
+            self._sim_library = _SIM_LIBRARIES.get((code, self.options, tuple(names)))
+            if self._sim_library is None:
+                from ..sim.launcher import SimLibrary
+
+                self._sim_library = SimLibrary(code, names, self.options, self.filename)
+                _SIM_LIBRARIES[(code, self.options, tuple(names))] = self._sim_library
+        else:
+            raise ValueError(f"unknown target {self.backend!r}")
+
+    def compile(self, log_stream=None):
+        if self.backend == "cuda":
+            self._cupy_module.compile(log_stream)
+
+    def get_function(self, name: str) -> RawKernel:
+        kernel = self._functions.get(name)
+        if kernel is None:
+            if self.backend == "sim" and name not in self.kernel_names:
+                raise AttributeError(
+                    f"no kernel {name!r} in {self.filename}; kernels: {', '.join(self.kernel_names)} "
+                    "(template kernels need name_expressions=)"
+                )
+            kernel = self._functions[name] = RawKernel(self, name)
+        return kernel
+
+
+_SIM_LIBRARIES: dict = {}
+
+
+def kernels_dir():
+    """The folder of the catalogue's .cu files (installed as the package ``llmcupy.kernels_cu``)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llmcupy.kernels_cu")
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            if (Path(loc) / "common.cuh").is_file():
+                return Path(loc)
+    here = Path(__file__).resolve().parents[2] / "kernels_cu"  # a source checkout on sys.path
+    if (here / "common.cuh").is_file():
+        return here
+    raise FileNotFoundError("cannot find the kernels_cu folder of the llmcupy installation")
+
+
+_FILE_MODULES: dict = {}
+
+
+def load_kernel_file(filename: str, name_expressions=()) -> RawModule:
+    """The catalogue file ``kernels_cu/<filename>`` compiled for the current backend (cached).
+
+    Every non-template kernel is named as a name expression, so its C++ (mangled) name resolves on
+    the GPU without ``extern "C"``.
+    """
+    backend = _backend.get_backend()
+    key = (filename, backend, tuple(name_expressions))
+    mod = _FILE_MODULES.get(key)
+    if mod is None:
+        directory = kernels_dir()
+        code = (directory / filename).read_text()
+        names = sim_compiler.global_kernel_names(code) + [n for n in name_expressions]
+        mod = RawModule(code=code, options=DEFAULT_OPTIONS + (f"-I{directory}",), name_expressions=names,
+                        filename=filename, target=backend)
+        _FILE_MODULES[key] = mod
+    return mod

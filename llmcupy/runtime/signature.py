@@ -1,0 +1,266 @@
+"""Kernel parameter types and the argument check every launch goes through, on both backends.
+
+CuPy passes a Python ``int`` as a 64-bit value and a Python ``float`` as a double whatever the
+kernel's parameter is (cupy issue 8485), so an ``int N`` silently receives garbage in its upper
+half on some ABIs, and a ``float`` scale reads the wrong bytes. Every argument is therefore checked
+against the kernel's C signature before a launch: count, scalar C type, array dtype,
+C-contiguity, const-ness, and alignment of vector pointees (``float4*`` needs 16 bytes).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..sim.compiler import strip_comments
+
+# C scalar spelling -> the NumPy scalar type that must be passed for it.
+SCALAR_TYPES = {
+    "float": np.float32,
+    "double": np.float64,
+    "int": np.int32,
+    "unsigned int": np.uint32,
+    "long": np.int64,
+    "long long": np.int64,
+    "unsigned long": np.uint64,
+    "unsigned long long": np.uint64,
+    "short": np.int16,
+    "unsigned short": np.uint16,
+    "char": np.int8,
+    "signed char": np.int8,
+    "unsigned char": np.uint8,
+    "bool": np.bool_,
+}
+
+# Pointee spelling -> (element dtype or None for "any", required alignment in bytes).
+POINTEE_TYPES = {
+    "float": (np.float32, 4),
+    "float2": (np.float32, 8),
+    "float4": (np.float32, 16),
+    "double": (np.float64, 8),
+    "double2": (np.float64, 16),
+    "int": (np.int32, 4),
+    "int2": (np.int32, 8),
+    "int4": (np.int32, 16),
+    "unsigned int": (np.uint32, 4),
+    "long": (np.int64, 8),
+    "long long": (np.int64, 8),
+    "unsigned long": (np.uint64, 8),
+    "unsigned long long": (np.uint64, 8),
+    "short": (np.int16, 2),
+    "unsigned short": (np.uint16, 2),
+    "bool": (np.bool_, 1),
+    "char": (None, 1),
+    "signed char": (None, 1),
+    "unsigned char": (None, 1),
+    "void": (None, 1),
+}
+
+_ALIASES = {
+    "unsigned": "unsigned int",
+    "signed": "int",
+    "signed int": "int",
+    "long int": "long",
+    "long long int": "long long",
+    "unsigned long int": "unsigned long",
+    "unsigned long long int": "unsigned long long",
+    "size_t": "unsigned long",
+    "ptrdiff_t": "long",
+    "int64_t": "long",
+    "uint64_t": "unsigned long",
+    "int32_t": "int",
+    "uint32_t": "unsigned int",
+    "uint": "unsigned int",
+}
+
+
+_BUILTIN_WORDS = {"int", "float", "double", "char", "short", "long", "unsigned", "signed", "bool", "void"}
+
+
+class KernelArgumentError(TypeError):
+    """An argument does not match the kernel's C signature (names kernel, index and C type)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    spelling: str  # e.g. "const float*", "int"
+    name: str = ""
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.spelling.endswith("*")
+
+    @property
+    def pointee(self) -> str:
+        return self.spelling.rstrip("*").removeprefix("const ").strip()
+
+    @property
+    def is_const(self) -> bool:
+        return self.spelling.startswith("const ")
+
+    def describe(self) -> str:
+        return f"{self.spelling} {self.name}".strip()
+
+
+def normalize_type(tokens: list[str]) -> str:
+    """['float', 'const', '*'] -> 'const float*'; unknown base types are kept as written."""
+    stars = tokens.count("*")
+    words = [t for t in tokens if t not in ("*", "__restrict__", "__restrict", "restrict", "volatile")]
+    const = "const" in words
+    words = [w for w in words if w != "const"]
+    base = " ".join(words)
+    base = _ALIASES.get(base, base)
+    return ("const " if const and stars else "") + base + "*" * stars
+
+
+def _split_params(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return [p.strip() for p in parts if p.strip() and p.strip() != "void"]
+
+
+def parse_param(text: str, substitutions: dict[str, str] | None = None) -> Param:
+    text = re.sub(r"=.*$", "", text).strip()  # default arguments
+    tokens = re.findall(r"[A-Za-z_]\w*|\*|&", text)
+    if "&" in tokens:
+        raise ValueError(f"reference parameter {text!r} cannot be passed to a kernel")
+    name = ""
+    qualifiers = {"const", "volatile", "__restrict__", "__restrict", "restrict", "*"}
+    type_words = [t for t in tokens if t not in qualifiers]
+    if len(type_words) >= 2 and tokens[-1] not in _BUILTIN_WORDS and tokens[-1] not in qualifiers:
+        name = tokens.pop()
+    if substitutions:
+        tokens = [substitutions.get(t, t) for t in tokens]
+        tokens = " ".join(tokens).split()
+    return Param(normalize_type(tokens), name)
+
+
+def _kernel_pattern(name: str) -> re.Pattern:
+    return re.compile(
+        r"(?P<template>template\s*<(?P<tparams>[^{};]*?)>\s*)?"
+        r"(?:extern\s+\"C\"\s+)?__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
+        r"(?:__launch_bounds__\s*\([^)]*\)\s*)?" + re.escape(name) + r"\s*\((?P<params>[^)]*)\)"
+    )
+
+
+def _split_template_args(text: str) -> list[str]:
+    return [a.strip() for a in _split_params(text)]
+
+
+def parse_signature(code: str, name_expression: str) -> list[Param] | None:
+    """The parameters of kernel ``name_expression`` (``k`` or ``k<float, 4>``) found in ``code``.
+
+    Returns None when the declaration cannot be found (the caller then reports that no check is
+    possible rather than guessing).
+    """
+    m = re.match(r"\s*&?\s*([A-Za-z_][\w:]*)\s*(?:<(.*)>)?\s*$", name_expression, re.S)
+    if not m:
+        return None
+    base, targs = m.group(1).split("::")[-1], m.group(2)
+    found = _kernel_pattern(base).search(strip_comments(code))
+    if not found:
+        return None
+    subs = {}
+    if found["template"] and targs is not None:
+        names = []
+        for tp in _split_template_args(found["tparams"]):
+            tp_tokens = re.findall(r"[A-Za-z_]\w*", re.sub(r"=.*$", "", tp))
+            names.append(tp_tokens[-1] if tp_tokens else "")
+        for tname, value in zip(names, _split_template_args(targs)):
+            subs[tname] = value
+    return [parse_param(p, subs) for p in _split_params(found["params"])]
+
+
+def parse_compiled_signature(text: str, names: list[str] | None = None) -> list[Param]:
+    """The emulator's exported spelling ('const float*;int;') -> parameters."""
+    spellings = [s for s in text.split(";") if s]
+    names = names or [""] * len(spellings)
+    return [Param(s, n) for s, n in zip(spellings, names)]
+
+
+def _is_device_array(a) -> bool:
+    return type(a).__module__.startswith("cupy") and hasattr(a, "data") and hasattr(a, "dtype")
+
+
+def check_arguments(kernel: str, params: list[Param], args, backend: str) -> list:
+    """Validates ``args`` against ``params`` and returns them ready to launch on ``backend``.
+
+    On ``cuda`` arrays stay CuPy arrays and scalars stay NumPy scalars (a null pointer becomes an
+    8-byte zero); on ``sim`` every argument becomes a NumPy array or scalar whose bytes the
+    emulator reads.
+    """
+    args = tuple(args)
+    if len(args) != len(params):
+        listing = ", ".join(p.describe() for p in params)
+        raise KernelArgumentError(
+            f"{kernel}: takes {len(params)} argument(s) ({listing}) but {len(args)} were given"
+        )
+    prepared = []
+    for i, (p, a) in enumerate(zip(params, args)):
+        where = f"{kernel}: argument {i} ({p.describe()})"
+        if p.is_pointer:
+            prepared.append(_check_pointer(where, p, a, backend))
+        else:
+            prepared.append(_check_scalar(where, p, a))
+    return prepared
+
+
+def _check_scalar(where: str, p: Param, a):
+    want = SCALAR_TYPES.get(p.spelling)
+    if want is None:
+        if isinstance(a, np.generic) or isinstance(a, np.ndarray):
+            return a  # a struct passed by value: trust its bytes
+        raise KernelArgumentError(f"{where}: cannot pass {type(a).__name__} for C type {p.spelling}")
+    if isinstance(a, (bool, int, float)) and not isinstance(a, np.generic):
+        raise KernelArgumentError(
+            f"{where}: got a Python {type(a).__name__}; pass np.{np.dtype(want).name}({a!r}). "
+            "CuPy would pass a Python int as 64 bits and a float as a double into this "
+            f"{np.dtype(want).itemsize * 8}-bit parameter (cupy issue 8485)."
+        )
+    if not isinstance(a, np.generic):
+        raise KernelArgumentError(f"{where}: expected a np.{np.dtype(want).name} scalar, got {type(a).__name__}")
+    if a.dtype != np.dtype(want):
+        raise KernelArgumentError(f"{where}: expected np.{np.dtype(want).name}, got np.{a.dtype.name}")
+    return a
+
+
+def _check_pointer(where: str, p: Param, a, backend: str):
+    if a is None:
+        return np.uint64(0) if backend == "cuda" else None
+    dtype, align = POINTEE_TYPES.get(p.pointee, (None, 1))
+    if backend == "cuda":
+        if isinstance(a, np.ndarray):
+            raise KernelArgumentError(f"{where}: got a NumPy (host) array; the cuda backend needs a CuPy array")
+        if not _is_device_array(a):
+            raise KernelArgumentError(f"{where}: expected a CuPy array, got {type(a).__name__}")
+        address = a.data.ptr
+    else:
+        if _is_device_array(a):
+            raise KernelArgumentError(f"{where}: got a CuPy (device) array; the sim backend needs a NumPy array")
+        if not isinstance(a, np.ndarray):
+            raise KernelArgumentError(f"{where}: expected a NumPy array, got {type(a).__name__}")
+        if not p.is_const and not a.flags.writeable:
+            raise KernelArgumentError(f"{where}: the kernel writes through this pointer but the array is read-only")
+        address = a.ctypes.data
+    if not a.flags.c_contiguous:
+        raise KernelArgumentError(f"{where}: the array is not C-contiguous; pass xp.ascontiguousarray(...)")
+    if dtype is not None and a.dtype != np.dtype(dtype):
+        raise KernelArgumentError(f"{where}: expected an array of {np.dtype(dtype).name}, got {a.dtype.name}")
+    if address % align:
+        raise KernelArgumentError(
+            f"{where}: address {address:#x} is not {align}-byte aligned, which {p.pointee} loads need"
+        )
+    return a
