@@ -136,7 +136,11 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
         flags.append("-std=c++17")
     asan = os.environ.get("LLMCUPY_SIM_ASAN", "") not in ("", "0")
     cxx = os.environ.get("CXX", "g++")
-    base_flags = ["-O2", "-g0", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread", "-w"]
+    # Hidden visibility and no GNU-unique symbols: every library keeps its own copy of the
+    # emulator's state (workers, pools, shared-memory storage), even when several libraries built
+    # with different options are loaded in one process.
+    base_flags = ["-O2", "-g0", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread", "-w",
+                  "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique"]
     if asan:
         base_flags += ["-fsanitize=address", "-fno-omit-frame-pointer"]
 
@@ -144,9 +148,9 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
     entries = []
     for i, name in enumerate(kernels):
         entries.append(
-            f'extern "C" int llmcupy_sim_entry_{i}(const llmcupy_sim::LaunchConfig* c, void** a, '
+            f'extern "C" LLMCUPY_SIM_EXPORT int llmcupy_sim_entry_{i}(const llmcupy_sim::LaunchConfig* c, void** a, '
             f"llmcupy_sim::LaunchResult* r) {{ return llmcupy_sim::launch(&{name}, \"{name}\", c, a, r); }}\n"
-            f'extern "C" const char* llmcupy_sim_signature_{i}() {{ return llmcupy_sim::signature(&{name}); }}\n'
+            f'extern "C" LLMCUPY_SIM_EXPORT const char* llmcupy_sim_signature_{i}() {{ return llmcupy_sim::signature(&{name}); }}\n'
         )
     safe_name = re.sub(r"[^\w.-]", "_", filename)
     unit = (

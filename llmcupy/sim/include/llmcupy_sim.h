@@ -75,6 +75,7 @@
 #define __CUDACC__ 1
 #define __CUDA_ARCH__ 800
 #define LLMCUPY_SIM 1
+#define LLMCUPY_SIM_EXPORT __attribute__((visibility("default")))
 
 // ---------------------------------------------------------------------------------------------
 // Vector types, with CUDA's alignment (float4 is 16-byte aligned, which the float4 loads need)
@@ -208,6 +209,7 @@ extern "C" void llmcupy_sim_trampoline();
 __asm__(
     ".text\n"
     ".globl llmcupy_sim_switch\n"
+    ".hidden llmcupy_sim_switch\n"
     ".type llmcupy_sim_switch,@function\n"
     "llmcupy_sim_switch:\n"
     "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
@@ -219,6 +221,7 @@ __asm__(
     "  ret\n"
     ".size llmcupy_sim_switch, .-llmcupy_sim_switch\n"
     ".globl llmcupy_sim_trampoline\n"
+    ".hidden llmcupy_sim_trampoline\n"
     ".type llmcupy_sim_trampoline,@function\n"
     "llmcupy_sim_trampoline:\n"
     "  movq %r12, %rdi\n"

@@ -1,0 +1,132 @@
+"""Helpers shared by llm.c's binary file formats: 1024-byte headers, exact sizes, atomic writes.
+
+Every llm.c file (model, debug state, tokenizer, token shards) starts with a header of 256
+little-endian 4-byte integers; field 0 is a magic number, field 1 a version. Readers here check
+those and the exact file size, and raise :class:`FileFormatError` with a message that names the
+file and what is wrong. Writers go through :func:`atomic_write`: the bytes go to a temporary file
+in the destination's folder, are flushed and fsync'ed, and only then renamed over the destination
+(``os.replace``), so an interrupted save (an error, Ctrl-C) leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+
+
+class FileFormatError(ValueError):
+    """A file is not what its reader expects (bad magic, unsupported version, wrong size...)."""
+
+
+def read_header(f, path, what: str, *, unsigned: bool = False) -> np.ndarray:
+    """Reads the 1024-byte header of an open binary file; raises if the file is shorter."""
+    raw = f.read(HEADER_BYTES)
+    if len(raw) < HEADER_BYTES:
+        raise FileFormatError(f"{path}: truncated {what}: the header needs {HEADER_BYTES} bytes, "
+                              f"the file has only {len(raw)}")
+    return np.frombuffer(raw, dtype="<u4" if unsigned else "<i4").copy()
+
+
+def check_magic_version(header, path, what: str, magic: int, versions, hint: str = "") -> int:
+    """Checks header[0] (magic) and header[1] (version in ``versions``); returns the version."""
+    hint = f" ({hint})" if hint else ""
+    if int(header[0]) != magic:
+        raise FileFormatError(f"{path}: bad magic number {int(header[0])} (expected {magic}): "
+                              f"not a {what}{hint}")
+    version = int(header[1])
+    if version not in versions:
+        ok = " or ".join(str(v) for v in versions)
+        raise FileFormatError(f"{path}: unsupported {what} version {version} (supported: {ok}){hint}")
+    return version
+
+
+def check_size(path, what: str, actual: int, expected: int, detail: str = "") -> None:
+    """Raises when a file's size is not exactly ``expected`` bytes (truncated or trailing data)."""
+    detail = f" ({detail})" if detail else ""
+    if actual < expected:
+        raise FileFormatError(f"{path}: truncated {what}: expected {expected} bytes{detail}, "
+                              f"the file has {actual} ({expected - actual} missing)")
+    if actual > expected:
+        raise FileFormatError(f"{path}: size mismatch in {what}: expected {expected} bytes{detail}, "
+                              f"the file has {actual} ({actual - expected} unexpected trailing bytes)")
+
+
+def file_size(f) -> int:
+    return os.fstat(f.fileno()).st_size
+
+
+def make_header(*fields: int, unsigned: bool = False) -> bytes:
+    """A 1024-byte header holding ``fields`` at indices 0.. and zeros after."""
+    if len(fields) > HEADER_INTS:
+        raise ValueError("too many header fields")
+    header = np.zeros(HEADER_INTS, dtype="<u4" if unsigned else "<i4")
+    header[:len(fields)] = fields
+    return header.tobytes()
+
+
+def write_array(f, array, dtype) -> None:
+    """Writes ``array`` to ``f`` as contiguous little-endian ``dtype`` without an extra copy when
+    it already has that layout."""
+    a = np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder("<"))
+    f.write(memoryview(a.reshape(-1)).cast("B"))
+
+
+def read_array(f, dtype, count: int) -> np.ndarray:
+    """Reads ``count`` items of little-endian ``dtype`` from the current position (native order)."""
+    dt = np.dtype(dtype).newbyteorder("<")
+    out = np.empty(count, dtype=dt)
+    view = memoryview(out).cast("B")
+    got = f.readinto(view)
+    while got is not None and got < len(view):  # readinto may return short reads on some streams
+        more = f.readinto(view[got:])
+        if not more:
+            break
+        got += more
+    if got != len(view):
+        raise EOFError(f"needed {len(view)} bytes, got {got}")
+    return out.astype(np.dtype(dtype).newbyteorder("="), copy=False)
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_write(path):
+    """Context manager yielding a binary file that replaces ``path`` only when the block succeeds.
+
+    The temporary file sits in the same folder (so the rename is atomic), is fsync'ed before the
+    rename, and is removed if the block raises anything, KeyboardInterrupt included; the previous
+    ``path`` (if any) is then untouched. Missing parent folders are created.
+    """
+    path = Path(path)
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp makes the file private (0600); give it the permissions a plain open() would.
+        os.chmod(tmp, 0o666 & ~_current_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible everywhere)
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

@@ -1,0 +1,197 @@
+"""Validate a kernel version against its reference and time it: what the kernel CLI and the
+benchmark share.
+
+``validate(op, version, sizes)`` builds inputs at ``sizes``, runs the NumPy reference once, then the
+version at each requested block size, and compares every output with the op's tolerance. On a GPU,
+``sweep(...)`` also times each block size and relates it to the op's upper bound: the device's
+measured copy bandwidth for memory-bound ops, cuBLAS on the same shapes for GEMM-shaped ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import numpy as np
+
+from .ops import OpError, check_outputs
+from .runtime import backend as _backend
+from .runtime import timing
+
+
+def _copy_to_backend(inputs: dict) -> dict:
+    out = {}
+    for k, v in inputs.items():
+        out[k] = _backend.asarray(v) if isinstance(v, np.ndarray) else v
+    return out
+
+
+def block_sizes_for(version, pinned: int | None):
+    sizes = tuple(version.block_sizes) or (None,)
+    if pinned is None:
+        return sizes
+    if version.block_sizes and pinned not in version.block_sizes:
+        raise OpError(
+            f"block size {pinned} is not in this version's sweep ({', '.join(map(str, version.block_sizes))})"
+        )
+    return (pinned,)
+
+
+def sweep(op, number: int, sizes: dict | None = None, block_size: int | None = None, seed: int = 0,
+          time_it: bool | None = None, repeat: int = 50) -> dict:
+    """Validates (and on a GPU times) one version at every block size of its sweep."""
+    version = op.version(number)
+    backend = _backend.get_backend()
+    time_it = (backend == "cuda") if time_it is None else time_it
+    result = {"op": op.name, "version": number, "summary": version.summary, "backend": backend,
+              "device": _backend.device_name(), "blocks": []}
+    if not version.available:
+        result.update(ok=None, skipped=f"unavailable: {version.unavailable}")
+        return result
+    merged = _default_sizes(op)
+    merged.update({k: v for k, v in (sizes or {}).items() if v is not None})
+    inputs = op.make_inputs(np.random.default_rng(seed), **merged)
+    result["sizes"] = {k: int(v) for k, v in merged.items()}
+    ref = op.reference_fn(**{k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()})
+    bound = None
+    if time_it and op.bound is not None:
+        bound = _bound(op, inputs, repeat)
+        result["bound"] = bound
+    all_ok = True
+    for bs in block_sizes_for(version, block_size):
+        entry = {"block_size": bs}
+        if version.requires is not None:
+            problem = version.requires(inputs, bs)
+            if problem:
+                entry.update(ok=None, skipped=problem)
+                result["blocks"].append(entry)
+                continue
+        arrays = _copy_to_backend(inputs)
+        got = op.run(number, arrays, bs)
+        checks = check_outputs(op, ref, got)
+        entry["checks"] = checks
+        entry["ok"] = all(c["ok"] for c in checks)
+        all_ok &= entry["ok"]
+        if time_it and entry["ok"]:
+            launch_arrays = {**arrays, **got}
+            t = timing.benchmark_ms(lambda: version.launch(launch_arrays, bs), repeat=repeat)
+            entry.update(t)
+            if bound:
+                entry.update(_relate(bound, t["mean_ms"]))
+        result["blocks"].append(entry)
+    ran = [b for b in result["blocks"] if b.get("ok") is not None]
+    result["ok"] = bool(ran) and all_ok
+    if not ran:
+        result["skipped"] = "no block size of the sweep satisfies the version's constraints at these sizes"
+        result["ok"] = None
+    return result
+
+
+def _default_sizes(op) -> dict:
+    return dict(op.sim_sizes if _backend.is_sim() else op.sizes)
+
+
+def _bound(op, inputs: dict, repeat: int) -> dict:
+    arrays = _copy_to_backend(inputs)
+    s = op.sizes_of(arrays) if op.sizes_of else {}
+    b = op.bound
+    if b.kind == "memory":
+        return {"kind": "memory", "bytes": int(b.bytes(s)), "copy_gbs": timing.copy_bandwidth_gbs()}
+    flops = int(b.flops(s))
+    out = {"kind": "flops", "flops": flops}
+    if b.baseline is not None:
+        t = timing.benchmark_ms(lambda: b.baseline(arrays), repeat=repeat)
+        out.update(cublas_ms=t["mean_ms"], cublas_tflops=flops / (t["mean_ms"] * 1e-3) / 1e12)
+    return out
+
+
+def _relate(bound: dict, ms: float) -> dict:
+    if bound["kind"] == "memory":
+        gbs = bound["bytes"] / (ms * 1e-3) / 1e9
+        return {"gbs": gbs, "fraction_of_bound": gbs / bound["copy_gbs"]}
+    tflops = bound["flops"] / (ms * 1e-3) / 1e12
+    out = {"tflops": tflops}
+    if "cublas_ms" in bound:
+        out["fraction_of_bound"] = bound["cublas_ms"] / ms
+    return out
+
+
+def format_sweep(result: dict) -> str:
+    lines = [f"{result['op']} version {result['version']}: {result['summary']}"]
+    if result.get("skipped") and not result["blocks"]:
+        lines.append(f"  SKIP ({result['skipped']})")
+        return "\n".join(lines)
+    sizes = " ".join(f"{k}={v}" for k, v in result.get("sizes", {}).items())
+    lines.append(f"  backend {result['backend']} ({result['device']}), sizes {sizes}")
+    bound = result.get("bound")
+    if bound:
+        if bound["kind"] == "memory":
+            lines.append(f"  upper bound: measured copy bandwidth {bound['copy_gbs']:.0f} GB/s")
+        elif "cublas_ms" in bound:
+            lines.append(f"  upper bound: cuBLAS {bound['cublas_ms']:.3f} ms ({bound['cublas_tflops']:.2f} TFLOP/s)")
+    for b in result["blocks"]:
+        bs = "-" if b["block_size"] is None else b["block_size"]
+        if b.get("ok") is None:
+            lines.append(f"  block {bs:>5}: skipped ({b.get('skipped')})")
+            continue
+        errs = "  ".join(f"{c['name']}: max abs {c['max_abs']:.2e} rel {c['max_rel']:.2e}" for c in b["checks"])
+        line = f"  block {bs:>5}: {errs}  {'PASS' if b['ok'] else 'FAIL'}"
+        if "mean_ms" in b:
+            line += f"  {b['mean_ms']:.4f} ms"
+            if "gbs" in b:
+                line += f"  {b['gbs']:.0f} GB/s"
+            if "tflops" in b:
+                line += f"  {b['tflops']:.2f} TFLOP/s"
+            if "fraction_of_bound" in b:
+                line += f"  {100 * b['fraction_of_bound']:.0f}% of bound"
+        lines.append(line)
+        for c in b["checks"]:
+            if not c["ok"]:
+                lines.append(f"      {c['name']}: {c['mismatches']} mismatches, first {c.get('first')}"
+                             f" (tolerance {c['atol']:g} + {c['rtol']:g}*|ref|)")
+    if result["backend"] == "sim":
+        lines.append("  no timings: the emulator runs on the CPU and does not model GPU time")
+    verdict = "PASS" if result["ok"] else ("SKIP" if result["ok"] is None else "FAIL")
+    lines.append(verdict)
+    return "\n".join(lines)
+
+
+def run_isolated(fn, *args, **kwargs):
+    """Runs ``fn`` in a forked child so that a kernel crashing the emulator fails only itself.
+
+    Returns ``fn``'s (JSON-serialisable) result, or a dict with ``ok=False`` and ``error`` when the
+    child died or raised. Without fork (not POSIX) it simply calls ``fn``.
+    """
+    if not hasattr(os, "fork"):
+        return fn(*args, **kwargs)
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_fd)
+        code = 0
+        try:
+            payload = {"value": fn(*args, **kwargs)}
+        except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+            payload = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
+            code = 1
+        with os.fdopen(write_fd, "w") as f:
+            json.dump(payload, f, default=str)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if data:
+        payload = json.loads(data)
+        if "value" in payload:
+            return payload["value"]
+        return {"ok": False, "error": payload["error"]}
+    if os.WIFSIGNALED(status):
+        return {"ok": False, "error": f"the emulator process died with signal {os.WTERMSIG(status)} (see stderr)"}
+    return {"ok": False, "error": f"the child exited with status {os.WEXITSTATUS(status)}"}

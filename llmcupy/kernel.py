@@ -1,0 +1,163 @@
+"""python -m llmcupy.kernel: run any version of any op, validated against its CPU reference.
+
+    python -m llmcupy.kernel --list                      # every op and version (* = default)
+    python -m llmcupy.kernel softmax_forward 5           # validate version 5; on a GPU, sweep and time it
+    python -m llmcupy.kernel softmax_forward 5 --block-size 256 --B 4 --T 512
+    python -m llmcupy.kernel softmax_forward --all       # every version of one op
+    python -m llmcupy.kernel --all --json results.json   # the whole catalogue
+    python -m llmcupy.kernel --compile-report [OP]       # NVRTC registers/spills per kernel and arch
+
+Exit status: 0 all passed, 1 a version failed, 2 bad usage (unknown op or version, bad size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import harness
+from . import ops as ops_registry
+from .ops import OpError
+from .runtime import backend as _backend
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m llmcupy.kernel",
+        description="Validate (and on a GPU, time) numbered kernel versions against their NumPy reference.",
+        epilog="Sizes: any of the op's size names as flags, e.g. --B 4 --T 64 --C 768 (see --list).",
+    )
+    p.add_argument("op", nargs="?", help="op name (see --list)")
+    p.add_argument("version", nargs="?", help="version number")
+    p.add_argument("--list", action="store_true", help="list every op and version")
+    p.add_argument("--all", action="store_true", help="every version of OP, or the whole catalogue without OP")
+    p.add_argument("--block-size", type=int, help="run only this block size instead of the sweep")
+    p.add_argument("--backend", choices=_backend.CHOICES, default=None, help="cuda, sim or auto (default: auto)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--repeat", type=int, default=50, help="timed launches per block size (GPU)")
+    p.add_argument("--order", choices=("forward", "reverse", "random"), help="emulator thread order")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--compile-report", action="store_true", help="NVRTC compile of kernels_cu (no GPU needed)")
+    p.add_argument("--arch", type=int, nargs="+", default=[75, 80, 90], help="archs for --compile-report")
+    return p
+
+
+def _parse_sizes(op, extra: list[str]) -> dict:
+    """Turns leftover '--B 4 --T 64' into {'B': 4, 'T': 64}, checking the names against the op."""
+    names = {k.lower(): k for k in op.sizes}
+    sizes, i = {}, 0
+    while i < len(extra):
+        flag = extra[i]
+        key, value = flag.lstrip("-"), None
+        if "=" in key:
+            key, value = key.split("=", 1)
+        elif i + 1 < len(extra):
+            value = extra[i + 1]
+            i += 1
+        i += 1
+        if not flag.startswith("--") or key.lower() not in names:
+            raise OpError(f"unknown option {flag!r} for {op.name}; its sizes are {', '.join('--' + k for k in op.sizes)}")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise OpError(f"{flag} needs a positive integer, got {value!r}") from None
+        if number < 1:
+            raise OpError(f"{flag} needs a positive integer, got {number}")
+        sizes[names[key.lower()]] = number
+    return sizes
+
+
+def list_catalogue() -> str:
+    blocks = []
+    for name in ops_registry.names():
+        op = ops_registry.get(name)
+        sizes = " ".join(f"{k}={v}" for k, v in op.sizes.items())
+        blocks.append(op.describe() + f"\n       sizes: {sizes}")
+    return "\n\n".join(blocks) + "\n\n* = default version"
+
+
+def _run_one(op_name: str, number: int, sizes: dict, args) -> dict:
+    if args.backend:
+        _backend.set_backend(args.backend)
+    op = ops_registry.get(op_name)
+    if args.order and _backend.is_sim():
+        from . import sim
+
+        with sim.settings(order=args.order):
+            return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+    return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+
+
+def main(argv=None) -> int:
+    args, extra = _parser().parse_known_args(argv)
+    try:
+        if args.backend:
+            _backend.set_backend(args.backend)
+        if args.compile_report:
+            from . import nvrtc
+
+            files = None
+            if args.op:
+                files = [ops_registry.get(args.op).source]
+            rows = nvrtc.compile_report(files=files, archs=tuple(args.arch))
+            print(nvrtc.format_report(rows))
+            return 0 if all(r["ok"] for r in rows) else 1
+        if args.list:
+            print(list_catalogue())
+            return 0
+        if not args.op and not args.all:
+            _parser().print_usage(sys.stderr)
+            print("give an op and a version, --all, or --list", file=sys.stderr)
+            return 2
+        if args.op:
+            op = ops_registry.get(args.op)
+            sizes = _parse_sizes(op, extra)
+            if args.version is not None and not args.all:
+                op.version(args.version)  # unknown version: exit 2 with the choices
+                plan = [(op.name, int(args.version), sizes)]
+            elif args.all:
+                plan = [(op.name, n, sizes) for n in sorted(op.versions)]
+            else:
+                raise OpError(f"give a version of {op.name} (one of {', '.join(map(str, sorted(op.versions)))}) or --all")
+        else:
+            if extra:
+                raise OpError(f"unknown option(s) {' '.join(extra)}")
+            plan = [(n, v, {}) for n in ops_registry.names() for v in sorted(ops_registry.get(n).versions)]
+    except (OpError, _backend.BackendError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    # In the emulator a whole-catalogue run isolates each version in a child process, so a kernel
+    # that crashes the emulator fails its own line instead of the run.
+    isolate = len(plan) > 1 and _backend.is_sim()
+    results, failed = [], 0
+    for op_name, number, sizes in plan:
+        try:
+            if isolate:
+                result = harness.run_isolated(_run_one, op_name, number, sizes, args)
+            else:
+                result = _run_one(op_name, number, sizes, args)
+        except (OpError, _backend.BackendError) as exc:
+            result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
+        if "error" in result:
+            result.setdefault("op", op_name)
+            result.setdefault("version", number)
+            print(f"{op_name} version {number}: ERROR {result['error']}\nFAIL")
+        else:
+            print(harness.format_sweep(result))
+        print(flush=True)
+        results.append(result)
+        failed += result.get("ok") is False
+    if len(plan) > 1:
+        passed = sum(r.get("ok") is True for r in results)
+        skipped = sum(r.get("ok") is None for r in results)
+        print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+import os
+
+import pytest
+
+# Tests run in the emulator unless a GPU run asks otherwise (LLMCUPY_BACKEND=cuda pytest -m gpu).
+os.environ.setdefault("LLMCUPY_BACKEND", "sim")
+
+
+def _cuda_reason():
+    from llmcupy.runtime.backend import cuda_unavailable_reason
+
+    return cuda_unavailable_reason()
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    checked = False
+    for item in items:
+        if "gpu" in item.keywords:
+            if not checked:
+                reason, checked = _cuda_reason(), True
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"needs a CUDA device: {reason}"))
+
+
+@pytest.fixture
+def no_hazards():
+    """Resets the emulator's hazard counters and asserts they are still zero afterwards."""
+    from llmcupy import sim
+
+    sim.reset_hazards()
+    yield
+    counts = sim.hazards()
+    bad = {k: v for k, v in counts.items() if k != "launches" and v}
+    assert not bad, f"emulator hazards: {bad}"

@@ -1,0 +1,63 @@
+"""Every version of every op against its NumPy reference, in the emulator.
+
+Each (op, version, shape) runs in two thread orders (forward and reverse; the random order is a
+third for a subset) and at every block size of the version's sweep, with the hazard counters
+asserted zero. Shapes come from each op's ``test_shapes``: awkward sizes its constraints allow.
+"""
+
+import numpy as np
+import pytest
+
+import llmcupy
+from llmcupy import sim
+from llmcupy.ops import OpError, check_outputs
+
+
+def _cases():
+    for name in llmcupy.ops:
+        op = llmcupy.ops[name]
+        for number, version in sorted(op.versions.items()):
+            if not version.available:
+                continue
+            for i, shape in enumerate(op.test_shapes):
+                yield pytest.param(name, number, i, id=f"{name}-v{number}-shape{i}")
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("name,number,shape_index", list(_cases()))
+def test_version_matches_reference(name, number, shape_index, no_hazards):
+    op = llmcupy.ops[name]
+    version = op.versions[number]
+    shape = op.test_shapes[shape_index]
+    inputs = op.make_inputs(np.random.default_rng(shape_index), **shape)
+    ref = op.reference_fn(**{k: (None if v is None else np.array(v, copy=True)) for k, v in inputs.items()})
+    ran = 0
+    orders = ("forward", "reverse", "random") if shape_index == 0 else ("forward", "reverse")
+    for block_size in version.block_sizes or (None,):
+        if version.requires is not None and version.requires(inputs, block_size):
+            continue
+        for order in orders:
+            arrays = {k: (None if v is None else np.array(v, copy=True)) for k, v in inputs.items()}
+            with sim.settings(order=order, seed=17):
+                got = op.run(number, arrays, block_size)
+            for result in check_outputs(op, ref, got):
+                assert result["ok"], f"{name} v{number} block {block_size} order {order}: {result}"
+            ran += 1
+    if ran == 0:
+        pytest.skip(f"{name} v{number}: no block size of its sweep allows shape {shape}")
+
+
+@pytest.mark.parametrize("name", list(llmcupy.ops))
+def test_op_is_well_formed(name):
+    op = llmcupy.ops[name]
+    assert op.default_version in op.versions and op.versions[op.default_version].available
+    assert len(op.test_shapes) >= 3, "at least three shapes per op"
+    assert set(op.tolerance) == set(op.outputs)
+    assert op.tolerance_note, "tolerances must say why"
+    assert op.bound is not None
+    code = op.source_code()
+    assert code.lstrip().startswith("/*"), "a kernel file starts with a header listing its versions"
+    for number, v in op.versions.items():
+        assert f"version {number}" in code.lower() or not v.available, f"header must describe version {number}"
+    with pytest.raises(OpError, match="versions"):
+        op.version(999)

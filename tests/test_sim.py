@@ -1,0 +1,341 @@
+"""The emulator's CUDA semantics and hazard detection, kernel by kernel."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import llmcupy
+from llmcupy import sim
+from llmcupy.harness import run_isolated
+
+ORDERS = ("forward", "reverse", "random")
+
+
+def module(code, **kw):
+    return llmcupy.RawModule(code=textwrap.dedent(code), target="sim", **kw)
+
+
+WARP_CODE = r"""
+__global__ void shuffles(int* out) {
+    int lane = threadIdx.x % 32;
+    int v = lane * 10;
+    int base = (threadIdx.x / 32) * 32 * 6 + lane;
+    out[base + 0] = __shfl_sync(0xffffffff, v, 3);
+    out[base + 32] = __shfl_up_sync(0xffffffff, v, 2);
+    out[base + 64] = __shfl_down_sync(0xffffffff, v, 5);
+    out[base + 96] = __shfl_xor_sync(0xffffffff, v, 1);
+    out[base + 128] = __shfl_down_sync(0xffffffff, v, 1, 8);   // segments of 8 lanes
+    out[base + 160] = (int)__ballot_sync(0xffffffff, lane % 3 == 0) + __any_sync(0xffffffff, lane == 7) * 7
+                      + __all_sync(0xffffffff, lane < 40) * 100;
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_warp_shuffles_and_votes(order, no_hazards):
+    out = np.zeros(2 * 32 * 6, np.int32)
+    with sim.settings(order=order, seed=3):
+        module(WARP_CODE).get_function("shuffles")((1,), (64,), (out,))
+    lane = np.arange(32)
+    v = lane * 10
+    for w in range(2):
+        o = out[w * 192:(w + 1) * 192].reshape(6, 32)
+        assert (o[0] == 30).all()
+        assert (o[1] == np.where(lane >= 2, v - 20, v)).all()
+        assert (o[2] == np.where(lane + 5 < 32, v + 50, v)).all()
+        assert (o[3] == (lane ^ 1) * 10).all()
+        assert (o[4] == np.where(lane % 8 < 7, v + 10, v)).all()
+        ballot = sum(1 << l for l in range(32) if l % 3 == 0)
+        assert (o[5] == np.int32(np.uint32(ballot).view(np.int32)) + 7 + 100).all()
+
+
+CG_CODE = r"""
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
+namespace cg = cooperative_groups;
+struct __align__(8) Pair { float a; float b; };
+struct PairMax { __device__ Pair operator()(Pair x, Pair y) const { return x.a > y.a ? x : y; } };
+__global__ void groups(float* out, int* meta) {
+    cg::thread_block block = cg::this_thread_block();
+    cg::thread_block_tile<16> tile = cg::tiled_partition<16>(block);
+    int t = block.thread_rank();
+    float v = (float)t;
+    float s = cg::reduce(tile, v, cg::plus<float>());
+    float m = cg::reduce(tile, v, cg::greater<float>());
+    Pair p; p.a = (float)((t * 7) % 16); p.b = (float)t;
+    Pair best = cg::reduce(tile, p, PairMax());
+    out[t * 3 + 0] = s;
+    out[t * 3 + 1] = m;
+    out[t * 3 + 2] = best.b;
+    meta[t * 3 + 0] = tile.thread_rank();
+    meta[t * 3 + 1] = tile.meta_group_rank();
+    meta[t * 3 + 2] = tile.meta_group_size();
+    tile.sync();
+    block.sync();
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_cooperative_groups_tiles_and_reduce(order, no_hazards):
+    out = np.zeros(64 * 3, np.float32)
+    meta = np.zeros(64 * 3, np.int32)
+    with sim.settings(order=order):
+        module(CG_CODE).get_function("groups")((1,), (64,), (out, meta))
+    t = np.arange(64)
+    tile = t // 16
+    out = out.reshape(64, 3)
+    meta = meta.reshape(64, 3)
+    sums = np.array([np.arange(16 * k, 16 * k + 16).sum() for k in range(4)])
+    assert (out[:, 0] == sums[tile]).all()
+    assert (out[:, 1] == 16 * tile + 15).all()
+    for k in range(4):
+        members = np.arange(16 * k, 16 * k + 16)
+        best = members[np.argmax((members * 7) % 16)]
+        assert (out[members, 2] == best).all()
+    assert (meta[:, 0] == t % 16).all() and (meta[:, 1] == tile).all() and (meta[:, 2] == 4).all()
+
+
+GRID_CODE = r"""
+__global__ void where(int* out) {
+    int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+    int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
+    int block = (bz * gridDim.y + by) * gridDim.x + bx;
+    int thread = (tz * blockDim.y + ty) * blockDim.x + tx;
+    out[block * blockDim.x * blockDim.y * blockDim.z + thread] = block * 1000 + thread;
+}
+__global__ void counter(float* total, unsigned int* hits) {
+    atomicAdd(total, 0.5f);
+    atomicAdd(hits, 1u);
+}
+"""
+
+
+def test_3d_grid_and_block_indices(no_hazards):
+    out = np.full(2 * 3 * 2 * 4 * 2 * 3, -1, np.int32)
+    module(GRID_CODE).get_function("where")((2, 3, 2), (4, 2, 3), (out,))
+    expect = np.array([b * 1000 + t for b in range(12) for t in range(24)])
+    assert (out == expect).all()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_float_atomics_across_blocks(workers, no_hazards):
+    total = np.zeros(1, np.float32)
+    hits = np.zeros(1, np.uint32)
+    with sim.settings(workers=workers):
+        module(GRID_CODE).get_function("counter")((50,), (128,), (total, hits))
+    assert hits[0] == 6400 and total[0] == 3200.0
+
+
+SHARED_CODE = r"""
+template <typename T, int N>
+__global__ __launch_bounds__(256) void blocksum(T* __restrict__ out, const T* __restrict__ inp, int n) {
+    extern __shared__ float scratch[];
+    __shared__ T partial[N];
+    int t = threadIdx.x;
+    T v = 0;
+    for (int i = t; i < n; i += blockDim.x) v += __ldcs(inp + i);
+    scratch[t] = (float)v;
+    __syncthreads();
+    if (t < N) {
+        T acc = 0;
+        for (int i = t; i < (int)blockDim.x; i += N) acc += (T)scratch[i];
+        partial[t] = acc;
+    }
+    __syncthreads();
+    if (t == 0) {
+        T acc = 0;
+        for (int i = 0; i < N; i++) acc += partial[i];
+        __stcs(out, acc);
+    }
+}
+__global__ void racy(float* out) {
+    __shared__ float s[64];
+    s[threadIdx.x] = threadIdx.x;
+    out[threadIdx.x] = s[(threadIdx.x + 1) % 64];   // missing __syncthreads()
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_templates_static_and_dynamic_shared_memory(order, no_hazards):
+    mod = module(SHARED_CODE, name_expressions=["blocksum<float, 8>", "blocksum<double, 4>"])
+    x = np.arange(1000, dtype=np.float32)
+    out = np.zeros(1, np.float32)
+    with sim.settings(order=order):
+        mod.get_function("blocksum<float, 8>")((1,), (256,), (out, x, np.int32(1000)), shared_mem=256 * 4)
+    assert out[0] == x.sum()
+    xd = np.arange(100, dtype=np.float64)
+    outd = np.zeros(1, np.float64)
+    mod.get_function("blocksum<double, 4>")((1,), (64,), (outd, xd, np.int32(100)), shared_mem=64 * 4)
+    assert outd[0] == xd.sum()
+
+
+def test_shared_memory_poison_exposes_a_missing_barrier():
+    mod = module(SHARED_CODE)
+    out = np.zeros(64, np.float32)
+    with sim.settings(order="forward"):
+        mod.get_function("racy")((1,), (64,), (out,))
+    # in forward order thread i reads slot i+1 before thread i+1 wrote it: the poison shows
+    assert np.isnan(out[:63]).all()
+    with sim.settings(order="reverse"):
+        mod.get_function("racy")((1,), (64,), (out,))
+    assert np.isnan(out[63]) and (out[:63] == np.arange(1, 64)).all()
+
+
+HAZARD_CODE = r"""
+__global__ void divergent(float* out) {
+    if (threadIdx.x < 32) {
+        __syncthreads();
+    } else {
+        __syncthreads();
+    }
+    out[threadIdx.x] = 1.0f;
+}
+__global__ void exit_then_barrier(float* out, int n) {
+    if (threadIdx.x >= n) return;
+    __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+__global__ void read_exited_lane(float* out, int n) {
+    if (threadIdx.x >= n) return;
+    float v = __shfl_down_sync(0xffffffff, 1.0f, 16);
+    out[threadIdx.x] = v;
+}
+__global__ void deadlock(float* out) {
+    if (threadIdx.x < 5) __syncthreads(); else __syncwarp();
+}
+"""
+
+
+def test_hazard_counters():
+    mod = module(HAZARD_CODE)
+    out = np.zeros(64, np.float32)
+    sim.reset_hazards()
+    mod.get_function("divergent")((1,), (64,), (out,))
+    assert sim.hazards()["divergent_barriers"] == 1
+    sim.reset_hazards()
+    mod.get_function("exit_then_barrier")((1,), (64,), (out, np.int32(40)))
+    assert sim.hazards()["barrier_after_exit"] == 1
+    sim.reset_hazards()
+    mod.get_function("read_exited_lane")((1,), (32,), (out, np.int32(20)))
+    assert sim.hazards()["exited_lane_reads"] == 12  # lanes 4-15 read lanes 20-31, which returned
+    sim.reset_hazards()
+
+
+def test_deadlock_is_an_error_naming_lines():
+    mod = module(HAZARD_CODE)
+    with pytest.raises(sim.SimDeadlockError) as info:
+        mod.get_function("deadlock")((1,), (64,), (np.zeros(64, np.float32),))
+    text = str(info.value)
+    assert "deadlock in kernel deadlock" in text
+    line = textwrap.dedent(HAZARD_CODE).splitlines().index("    if (threadIdx.x < 5) __syncthreads(); else __syncwarp();") + 1
+    assert f"threads 0-4 wait at __syncthreads (line {line})" in text
+    assert f"threads 5-31 wait at __syncwarp (line {line})" in text
+
+
+def test_argument_checks_name_kernel_and_argument():
+    mod = module(SHARED_CODE + HAZARD_CODE)
+    k = mod.get_function("exit_then_barrier")
+    out = np.zeros(64, np.float32)
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"exit_then_barrier: argument 1 \(int n\): got a Python int"):
+        k((1,), (64,), (out, 40))
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"argument 1 \(int n\): expected np.int32, got np.int64"):
+        k((1,), (64,), (out, np.int64(40)))
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"argument 0 \(float\* out\): expected an array of float32"):
+        k((1,), (64,), (out.astype(np.float64), np.int32(4)))
+    with pytest.raises(llmcupy.KernelArgumentError, match="not C-contiguous"):
+        k((1,), (64,), (np.zeros((8, 16), np.float32)[:, ::2], np.int32(4)))
+    readonly = np.zeros(64, np.float32)
+    readonly.flags.writeable = False
+    with pytest.raises(llmcupy.KernelArgumentError, match="read-only"):
+        k((1,), (64,), (readonly, np.int32(4)))
+    with pytest.raises(llmcupy.KernelArgumentError, match="takes 2 argument"):
+        k((1,), (64,), (out,))
+    with pytest.raises(llmcupy.KernelArgumentError, match="exceeds CUDA's limit of 1024"):
+        k((1,), (2048,), (out, np.int32(4)))
+
+
+def test_vector_pointer_alignment_is_checked():
+    mod = module(r"""
+    __global__ void copy4(float4* out, const float4* inp, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) out[i] = inp[i];
+    }
+    """)
+    k = mod.get_function("copy4")
+    x = np.arange(64, dtype=np.float32)
+    out = np.zeros(64, np.float32)
+    k((1,), (16,), (out, x, np.int32(16)))
+    assert (out == x).all()
+    with pytest.raises(llmcupy.KernelArgumentError, match="not 16-byte aligned"):
+        k((1,), (16,), (out, x[1:61], np.int32(15)))
+
+
+def test_fast_math_intrinsics_and_ucontext_fallback(no_hazards):
+    code = r"""
+    __global__ void maths(float* out, const float* x) {
+        int i = threadIdx.x;
+        out[i] = __expf(x[i]) + __fdividef(x[i], 2.0f) + rsqrtf(x[i] + 2.0f) + tanhf(x[i]) + __logf(x[i] + 2.0f);
+        __syncthreads();
+    }
+    """
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    expect = np.exp(x) + x / 2 + 1 / np.sqrt(x + 2) + np.tanh(x) + np.log(x + 2)
+    for options in ((), ("-DLLMCUPY_SIM_UCONTEXT",)):
+        out = np.zeros(64, np.float32)
+        module(code, options=options).get_function("maths")((1,), (64,), (out, x))
+        np.testing.assert_allclose(out, expect, rtol=1e-6)
+
+
+def test_compile_error_is_reported_with_the_line():
+    with pytest.raises(sim.SimCompileError, match=r"broken.cu:3"):
+        llmcupy.RawModule(code="__global__ void k(float* x) {\n\n  x[0] = undefined_name;\n}\n", target="sim",
+                          filename="broken.cu")
+
+
+def test_compile_cache_is_safe_across_processes(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, numpy as np, llmcupy
+        os.environ["LLMCUPY_CACHE_DIR"] = {str(tmp_path)!r}
+        m = llmcupy.RawModule(code="__global__ void k(float* x) {{ x[threadIdx.x] = threadIdx.x; }}", target="sim")
+        x = np.zeros(8, np.float32); m.get_function("k")((1,), (8,), (x,)); assert x[7] == 7
+    """)
+    env = dict(os.environ, LLMCUPY_CACHE_DIR=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env) for _ in range(2)]
+    assert all(p.wait() == 0 for p in procs)
+    libs = list((tmp_path / "sim").glob("*.so"))
+    assert len(libs) == 1
+    assert not list((tmp_path / "sim").glob(".build-*"))
+
+
+def _crash():
+    mod = module(r"""__global__ void wild(float* x) { x[(size_t)threadIdx.x * 100000000000ull] = 1.0f; }""")
+    mod.get_function("wild")((1,), (32,), (np.zeros(1, np.float32),))
+    return {"ok": True}
+
+
+def test_a_crashing_kernel_fails_alone():
+    result = run_isolated(_crash)
+    assert result["ok"] is False and "signal 11" in result["error"]
+
+
+def test_asan_mode_reports_out_of_bounds_global_access(tmp_path):
+    libasan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(libasan) or not os.path.exists(libasan):
+        pytest.skip("g++ has no AddressSanitizer runtime here")
+    script = textwrap.dedent("""
+        import numpy as np, llmcupy
+        m = llmcupy.RawModule(code="__global__ void k(float* x, int n) { x[threadIdx.x] = 1.0f; }", target="sim")
+        x = np.zeros(1000, np.float32)[:30].copy()
+        m.get_function("k")((1,), (32,), (x, np.int32(30)))
+    """)
+    env = dict(os.environ, LLMCUPY_SIM_ASAN="1", LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
+               LLMCUPY_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "heap-buffer-overflow" in proc.stderr
