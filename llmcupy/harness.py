@@ -24,7 +24,8 @@ from .runtime import timing
 def _copy_to_backend(inputs: dict) -> dict:
     out = {}
     for k, v in inputs.items():
-        out[k] = _backend.asarray(v) if isinstance(v, np.ndarray) else v
+        # a fresh copy per run: in-place and accumulating ops must not see a previous run's result
+        out[k] = _backend.xp().array(v, copy=True) if isinstance(v, np.ndarray) else v
     return out
 
 

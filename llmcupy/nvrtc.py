@@ -308,6 +308,7 @@ _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _BARRIERS = re.compile(r"used (\d+) barriers")
+_PTXAS_INFO = re.compile(r"ptxas\s+(info\b|\.)")
 
 
 def parse_ptxas_log(log: str, names: dict[str, str] | None = None) -> list[KernelStats]:
@@ -362,11 +363,20 @@ class CompileResult:
     @property
     def diagnostics(self) -> str:
         """The compiler's errors and warnings (the log without ptxas' resource lines)."""
-        return "\n".join(l for l in self.log.splitlines() if not l.startswith("ptxas")).strip()
+        return diagnostics(self.log)
 
     @property
     def warnings(self) -> int:
-        return len(re.findall(r"\bwarning\b", self.diagnostics))
+        return count_warnings(self.log)
+
+
+def diagnostics(log: str) -> str:
+    """A compile log without ptxas' ``info`` lines (resource usage): errors and warnings only."""
+    return "\n".join(l for l in log.splitlines() if not _PTXAS_INFO.match(l)).strip()
+
+
+def count_warnings(log: str) -> int:
+    return sum(1 for l in diagnostics(log).splitlines() if re.search(r"\bwarning\b", l, re.IGNORECASE))
 
 
 def compile_source(code: str, arch: int, *, filename: str = "kernel.cu", kernels_dir: Path | None = None,
@@ -472,7 +482,7 @@ def _fmt(v) -> str:
 def format_report(rows: list[dict]) -> str:
     """An aligned table of :func:`compile_report` rows, then the diagnostics of failed files
     (and warnings of compiled ones), once per distinct message."""
-    header = ["file", "arch", "kernel", "regs", "spill st", "spill ld", "smem", "stack", "status"]
+    header = ["file", "arch", "kernel", "regs", "spill st", "spill ld", "static smem", "stack", "status"]
     table = [header]
     for r in rows:
         status = "ok" if r["ok"] else "FAILED"
@@ -500,7 +510,7 @@ def format_report(rows: list[dict]) -> str:
         if key in seen:
             continue
         seen.add(key)
-        diag = "\n".join(l for l in r["log"].splitlines() if not l.startswith("ptxas")).strip()
+        diag = diagnostics(r["log"])
         if diag:
             messages.setdefault((r["file"], diag, r["ok"]), []).append(r["arch"])
     for (file, diag, ok), archs in messages.items():

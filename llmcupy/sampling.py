@@ -64,11 +64,12 @@ def sample_mult(logits, coin: float) -> int:
     if l.size == 0:
         raise ValueError("sample_mult needs at least one logit")
     # exp in double then rounded: the correctly rounded fp32 exp (what glibc's expf returns)
-    e = np.exp(l.astype(np.float64)).astype(np.float32)
-    z = np.cumsum(e, dtype=np.float64)[-1]          # sequential double sum, like the C loop
-    threshold = np.float32(float(coin) * float(z))
-    cdf = np.cumsum(e, dtype=np.float32)            # sequential fp32 running sum
-    hits = np.flatnonzero(threshold < cdf)
+    with np.errstate(over="ignore", invalid="ignore"):  # raw logits may overflow, as in llm.c
+        e = np.exp(l.astype(np.float64)).astype(np.float32)
+        z = np.cumsum(e, dtype=np.float64)[-1]          # sequential double sum, like the C loop
+        threshold = np.float32(float(coin) * float(z))
+        cdf = np.cumsum(e, dtype=np.float32)            # sequential fp32 running sum
+        hits = np.flatnonzero(threshold < cdf)
     return int(hits[0]) if hits.size else l.size - 1
 
 

@@ -136,8 +136,13 @@ class Op:
         merged.update({k: v for k, v in sizes.items() if v is not None})
         return self.make_inputs_fn(rng, **merged)
 
-    def run(self, version: int | None, arrays: dict, block_size: int | None = None) -> dict:
-        """Runs a version on ``arrays`` (backend arrays by name); returns the outputs by name."""
+    def run(self, version: int | None, arrays: dict, block_size: int | None = None, out: dict | None = None) -> dict:
+        """Runs a version on ``arrays`` (backend arrays by name); returns the outputs by name.
+
+        ``out`` gives preallocated output arrays by name (the model writes into its activation
+        buffers, and a CUDA graph needs fixed addresses); their shapes must match what the op
+        allocates itself.
+        """
         v = self.version(self.default_version if version is None else version)
         if not v.available:
             raise OpError(f"{self.name} version {v.number} is unavailable: {v.unavailable}")
@@ -152,13 +157,23 @@ class Op:
             problem = v.requires(arrays, bs)
             if problem:
                 raise OpError(f"{self.name} version {v.number}: {problem}")
-        outputs = self.allocate_fn(_backend.xp(), arrays)
+        if out is None:
+            outputs = self.allocate_fn(_backend.xp(), arrays)
+        else:
+            outputs = dict(out)
+            expected = self.allocate_fn(_ShapeOnly(), arrays)
+            for name, like in expected.items():
+                if name in outputs and like is not None and tuple(outputs[name].shape) != tuple(like.shape):
+                    raise OpError(f"{self.name}: out[{name!r}] has shape {tuple(outputs[name].shape)}, "
+                                  f"expected {tuple(like.shape)}")
+                outputs.setdefault(name, like if not isinstance(like, _Meta) else _backend.xp().empty(like.shape, like.dtype))
         v.launch({**arrays, **outputs}, bs)
         return outputs
 
-    def __call__(self, *args, version: int | None = None, block_size: int | None = None, **kwargs):
+    def __call__(self, *args, version: int | None = None, block_size: int | None = None, out: dict | None = None,
+                 **kwargs):
         arrays = self._bind(args, kwargs, numpy=False)
-        return self._unpack(self.run(version, arrays, block_size))
+        return self._unpack(self.run(version, arrays, block_size, out))
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -181,6 +196,35 @@ class Op:
         if len(self.outputs) == 1:
             return out[self.outputs[0]]
         return tuple(out[k] for k in self.outputs)
+
+
+class _Meta:
+    """A stand-in array with a shape and dtype only (for checking ``out=`` without allocating)."""
+
+    def __init__(self, shape, dtype):
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+
+
+class _ShapeOnly:
+    """An array module whose allocators return :class:`_Meta` (shape checks for ``out=``)."""
+
+    float32 = np.float32
+    int32 = np.int32
+
+    def empty(self, shape, dtype=np.float32, **_):
+        return _Meta(shape if isinstance(shape, tuple) else (shape,) if np.isscalar(shape) else tuple(shape), dtype)
+
+    zeros = empty
+    full = lambda self, shape, fill, dtype=np.float32, **_: _Meta(shape, dtype)  # noqa: E731
+
+    def empty_like(self, a, dtype=None, **_):
+        return _Meta(a.shape, dtype or a.dtype)
+
+    zeros_like = empty_like
+
+    def __getattr__(self, name):
+        return getattr(np, name)
 
 
 def compare(name: str, ref: np.ndarray, got: np.ndarray, atol: float, rtol: float) -> dict:

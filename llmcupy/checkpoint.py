@@ -1,0 +1,419 @@
+"""Model, debug-state and training-state files.
+
+**Model file** (llm.c's ``gpt2_124M.bin``): a 1024-byte header of 256 little-endian int32
+(0: magic 20240326, 1: version, 2: maxT, 3: V, 4: L, 5: NH, 6: C, 7: Vp, rest 0), then every
+parameter in :data:`PARAM_NAMES` order, flat. Version 3 stores fp32; version 5 stores bf16 (the
+top 16 bits of each fp32), which :func:`read_model` widens to fp32 exactly (with a warning: the
+weights carry only bf16 precision). The file must be exactly 1024 + P·4 (or P·2) bytes.
+
+**Debug state** (llm.c's ``gpt2_124M_debug_state.bin``, the reference for ``test_gpt2``): header
+(0: magic 20240327, 1: version 2, 2: B, 3: T), then x int32[B·T], y int32[B·T], logits fp32[B·T·V]
+(unpadded V), loss fp32[1], parameter gradients fp32[P] in model layout.
+
+**Training state** (ours, for resuming a run): an uncompressed NumPy ``.npz`` archive (a zip file,
+readable with ``numpy.load``) holding
+
+* ``meta``: UTF-8 JSON as a uint8 array: ``{"format": "llmcupy-train-state", "version": 1,
+  "config": {GPT2Config fields}, "step": int, "rng": ..., "loaders": {...}, "extra": {...}}``;
+  arrays inside ``rng``/``loaders``/``extra`` are stored as archive members and referenced from
+  the JSON as ``{"__array__": "<member name>"}``;
+* ``params``: fp32[P], the flat parameters in model layout;
+* ``adam_m``, ``adam_v``: fp32[P] AdamW moments (absent before the first update).
+
+All writers are atomic (see :func:`llmcupy.fileio.atomic_write`): an error or Ctrl-C during a save
+leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .fileio import (FileFormatError, atomic_write, check_magic_version, check_size, file_size,
+                     make_header, read_array, read_header, write_array)
+
+MODEL_MAGIC = 20240326
+MODEL_VERSION_FP32 = 3
+MODEL_VERSION_BF16 = 5
+DEBUG_MAGIC = 20240327
+DEBUG_VERSION = 2
+TRAIN_STATE_FORMAT = "llmcupy-train-state"
+TRAIN_STATE_VERSION = 1
+
+PARAM_NAMES = ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+               "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb")
+
+_REEXPORT_HINT = "re-export the weights with python -m llmcupy.convert"
+
+
+class CheckpointError(FileFormatError):
+    """A model, debug-state or training-state file is malformed or does not fit the model."""
+
+
+def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
+    return (vocab_size + multiple - 1) // multiple * multiple
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    max_seq_len: int = 1024
+    vocab_size: int = 50257
+    num_layers: int = 12
+    num_heads: int = 12
+    channels: int = 768
+    padded_vocab_size: int | None = None  # None: vocab_size rounded up to a multiple of 128
+
+    def __post_init__(self):
+        if self.padded_vocab_size is None:
+            object.__setattr__(self, "padded_vocab_size", padded_vocab(self.vocab_size))
+        problem = config_problem(self)
+        if problem:
+            raise ValueError(f"invalid GPT2Config: {problem}")
+
+
+def config_problem(c: GPT2Config) -> str | None:
+    for name in ("max_seq_len", "vocab_size", "num_layers", "num_heads", "channels", "padded_vocab_size"):
+        v = getattr(c, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            return f"{name} must be a positive integer, got {v!r}"
+    if c.padded_vocab_size < c.vocab_size:
+        return f"padded_vocab_size {c.padded_vocab_size} is smaller than vocab_size {c.vocab_size}"
+    if c.channels % c.num_heads:
+        return f"channels {c.channels} is not a multiple of num_heads {c.num_heads}"
+    return None
+
+
+def param_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """The 16 parameter tensors in llm.c's order with their shapes."""
+    Vp, C, L, maxT = config.padded_vocab_size, config.channels, config.num_layers, config.max_seq_len
+    return {
+        "wte": (Vp, C), "wpe": (maxT, C),
+        "ln1w": (L, C), "ln1b": (L, C),
+        "qkvw": (L, 3 * C, C), "qkvb": (L, 3 * C),
+        "attprojw": (L, C, C), "attprojb": (L, C),
+        "ln2w": (L, C), "ln2b": (L, C),
+        "fcw": (L, 4 * C, C), "fcb": (L, 4 * C),
+        "fcprojw": (L, C, 4 * C), "fcprojb": (L, C),
+        "lnfw": (C,), "lnfb": (C,),
+    }
+
+
+def param_sizes(config: GPT2Config) -> list[int]:
+    return [int(np.prod(s)) for s in param_shapes(config).values()]
+
+
+def num_parameters(config: GPT2Config) -> int:
+    return sum(param_sizes(config))
+
+
+def split_params(config: GPT2Config, flat) -> dict[str, np.ndarray]:
+    """Views of a flat parameter (or gradient, m, v) buffer as the 16 named tensors."""
+    n = num_parameters(config)
+    if flat.ndim != 1 or flat.shape[0] != n:
+        raise ValueError(f"flat buffer has shape {flat.shape}; the model has {n} parameters")
+    out, offset = {}, 0
+    for name, shape in param_shapes(config).items():
+        size = int(np.prod(shape))
+        out[name] = flat[offset:offset + size].reshape(shape)
+        offset += size
+    return out
+
+
+def join_params(config: GPT2Config, tensors: dict) -> np.ndarray:
+    """The flat fp32 buffer of 16 named tensors (shapes checked)."""
+    shapes = param_shapes(config)
+    if set(tensors) != set(shapes):
+        missing, extra = set(shapes) - set(tensors), set(tensors) - set(shapes)
+        raise ValueError(f"parameter names differ: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    parts = []
+    for name, shape in shapes.items():
+        t = np.asarray(tensors[name])
+        if t.shape != shape:
+            raise ValueError(f"parameter {name} has shape {t.shape}, expected {shape}")
+        parts.append(t.astype(np.float32, copy=False).reshape(-1))
+    return np.concatenate(parts)
+
+
+def _config_from_header(header, path) -> GPT2Config:
+    fields = dict(max_seq_len=int(header[2]), vocab_size=int(header[3]), num_layers=int(header[4]),
+                  num_heads=int(header[5]), channels=int(header[6]), padded_vocab_size=int(header[7]))
+    try:
+        return GPT2Config(**fields)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: bad model header: {e}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# bf16
+
+
+def bf16_to_fp32(u16) -> np.ndarray:
+    """bf16 bit patterns (uint16) -> fp32, exactly."""
+    return (np.asarray(u16, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def fp32_to_bf16(x) -> np.ndarray:
+    """fp32 -> bf16 bit patterns (uint16), round to nearest even; NaNs stay NaN."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+    nan = np.isnan(np.asarray(x, dtype=np.float32))
+    if nan.any():
+        rounded[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)
+    return rounded
+
+
+# ---------------------------------------------------------------------------------------------
+# model file
+
+
+def read_model_header(path) -> tuple[GPT2Config, int]:
+    """The (config, version) of a model file, header only (the size is checked too)."""
+    what = "llm.c model file"
+    with open(path, "rb") as f:
+        header = read_header(f, path, what)
+        version = check_magic_version(header, path, what, MODEL_MAGIC,
+                                      (MODEL_VERSION_FP32, MODEL_VERSION_BF16), _REEXPORT_HINT)
+        config = _config_from_header(header, path)
+        n = num_parameters(config)
+        width = 4 if version == MODEL_VERSION_FP32 else 2
+        check_size(path, what, file_size(f), 1024 + width * n,
+                   f"1024-byte header + {n} {'fp32' if width == 4 else 'bf16'} parameters")
+    return config, version
+
+
+def read_model(path) -> tuple[GPT2Config, np.ndarray]:
+    """Reads a model file: returns (config, flat fp32 parameters). Version 5 (bf16) is widened to
+    fp32 with a warning."""
+    config, version = read_model_header(path)
+    n = num_parameters(config)
+    with open(path, "rb") as f:
+        f.seek(1024)
+        try:
+            if version == MODEL_VERSION_FP32:
+                params = read_array(f, np.float32, n)
+            else:
+                params = bf16_to_fp32(read_array(f, np.uint16, n))
+        except EOFError as e:  # the size was checked; only a file changing under us gets here
+            raise CheckpointError(f"{path}: truncated model file: {e}") from e
+    if version == MODEL_VERSION_BF16:
+        warnings.warn(f"{path}: model file version 5 holds bf16 parameters; converted to fp32 "
+                      f"(the values keep bf16 precision)", stacklevel=2)
+    return config, params
+
+
+def write_model(path, config: GPT2Config, params, *, dtype: str = "fp32") -> None:
+    """Writes a model file atomically: version 3 (``dtype="fp32"``) or 5 (``"bf16"``)."""
+    params = np.asarray(params)
+    n = num_parameters(config)
+    if params.shape != (n,):
+        raise ValueError(f"params has shape {params.shape}; the config needs a flat buffer of {n}")
+    if dtype not in ("fp32", "bf16"):
+        raise ValueError(f"dtype must be 'fp32' or 'bf16', got {dtype!r}")
+    version = MODEL_VERSION_FP32 if dtype == "fp32" else MODEL_VERSION_BF16
+    c = config
+    header = make_header(MODEL_MAGIC, version, c.max_seq_len, c.vocab_size, c.num_layers,
+                         c.num_heads, c.channels, c.padded_vocab_size)
+    with atomic_write(path) as f:
+        f.write(header)
+        if dtype == "fp32":
+            write_array(f, params, np.float32)
+        else:
+            write_array(f, fp32_to_bf16(params), np.uint16)
+
+
+# ---------------------------------------------------------------------------------------------
+# debug state
+
+
+@dataclass
+class DebugState:
+    """The reference batch of ``test_gpt2``: inputs, targets, logits (B, T, V), loss, gradients."""
+    x: np.ndarray
+    y: np.ndarray
+    logits: np.ndarray
+    loss: float
+    grads: np.ndarray
+
+    @property
+    def B(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def T(self) -> int:
+        return int(self.x.shape[1])
+
+
+def debug_state_size(config: GPT2Config, B: int, T: int) -> int:
+    return 1024 + 4 * (2 * B * T + B * T * config.vocab_size + 1 + num_parameters(config))
+
+
+def read_debug_state(path, config: GPT2Config) -> DebugState:
+    """Reads llm.c's debug-state file for a model of ``config``."""
+    what = "llm.c debug-state file"
+    with open(path, "rb") as f:
+        header = read_header(f, path, what)
+        check_magic_version(header, path, what, DEBUG_MAGIC, (DEBUG_VERSION,))
+        B, T = int(header[2]), int(header[3])
+        if B <= 0 or T <= 0:
+            raise CheckpointError(f"{path}: bad debug-state header: B={B}, T={T} must be positive")
+        if T > config.max_seq_len:
+            raise CheckpointError(f"{path}: debug state has T={T}, more than the model's "
+                                  f"max_seq_len {config.max_seq_len}")
+        BT, V, P = B * T, config.vocab_size, num_parameters(config)
+        check_size(path, what, file_size(f), debug_state_size(config, B, T),
+                   f"B={B}, T={T}, V={V}, {P} parameters")
+        x = read_array(f, np.int32, BT).reshape(B, T)
+        y = read_array(f, np.int32, BT).reshape(B, T)
+        logits = read_array(f, np.float32, BT * V).reshape(B, T, V)
+        loss = float(read_array(f, np.float32, 1)[0])
+        grads = read_array(f, np.float32, P)
+    return DebugState(x=x, y=y, logits=logits, loss=loss, grads=grads)
+
+
+def write_debug_state(path, config: GPT2Config, state: DebugState) -> None:
+    """Writes a debug-state file atomically (shapes checked against ``config``)."""
+    B, T = state.B, state.T
+    V, P = config.vocab_size, num_parameters(config)
+    if state.x.shape != (B, T) or state.y.shape != (B, T):
+        raise ValueError(f"x and y must both be (B, T); got {state.x.shape} and {state.y.shape}")
+    if state.logits.shape != (B, T, V):
+        raise ValueError(f"logits must be (B, T, V) = {(B, T, V)} (unpadded V); got {state.logits.shape}")
+    if np.shape(state.grads) != (P,):
+        raise ValueError(f"grads must be a flat buffer of {P}; got shape {np.shape(state.grads)}")
+    with atomic_write(path) as f:
+        f.write(make_header(DEBUG_MAGIC, DEBUG_VERSION, B, T))
+        write_array(f, state.x, np.int32)
+        write_array(f, state.y, np.int32)
+        write_array(f, state.logits, np.float32)
+        write_array(f, np.array([state.loss]), np.float32)
+        write_array(f, state.grads, np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# training state (ours)
+
+
+@dataclass
+class TrainingState:
+    config: GPT2Config
+    params: np.ndarray
+    step: int
+    m: np.ndarray | None = None
+    v: np.ndarray | None = None
+    loaders: dict = field(default_factory=dict)   # name -> DataLoader.state_dict()
+    rng: dict | None = None                       # XorShiftRNG.state_dict()
+    extra: dict = field(default_factory=dict)     # anything JSON-able (+ arrays)
+
+
+def _encode(obj, arrays: dict, key: str):
+    if isinstance(obj, np.ndarray):
+        name = key
+        arrays[name] = obj
+        return {"__array__": name}
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise TypeError(f"training-state keys must be strings; got {k!r} under {key}")
+            out[k] = _encode(v, arrays, f"{key}.{k}")
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v, arrays, f"{key}.{i}") for i, v in enumerate(obj)]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store {type(obj).__name__} at {key} in a training state")
+
+
+def _decode(obj, arrays):
+    if isinstance(obj, dict):
+        if set(obj) == {"__array__"}:
+            return arrays[obj["__array__"]]
+        return {k: _decode(v, arrays) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v, arrays) for v in obj]
+    return obj
+
+
+def save_training_state(path, state: TrainingState) -> None:
+    """Writes a training state (format in the module docstring) atomically."""
+    n = num_parameters(state.config)
+    arrays: dict[str, np.ndarray] = {}
+    for name, a in (("params", state.params), ("adam_m", state.m), ("adam_v", state.v)):
+        if a is None:
+            continue
+        a = np.asarray(a)
+        if a.shape != (n,):
+            raise ValueError(f"{name} has shape {a.shape}; the model has {n} parameters")
+        arrays[name] = np.ascontiguousarray(a, dtype=np.float32)
+    if "params" not in arrays:
+        raise ValueError("a training state needs params")
+    meta = {
+        "format": TRAIN_STATE_FORMAT, "version": TRAIN_STATE_VERSION,
+        "config": asdict(state.config), "step": int(state.step),
+        "rng": _encode(state.rng, arrays, "rng"),
+        "loaders": _encode(dict(state.loaders), arrays, "loaders"),
+        "extra": _encode(dict(state.extra), arrays, "extra"),
+    }
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    with atomic_write(path) as f:
+        np.savez(f, **arrays)
+
+
+def load_training_state(path) -> TrainingState:
+    """Reads a training state written by :func:`save_training_state`, checking its format."""
+    path = Path(path)
+    what = "llmcupy training-state file"
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{path}: not a readable {what} (truncated or corrupt?): {e}") from e
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise CheckpointError(f"{path}: not a {what} (a single .npy array, not an .npz archive)")
+    try:
+        with archive:
+            if "meta" not in archive.files:
+                raise CheckpointError(f"{path}: not a {what}: no 'meta' member")
+            arrays = {name: archive[name] for name in archive.files}
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise CheckpointError(f"{path}: corrupt {what}: {e}") from e
+    try:
+        meta = json.loads(arrays.pop("meta").tobytes().decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt {what}: unreadable metadata ({e})") from e
+    if not isinstance(meta, dict) or meta.get("format") != TRAIN_STATE_FORMAT:
+        raise CheckpointError(f"{path}: not a {what} (format tag {meta.get('format') if isinstance(meta, dict) else None!r})")
+    if meta.get("version") != TRAIN_STATE_VERSION:
+        raise CheckpointError(f"{path}: unsupported {what} version {meta.get('version')!r} "
+                              f"(supported: {TRAIN_STATE_VERSION})")
+    try:
+        config = GPT2Config(**meta["config"])
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path}: bad model config in {what}: {e}") from e
+    n = num_parameters(config)
+    for name in ("params", "adam_m", "adam_v"):
+        a = arrays.get(name)
+        if a is None:
+            if name == "params":
+                raise CheckpointError(f"{path}: {what} has no params")
+            continue
+        if a.dtype != np.float32 or a.shape != (n,):
+            raise CheckpointError(f"{path}: {name} is {a.dtype}{list(a.shape)}; the model needs float32[{n}]")
+    try:
+        return TrainingState(config=config, params=arrays["params"], step=int(meta["step"]),
+                             m=arrays.get("adam_m"), v=arrays.get("adam_v"),
+                             loaders=_decode(meta.get("loaders") or {}, arrays),
+                             rng=_decode(meta.get("rng"), arrays),
+                             extra=_decode(meta.get("extra") or {}, arrays))
+    except KeyError as e:
+        raise CheckpointError(f"{path}: corrupt {what}: missing {e}") from e

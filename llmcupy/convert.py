@@ -1,0 +1,171 @@
+"""Hugging Face GPT-2 weights (``model.safetensors``) -> llm.c's model file.
+
+CLI::
+
+    python -m llmcupy.convert model.safetensors [-o gpt2_124M.bin] [--num-heads N] [--bf16]
+
+What changes on the way (as llm.c's exporter does it):
+
+* OpenAI's ``Conv1D`` layers store their weights as (in, out); llm.c wants (out, in), so
+  ``attn.c_attn``, ``attn.c_proj``, ``mlp.c_fc`` and ``mlp.c_proj`` weights are transposed;
+* per-layer tensors ``h.<l>.*`` are stacked into (L, ...) tensors;
+* wte (V, C) is padded with zero rows to Vp = V rounded up to a multiple of 128.
+
+Keys may carry the ``transformer.`` prefix of ``GPT2LMHeadModel`` checkpoints; the causal-mask
+buffers (``attn.bias``, ``attn.masked_bias``) are ignored and an ``lm_head.weight`` must equal wte
+(the LM head is tied). The number of heads is not in the weights: ``--num-heads``, else
+``n_head`` from a ``config.json`` beside the weights, else C / 64 (GPT-2's head size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import GPT2Config, num_parameters, split_params, write_model
+from .fileio import FileFormatError
+
+HEAD_SIZE = 64
+_IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
+# llm.c tensor -> (Hugging Face per-layer key, transposed?)
+_LAYER_KEYS = {
+    "ln1w": ("ln_1.weight", False), "ln1b": ("ln_1.bias", False),
+    "qkvw": ("attn.c_attn.weight", True), "qkvb": ("attn.c_attn.bias", False),
+    "attprojw": ("attn.c_proj.weight", True), "attprojb": ("attn.c_proj.bias", False),
+    "ln2w": ("ln_2.weight", False), "ln2b": ("ln_2.bias", False),
+    "fcw": ("mlp.c_fc.weight", True), "fcb": ("mlp.c_fc.bias", False),
+    "fcprojw": ("mlp.c_proj.weight", True), "fcprojb": ("mlp.c_proj.bias", False),
+}
+
+
+class ConvertError(ValueError):
+    """The weights are not a GPT-2 checkpoint this converter understands."""
+
+
+def _strip(tensors: dict) -> dict:
+    out = {}
+    for k, v in tensors.items():
+        out[k[len("transformer."):] if k.startswith("transformer.") else k] = v
+    return out
+
+
+def hf_to_llmc(tensors: dict, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray]:
+    """Converts Hugging Face GPT-2 tensors (name -> array) into (config, flat fp32 parameters)."""
+    t = _strip(tensors)
+    for key in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
+        if key not in t:
+            raise ConvertError(f"missing tensor {key!r}: not a GPT-2 checkpoint")
+    wte, wpe = np.asarray(t["wte.weight"]), np.asarray(t["wpe.weight"])
+    if wte.ndim != 2 or wpe.ndim != 2 or wte.shape[1] != wpe.shape[1]:
+        raise ConvertError(f"wte {wte.shape} and wpe {wpe.shape} must be 2-D with the same width")
+    V, C = wte.shape
+    maxT = wpe.shape[0]
+    layers = sorted({int(m.group(1)) for k in t if (m := re.match(r"^h\.(\d+)\.", k))})
+    L = len(layers)
+    if L == 0 or layers != list(range(L)):
+        raise ConvertError(f"transformer blocks h.<l> must be numbered 0..L-1; found {layers}")
+    if num_heads is None:
+        if C % HEAD_SIZE:
+            raise ConvertError(f"cannot infer the number of heads for C={C} (not a multiple of "
+                               f"{HEAD_SIZE}); pass --num-heads")
+        num_heads = C // HEAD_SIZE
+    try:
+        config = GPT2Config(max_seq_len=maxT, vocab_size=V, num_layers=L, num_heads=int(num_heads), channels=C)
+    except ValueError as e:
+        raise ConvertError(str(e)) from e
+
+    flat = np.zeros(num_parameters(config), dtype=np.float32)
+    p = split_params(config, flat)
+    p["wte"][:V] = wte          # rows V..Vp-1 stay zero
+    p["wpe"][:] = wpe
+    p["lnfw"][:] = _get(t, "ln_f.weight", (C,))
+    p["lnfb"][:] = _get(t, "ln_f.bias", (C,))
+    used = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"}
+    for name, (suffix, transpose) in _LAYER_KEYS.items():
+        shape = p[name].shape[1:]
+        for l in range(L):
+            key = f"h.{l}.{suffix}"
+            hf_shape = shape[::-1] if transpose else shape
+            w = _get(t, key, hf_shape)
+            p[name][l] = w.T if transpose else w
+            used.add(key)
+    if "lm_head.weight" in t:
+        head = np.asarray(t["lm_head.weight"])
+        if head.shape != wte.shape or not np.array_equal(head, wte):
+            raise ConvertError("lm_head.weight differs from wte.weight; llm.c's GPT-2 ties them")
+        used.add("lm_head.weight")
+    unknown = sorted(k for k in t if k not in used and not _IGNORED.match(k))
+    if unknown:
+        raise ConvertError(f"unexpected tensors (not GPT-2?): {', '.join(unknown[:8])}"
+                           f"{' ...' if len(unknown) > 8 else ''}")
+    return config, flat
+
+
+def _get(t: dict, key: str, shape) -> np.ndarray:
+    if key not in t:
+        raise ConvertError(f"missing tensor {key!r}")
+    a = np.asarray(t[key])
+    if a.shape != tuple(shape):
+        raise ConvertError(f"tensor {key!r} has shape {a.shape}, expected {tuple(shape)} (Hugging Face layout)")
+    return a.astype(np.float32, copy=False)
+
+
+def load_safetensors(path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, ValueError, TypeError) as e:
+        raise ConvertError(f"{path}: cannot read safetensors file: {e}") from e
+
+
+def _num_heads_from_config(path: Path) -> int | None:
+    cfg = path.with_name("config.json")
+    if not cfg.is_file():
+        return None
+    try:
+        n = json.loads(cfg.read_text()).get("n_head")
+    except (OSError, ValueError) as e:
+        warnings.warn(f"ignoring unreadable {cfg}: {e}")
+        return None
+    return int(n) if n else None
+
+
+def convert(safetensors_path, out_path, *, num_heads: int | None = None, dtype: str = "fp32") -> GPT2Config:
+    """Converts a Hugging Face GPT-2 ``model.safetensors`` into llm.c's model file."""
+    src = Path(safetensors_path)
+    if num_heads is None:
+        num_heads = _num_heads_from_config(src)
+    config, flat = hf_to_llmc(load_safetensors(src), num_heads=num_heads)
+    write_model(out_path, config, flat, dtype=dtype)
+    return config
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmcupy.convert",
+                                     description="Convert Hugging Face GPT-2 safetensors weights to llm.c's model file.")
+    parser.add_argument("weights", help="model.safetensors (e.g. from python -m llmcupy.download gpt2)")
+    parser.add_argument("-o", "--out", default="gpt2_124M.bin", help="output model file (default gpt2_124M.bin)")
+    parser.add_argument("--num-heads", type=int, help="attention heads (default: config.json beside the weights, else C/64)")
+    parser.add_argument("--bf16", action="store_true", help="write bf16 parameters (version 5) instead of fp32 (version 3)")
+    args = parser.parse_args(argv)
+    try:
+        c = convert(args.weights, args.out, num_heads=args.num_heads, dtype="bf16" if args.bf16 else "fp32")
+    except (ConvertError, FileFormatError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out}: maxT={c.max_seq_len} V={c.vocab_size} Vp={c.padded_vocab_size} L={c.num_layers} "
+          f"NH={c.num_heads} C={c.channels}, {num_parameters(c):,} parameters "
+          f"({'bf16, version 5' if args.bf16 else 'fp32, version 3'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

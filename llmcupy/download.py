@@ -1,0 +1,174 @@
+"""Downloads of the public files the trainer starts from.
+
+CLI::
+
+    python -m llmcupy.download {gpt2,tinyshakespeare} [--out DIR] [--base-url URL] [--force] [--quiet]
+
+* ``tinyshakespeare``: the raw corpus (char-rnn's ``input.txt``) -> ``DIR/tinyshakespeare.txt``
+  (default ``DIR`` = ``data/tinyshakespeare``), sha256-checked.
+* ``gpt2``: Hugging Face's ``openai-community/gpt2`` ``model.safetensors`` (GPT-2 124M, ~548 MB)
+  -> ``DIR/model.safetensors`` (default ``data/gpt2``); convert it with ``python -m llmcupy.convert``.
+
+Files stream to a temporary file beside the destination with a tqdm progress bar, are checked
+(length against Content-Length, sha256 where known) and only then renamed into place; a failed or
+interrupted download leaves no partial file. A present file is kept (re-checked when its hash is
+known) unless ``--force``.
+
+Mirrors and tests: ``--base-url URL`` or the environment variable ``LLMCUPY_DOWNLOAD_BASE`` replace
+every file's public URL by ``URL/<last path component of the public URL>`` (``input.txt``,
+``model.safetensors``), e.g. a folder served with ``python -m http.server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .fileio import atomic_write
+
+BASE_ENV = "LLMCUPY_DOWNLOAD_BASE"
+
+
+class DownloadError(RuntimeError):
+    """A download failed: unreachable host, HTTP error, short body or wrong checksum."""
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    url: str
+    filename: str                 # name in the output folder
+    sha256: str | None = None     # None: not known, not checked
+
+    @property
+    def remote_name(self) -> str:
+        return urllib.parse.urlsplit(self.url).path.rsplit("/", 1)[-1]
+
+
+SOURCES: dict[str, tuple[RemoteFile, ...]] = {
+    "tinyshakespeare": (
+        RemoteFile("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+                   "tinyshakespeare.txt",
+                   "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),
+    ),
+    "gpt2": (
+        RemoteFile("https://huggingface.co/openai-community/gpt2/resolve/main/model.safetensors",
+                   "model.safetensors"),
+    ),
+}
+DEFAULT_OUT = {"tinyshakespeare": os.path.join("data", "tinyshakespeare"), "gpt2": os.path.join("data", "gpt2")}
+
+
+def sha256_of(path, chunk_size: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def resolve_url(remote: RemoteFile, base_url: str | None = None) -> str:
+    """The URL to fetch: the public one, or ``base/<remote name>`` with a base URL (argument, else
+    $LLMCUPY_DOWNLOAD_BASE)."""
+    base = base_url or os.environ.get(BASE_ENV)
+    if not base:
+        return remote.url
+    return base.rstrip("/") + "/" + remote.remote_name
+
+
+def download_file(url: str, dest, *, sha256: str | None = None, progress: bool = True,
+                  timeout: float = 60.0, chunk_size: int = 1 << 20, desc: str | None = None) -> Path:
+    """Streams ``url`` into ``dest`` (atomically), checking the length and the sha256 if given."""
+    dest = Path(dest)
+    request = urllib.request.Request(url, headers={"User-Agent": "llmcupy-download"})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        raise DownloadError(f"download of {url} failed: HTTP {e.code} {e.reason}") from e
+    except urllib.error.URLError as e:
+        reason = getattr(e.reason, "strerror", None) or e.reason
+        raise DownloadError(f"cannot reach {url}: {reason} (offline? use --base-url or {BASE_ENV} "
+                            f"to point at a mirror, or download the file by hand)") from e
+    except (OSError, http.client.HTTPException) as e:
+        raise DownloadError(f"cannot download {url}: {e}") from e
+    with response:
+        length = response.headers.get("Content-Length")
+        total = int(length) if length and length.isdigit() else None
+        digest = hashlib.sha256()
+        received = 0
+        with atomic_write(dest) as f, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                                           desc=desc or dest.name, disable=not progress) as bar:
+            while True:
+                try:
+                    chunk = response.read(chunk_size)
+                except (OSError, http.client.HTTPException) as e:
+                    raise DownloadError(f"download of {url} broke off after {received} bytes: {e}") from e
+                if not chunk:
+                    break
+                f.write(chunk)
+                digest.update(chunk)
+                received += len(chunk)
+                bar.update(len(chunk))
+            if total is not None and received != total:
+                raise DownloadError(f"download of {url} is incomplete: {received} of {total} bytes")
+            if sha256 is not None and digest.hexdigest() != sha256.lower():
+                raise DownloadError(f"checksum mismatch for {url}: sha256 {digest.hexdigest()}, "
+                                    f"expected {sha256.lower()}; nothing was written")
+    return dest
+
+
+def download(name: str, out_dir=None, *, base_url: str | None = None, progress: bool = True,
+             force: bool = False, log=print) -> list[Path]:
+    """Fetches the files of ``name`` ("gpt2" or "tinyshakespeare") into ``out_dir``."""
+    if name not in SOURCES:
+        raise ValueError(f"unknown download {name!r}; choose one of {', '.join(sorted(SOURCES))}")
+    out = Path(out_dir if out_dir is not None else DEFAULT_OUT[name])
+    paths = []
+    for remote in SOURCES[name]:
+        dest = out / remote.filename
+        if dest.exists() and not force:
+            if remote.sha256 is None:
+                log(f"{dest} already present (not checked: no known sha256; --force downloads again)")
+                paths.append(dest)
+                continue
+            if sha256_of(dest) == remote.sha256:
+                log(f"{dest} already present, sha256 ok")
+                paths.append(dest)
+                continue
+            log(f"{dest} is present but its sha256 does not match: downloading again")
+        url = resolve_url(remote, base_url)
+        log(f"downloading {url} -> {dest}")
+        paths.append(download_file(url, dest, sha256=remote.sha256, progress=progress, desc=remote.filename))
+    return paths
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmcupy.download",
+                                     description="Download GPT-2 weights or the Tiny Shakespeare text.")
+    parser.add_argument("name", choices=sorted(SOURCES))
+    parser.add_argument("--out", metavar="DIR",
+                        help="output folder (default data/<name>, relative to the current folder)")
+    parser.add_argument("--base-url", metavar="URL",
+                        help=f"fetch URL/<file name> instead of the public URL (or set {BASE_ENV})")
+    parser.add_argument("--force", action="store_true", help="download even if the file is present")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        download(args.name, args.out, base_url=args.base_url, progress=not args.quiet, force=args.force)
+    except (DownloadError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

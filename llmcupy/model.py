@@ -1,0 +1,313 @@
+"""GPT-2 (FP32) as an ordered list of kernel calls, each op at the version chosen for it.
+
+Parameters live in one flat FP32 buffer in llm.c's order (see config.py); activations and their
+gradients are named buffers allocated once for a (B, T). The forward and backward passes below
+read like llm.c's ``gpt2_forward`` / ``gpt2_backward``; every call goes through ``self.call(op)``,
+which runs the version of that op given by :class:`KernelChoice` and writes into preallocated
+buffers (fixed addresses, so a CUDA graph can capture a step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import ops as ops_registry
+from .config import GPT2Config, num_parameters, split_params
+from .runtime import backend as _backend
+
+# The ops one training step uses, in the order they first run, and the CLI flag of each.
+STEP_OPS = (
+    "encoder_forward", "layernorm_forward", "matmul_forward", "attention_forward", "residual_forward",
+    "gelu_forward", "classifier_fused", "matmul_backward", "layernorm_backward", "gelu_backward",
+    "attention_backward", "encoder_backward", "adamw",
+)
+
+
+class ModelError(ValueError):
+    """Bad input to the model: T larger than its context, a token id out of range, ..."""
+
+
+@dataclass
+class KernelChoice:
+    """Which version (and block size) of every op the model runs. Unlisted ops use their default."""
+
+    versions: dict = field(default_factory=dict)
+    block_sizes: dict = field(default_factory=dict)
+
+    def version(self, op: str) -> int:
+        return int(self.versions.get(op, ops_registry.get(op).default_version))
+
+    def block_size(self, op: str):
+        return self.block_sizes.get(op)
+
+    def set(self, op: str, version: int, block_size: int | None = None) -> None:
+        """Selects a version, checking that the op exists, the number is valid and it can run."""
+        o = ops_registry.get(op)
+        v = o.version(version)
+        if not v.available:
+            raise ops_registry.OpError(f"{op} version {version} is unavailable: {v.unavailable}")
+        self.versions[op] = v.number
+        if block_size is not None:
+            self.block_sizes[op] = int(block_size)
+
+    def table(self) -> list[tuple[str, int, str]]:
+        rows = []
+        for op in STEP_OPS:
+            n = self.version(op)
+            rows.append((op, n, ops_registry.get(op).versions[n].summary))
+        return rows
+
+
+def activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict:
+    L, C, NH, Vp = cfg.num_layers, cfg.channels, cfg.num_heads, cfg.padded_vocab_size
+    return {
+        "encoded": (B, T, C),
+        "ln1": (L, B, T, C), "ln1_mean": (L, B, T), "ln1_rstd": (L, B, T),
+        "qkv": (L, B, T, 3 * C),          # the QKV projection (attention_backward's input)
+        "atty": (L, B, T, C),
+        "att": (L, B, NH, T, T),
+        "attproj": (L, B, T, C),
+        "residual2": (L, B, T, C),
+        "ln2": (L, B, T, C), "ln2_mean": (L, B, T), "ln2_rstd": (L, B, T),
+        "fch": (L, B, T, 4 * C),
+        "fch_gelu": (L, B, T, 4 * C),
+        "fcproj": (L, B, T, C),
+        "residual3": (L, B, T, C),
+        "lnf": (B, T, C), "lnf_mean": (B, T), "lnf_rstd": (B, T),
+        "losses": (B, T),
+        "logits": (B, T, Vp),             # logits, then (training) dlogits in place
+        # scratch shared by the layers
+        "qkvr": (3, B, NH, T, C // NH),
+        "preatt": (B, NH, T, T),
+    }
+
+
+def grad_activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict:
+    C, NH = cfg.channels, cfg.num_heads
+    return {
+        "dres": (B, T, C),                # the residual stream's gradient (layernorm backward adds into it)
+        "dbtc": (B, T, C),
+        "dqkv": (B, T, 3 * C),
+        "dfch": (B, T, 4 * C),
+        "datt": (B, NH, T, T),
+        "dpreatt": (B, NH, T, T),
+    }
+
+
+class GPT2:
+    """One GPT-2 on the current backend. ``forward`` / ``backward`` / ``update`` as in llm.c."""
+
+    def __init__(self, config: GPT2Config, params: np.ndarray, kernels: KernelChoice | None = None):
+        if params.dtype != np.float32 or params.size != num_parameters(config):
+            raise ModelError(f"parameters must be {num_parameters(config)} float32 values, got "
+                             f"{params.size} {params.dtype}")
+        self.config = config
+        self.kernels = kernels or KernelChoice()
+        self.xp = _backend.xp()
+        self.params = _backend.asarray(params)
+        self.p = split_params(self.params, config)
+        self.grads = None
+        self.g = None
+        self.m = self.v = None          # AdamW moments, allocated on the first update
+        self.B = self.T = None
+        self.acts = self.dacts = None
+        self.mean_loss = None
+        self.has_targets = False
+
+    # -- buffers --------------------------------------------------------------------------------
+
+    def num_parameters(self) -> int:
+        return int(self.params.size)
+
+    def allocate(self, B: int, T: int) -> None:
+        """Activations for (B, T); fixed for the life of the model, as in llm.c."""
+        cfg = self.config
+        if T > cfg.max_seq_len:
+            raise ModelError(f"T={T} is larger than the model's context (max_seq_len={cfg.max_seq_len})")
+        if self.B is not None:
+            if (B, T) != (self.B, self.T):
+                raise ModelError(f"the model's buffers are sized for B={self.B}, T={self.T}; got B={B}, T={T}")
+            return
+        xp = self.xp
+        try:
+            # zeros, not empty: att's upper triangle and the padded logit columns must hold zeros
+            self.acts = {k: xp.zeros(s, np.float32) for k, s in activation_shapes(cfg, B, T).items()}
+            self.tokens = xp.zeros((B, T), np.int32)
+            self.targets = xp.zeros((B, T), np.int32)
+        except Exception as exc:  # cupy.cuda.memory.OutOfMemoryError
+            raise _out_of_memory(exc, "activations", B, T) from exc
+        self.B, self.T = B, T
+
+    def _allocate_grads(self) -> None:
+        if self.grads is not None:
+            return
+        xp = self.xp
+        try:
+            self.grads = xp.zeros_like(self.params)
+            self.g = split_params(self.grads, self.config)
+            self.dacts = {k: xp.zeros(s, np.float32)
+                          for k, s in grad_activation_shapes(self.config, self.B, self.T).items()}
+        except Exception as exc:
+            raise _out_of_memory(exc, "gradients", self.B, self.T) from exc
+
+    # -- kernels --------------------------------------------------------------------------------
+
+    def call(self, op: str, arrays: dict, out: dict | None = None) -> dict:
+        o = ops_registry.get(op)
+        return o.run(self.kernels.version(op), arrays, self.kernels.block_size(op), out)
+
+    # -- forward --------------------------------------------------------------------------------
+
+    def set_batch(self, tokens, targets=None) -> None:
+        """Copies a batch into the model's input buffers, checking ids are in [0, V)."""
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2:
+            raise ModelError(f"tokens must be (B, T), got shape {tokens.shape}")
+        B, T = tokens.shape
+        self.allocate(B, T)
+        V = self.config.vocab_size
+        for what, arr in (("input", tokens), ("target", targets)):
+            if arr is None:
+                continue
+            arr = np.asarray(arr)
+            if arr.shape != (B, T):
+                raise ModelError(f"{what} tokens must have shape {(B, T)}, got {arr.shape}")
+            bad = (arr < 0) | (arr >= V)
+            if bad.any():
+                i = tuple(int(j) for j in np.argwhere(bad)[0])
+                raise ModelError(f"{what} token id {int(arr[i])} at {i} is outside the vocabulary [0, {V})")
+        self.tokens[...] = self.xp.asarray(tokens.astype(np.int32))
+        self.has_targets = targets is not None
+        if targets is not None:
+            self.targets[...] = self.xp.asarray(np.asarray(targets).astype(np.int32))
+
+    def forward(self, tokens=None, targets=None):
+        """Runs the forward pass; returns the mean loss (a float) with targets, else None.
+
+        With ``tokens=None`` the batch already in the model's buffers is used (a captured graph).
+        """
+        if tokens is not None:
+            self.set_batch(tokens, targets)
+        self.forward_on_device()
+        if self.has_targets:
+            self.mean_loss = float(self.acts["losses"].mean())
+            return self.mean_loss
+        self.mean_loss = None
+        return None
+
+    def forward_on_device(self) -> None:
+        """The forward pass proper: kernel launches only, no host synchronisation."""
+        cfg, p, a = self.config, self.p, self.acts
+        L, NH, V = cfg.num_layers, cfg.num_heads, cfg.vocab_size
+        self.call("encoder_forward", {"tokens": self.tokens, "wte": p["wte"], "wpe": p["wpe"]},
+                  out={"out": a["encoded"]})
+        for l in range(L):
+            res = a["encoded"] if l == 0 else a["residual3"][l - 1]
+            self.call("layernorm_forward", {"inp": res, "weight": p["ln1w"][l], "bias": p["ln1b"][l]},
+                      out={"out": a["ln1"][l], "mean": a["ln1_mean"][l], "rstd": a["ln1_rstd"][l]})
+            self.call("matmul_forward", {"inp": a["ln1"][l], "weight": p["qkvw"][l], "bias": p["qkvb"][l]},
+                      out={"out": a["qkv"][l]})
+            self.call("attention_forward", {"inp": a["qkv"][l], "NH": NH, "preatt": a["preatt"]},
+                      out={"out": a["atty"][l], "att": a["att"][l], "qkvr": a["qkvr"]})
+            self.call("matmul_forward", {"inp": a["atty"][l], "weight": p["attprojw"][l], "bias": p["attprojb"][l]},
+                      out={"out": a["attproj"][l]})
+            self.call("residual_forward", {"inp1": res, "inp2": a["attproj"][l]}, out={"out": a["residual2"][l]})
+            self.call("layernorm_forward", {"inp": a["residual2"][l], "weight": p["ln2w"][l], "bias": p["ln2b"][l]},
+                      out={"out": a["ln2"][l], "mean": a["ln2_mean"][l], "rstd": a["ln2_rstd"][l]})
+            self.call("matmul_forward", {"inp": a["ln2"][l], "weight": p["fcw"][l], "bias": p["fcb"][l]},
+                      out={"out": a["fch"][l]})
+            self.call("gelu_forward", {"inp": a["fch"][l]}, out={"out": a["fch_gelu"][l]})
+            self.call("matmul_forward", {"inp": a["fch_gelu"][l], "weight": p["fcprojw"][l], "bias": p["fcprojb"][l]},
+                      out={"out": a["fcproj"][l]})
+            self.call("residual_forward", {"inp1": a["residual2"][l], "inp2": a["fcproj"][l]},
+                      out={"out": a["residual3"][l]})
+        self.call("layernorm_forward", {"inp": a["residual3"][L - 1], "weight": p["lnfw"], "bias": p["lnfb"]},
+                  out={"out": a["lnf"], "mean": a["lnf_mean"], "rstd": a["lnf_rstd"]})
+        self.call("matmul_forward", {"inp": a["lnf"], "weight": p["wte"], "bias": None}, out={"out": a["logits"]})
+        if self.has_targets:
+            # softmax + loss + dlogits, in place: the logits become dlogits (llm.c's fused classifier)
+            self.call("classifier_fused", {"logits": a["logits"], "targets": self.targets, "dlosses": None, "V": V},
+                      out={"losses": a["losses"], "dlogits": a["logits"]})
+
+    def logits(self):
+        """The logits of the last forward without targets, (B, T, V) on the backend."""
+        return self.acts["logits"][..., : self.config.vocab_size]
+
+    # -- backward -------------------------------------------------------------------------------
+
+    def zero_grad(self) -> None:
+        self._allocate_grads()
+        self.grads.fill(0)
+        for buf in self.dacts.values():
+            buf.fill(0)
+
+    def backward(self) -> None:
+        if self.acts is None or not self.has_targets:
+            raise ModelError("backward needs a forward pass with targets first")
+        self._allocate_grads()
+        cfg, p, g, a, d = self.config, self.p, self.g, self.acts, self.dacts
+        L, NH = cfg.num_layers, cfg.num_heads
+        dres, dbtc = d["dres"], d["dbtc"]
+        # LM head: dlogits (in a["logits"]) -> d(lnf) and dwte
+        dbtc.fill(0)
+        self.call("matmul_backward", {"dinp": dbtc, "dweight": g["wte"], "dbias": None, "dout": a["logits"],
+                                      "inp": a["lnf"], "weight": p["wte"]})
+        self.call("layernorm_backward", {"dinp": dres, "dweight": g["lnfw"], "dbias": g["lnfb"], "dout": dbtc,
+                                         "inp": a["residual3"][L - 1], "weight": p["lnfw"],
+                                         "mean": a["lnf_mean"], "rstd": a["lnf_rstd"]})
+        for l in reversed(range(L)):
+            res = a["encoded"] if l == 0 else a["residual3"][l - 1]
+            # MLP: fcproj, GELU, fc
+            dfch = d["dfch"]
+            dfch.fill(0)
+            self.call("matmul_backward", {"dinp": dfch, "dweight": g["fcprojw"][l], "dbias": g["fcprojb"][l],
+                                          "dout": dres, "inp": a["fch_gelu"][l], "weight": p["fcprojw"][l]})
+            self.call("gelu_backward", {"inp": a["fch"][l], "dout": dfch}, out={"dinp": dfch})
+            dbtc.fill(0)
+            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["fcw"][l], "dbias": g["fcb"][l],
+                                          "dout": dfch, "inp": a["ln2"][l], "weight": p["fcw"][l]})
+            self.call("layernorm_backward", {"dinp": dres, "dweight": g["ln2w"][l], "dbias": g["ln2b"][l],
+                                             "dout": dbtc, "inp": a["residual2"][l], "weight": p["ln2w"][l],
+                                             "mean": a["ln2_mean"][l], "rstd": a["ln2_rstd"][l]})
+            # attention: projection, then attention itself, then the QKV projection
+            dbtc.fill(0)
+            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["attprojw"][l], "dbias": g["attprojb"][l],
+                                          "dout": dres, "inp": a["atty"][l], "weight": p["attprojw"][l]})
+            self.call("attention_backward", {"dout": dbtc, "inp": a["qkv"][l], "att": a["att"][l], "NH": NH},
+                      out={"dinp": d["dqkv"], "datt": d["datt"], "dpreatt": d["dpreatt"]})
+            dbtc.fill(0)
+            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["qkvw"][l], "dbias": g["qkvb"][l],
+                                          "dout": d["dqkv"], "inp": a["ln1"][l], "weight": p["qkvw"][l]})
+            self.call("layernorm_backward", {"dinp": dres, "dweight": g["ln1w"][l], "dbias": g["ln1b"][l],
+                                             "dout": dbtc, "inp": res, "weight": p["ln1w"][l],
+                                             "mean": a["ln1_mean"][l], "rstd": a["ln1_rstd"][l]})
+        self.call("encoder_backward", {"dwte": g["wte"], "dwpe": g["wpe"], "dout": dres, "tokens": self.tokens})
+
+    # -- optimizer ------------------------------------------------------------------------------
+
+    def update(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, t: int) -> None:
+        """AdamW with llm.c's rule (weight decay on every parameter), step t (1-based)."""
+        if self.m is None:
+            self.m = self.xp.zeros_like(self.params)
+            self.v = self.xp.zeros_like(self.params)
+        self.call("adamw", {"params": self.params, "grads": self.grads, "m": self.m, "v": self.v, "lr": lr,
+                            "beta1": beta1, "beta2": beta2, "eps": eps, "weight_decay": weight_decay, "t": t})
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def params_numpy(self) -> np.ndarray:
+        return _backend.to_numpy(self.params).astype(np.float32, copy=True)
+
+    def grads_numpy(self) -> np.ndarray:
+        return _backend.to_numpy(self.grads).astype(np.float32, copy=True)
+
+
+def _out_of_memory(exc: Exception, what: str, B: int, T: int) -> Exception:
+    name = type(exc).__name__
+    if "OutOfMemory" in name or isinstance(exc, MemoryError):
+        return ModelError(f"out of memory allocating the {what} for B={B}, T={T} ({exc}); "
+                          "try a smaller batch (-b) or sequence length (-t)")
+    return exc
+

@@ -1,0 +1,60 @@
+"""Helpers shared by the attention-layout op modules (attention_forward, trimat_forward, permute's
+attention kernels). Not an op itself: modules whose name starts with ``_`` are not registered.
+
+Layout conventions (B batch, T time, C channels, NH heads, HS = C / NH):
+  packed QKV ``inp``     (B, T, 3C) = (B, T, 3, NH, HS): [query | key | value] per position
+  ``qkvr``               (3, B, NH, T, HS): q, k, v back to back, each (B, NH, T, HS)
+  attention maps         (B, NH, T, T): row t (query), column t2 (key)
+  attention output       (B, T, C) = (B, T, NH, HS)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._op import OpError, check_float32, need
+
+
+def as_int(value, what: str) -> int:
+    """A Python int, a NumPy integer or a 0-d integer array (the tests copy inputs with np.array)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise OpError(f"{what} must be an integer, got a bool")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if getattr(value, "ndim", None) == 0 and np.issubdtype(getattr(value, "dtype", np.float32), np.integer):
+        return int(value)
+    raise OpError(f"{what} must be an integer (a Python int), got {type(value).__name__}"
+                  + (f" of dtype {value.dtype} and shape {value.shape}" if hasattr(value, "dtype") else ""))
+
+
+def check_packed_qkv(op_name: str, inp, NH) -> tuple[int, int, int, int]:
+    """Validates a packed (B, T, 3C) QKV tensor and the head count; returns (B, T, C, NH)."""
+    check_float32(op_name, inp=inp)
+    need(getattr(inp, "ndim", None) == 3,
+         f"{op_name}: inp must be 3-D (B, T, 3C), got shape {getattr(inp, 'shape', None)}")
+    B, T, C3 = inp.shape
+    need(C3 % 3 == 0, f"{op_name}: inp's last axis must be 3C (query | key | value), got {C3}")
+    C = C3 // 3
+    nh = as_int(NH, f"{op_name}: NH")
+    need(nh >= 1, f"{op_name}: NH must be at least 1, got {nh}")
+    need(C % nh == 0, f"{op_name}: C = {C} must be a multiple of NH = {nh} (head size C / NH)")
+    need(B >= 1 and T >= 1 and C >= 1, f"{op_name}: B, T and C must be positive, got shape {inp.shape}")
+    return B, T, C, nh
+
+
+def packed_qkv(rng, B, T, C):
+    """llm.c's harness input: uniform in [-1, 1]."""
+    return rng.uniform(-1.0, 1.0, size=(B, T, 3 * C)).astype(np.float32)
+
+
+def split_qkv(inp: np.ndarray, NH: int):
+    """(B, T, 3C) -> q, k, v views, each (B, NH, T, HS)."""
+    B, T, C3 = inp.shape
+    C = C3 // 3
+    x = inp.reshape(B, T, 3, NH, C // NH)
+    return x[:, :, 0].transpose(0, 2, 1, 3), x[:, :, 1].transpose(0, 2, 1, 3), x[:, :, 2].transpose(0, 2, 1, 3)
+
+
+def elementwise(kernel, n: int, bs: int, args) -> None:
+    """One thread per element: grid ceil(n / bs)."""
+    kernel(((n + bs - 1) // bs,), (bs,), args)

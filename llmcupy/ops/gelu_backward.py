@@ -1,0 +1,114 @@
+"""gelu_backward: dinp = GELU'(inp) * dout elementwise (overwritten, not accumulated).
+
+``op(inp, dout) -> dinp``. The kernels are safe in place, as the trainer uses them: pass the output
+buffer explicitly with ``op.run(version, {"inp": x, "dout": g, "dinp": g})`` and ``g`` is
+overwritten with the input gradient.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._op import Bound, Op, Version, check_float32, need
+
+SOURCE = "gelu_backward.cu"
+_INT_MAX = 2**31 - 1
+
+
+def gelu_grad64(x):
+    """GELU'(x) of the tanh approximation in float64 (the formula of llm.c's CPU reference)."""
+    x = np.asarray(x, dtype=np.float64)
+    k = np.sqrt(2.0 / np.pi)
+    u = k * (x + 0.044715 * x * x * x)
+    with np.errstate(over="ignore"):
+        sech2 = 1.0 / np.cosh(u) ** 2  # cosh overflows to inf for huge |u|: the term is then 0
+    return 0.5 * (1.0 + np.tanh(u)) + x * 0.5 * sech2 * k * (1.0 + 3.0 * 0.044715 * x * x)
+
+
+def reference(inp, dout):
+    return {"dinp": (gelu_grad64(inp) * dout.astype(np.float64)).astype(np.float32)}
+
+
+def make_inputs(rng, B, T, C):
+    # the harness's distribution: x and dout uniform in [-1, 1]
+    return {
+        "inp": rng.uniform(-1.0, 1.0, size=(B, T, C)).astype(np.float32),
+        "dout": rng.uniform(-1.0, 1.0, size=(B, T, C)).astype(np.float32),
+    }
+
+
+def validate(a):
+    check_float32("gelu_backward", inp=a["inp"], dout=a["dout"], dinp=a.get("dinp"))
+    need(a["inp"].shape == a["dout"].shape,
+         f"gelu_backward: inp and dout must have the same shape, got {a['inp'].shape} and {a['dout'].shape}")
+    need(a["inp"].size <= _INT_MAX, f"gelu_backward: {a['inp'].size} elements exceed the kernels' int indexing")
+    dinp = a.get("dinp")
+    if dinp is not None:
+        need(dinp.shape == a["inp"].shape,
+             f"gelu_backward: dinp must have inp's shape {a['inp'].shape}, got {dinp.shape}")
+
+
+def allocate(xp, a):
+    dinp = a.get("dinp")  # may be dout itself (in place)
+    return {"dinp": dinp if dinp is not None else xp.empty(a["inp"].shape, dtype=xp.float32)}
+
+
+def _address(x):
+    ptr = getattr(getattr(x, "data", None), "ptr", None)  # CuPy
+    return int(ptr) if ptr is not None else int(x.ctypes.data)
+
+
+def _kernel(name):
+    from . import get
+
+    return get("gelu_backward").kernel(name)
+
+
+def _launch(name, per_thread):
+    def launch(a, bs):
+        n = a["inp"].size
+        grid = max(1, -(-n // (bs * per_thread)))
+        _kernel(name)((grid,), (bs,), (a["dinp"], a["inp"], a["dout"], np.int32(n)))
+
+    return launch
+
+
+def _requires_packed(a, bs):
+    n = a["inp"].size
+    if n % 4:
+        return f"N = {n} elements must be a multiple of 4 (one float4 pack per thread, only its first index is checked)"
+    for k in ("inp", "dout", "dinp"):
+        if a.get(k) is not None and _address(a[k]) % 16:
+            return f"{k} must be 16-byte aligned for float4 loads/stores"
+    return None
+
+
+OP = Op(
+    name="gelu_backward",
+    summary="dinp = GELU'(inp) * dout, elementwise, overwriting (safe in place on dout)",
+    source=SOURCE,
+    inputs=("inp", "dout"),
+    outputs=("dinp",),
+    versions={
+        1: Version(1, "one thread per element", _launch("gelu_backward_kernel1", 1), default_block_size=128),
+        2: Version(2, "one thread per float4 pack: streaming 128-bit loads, plain 128-bit store (N % 4 == 0)",
+                   _launch("gelu_backward_kernel2", 4), requires=_requires_packed, default_block_size=128),
+    },
+    default_version=2,
+    reference_fn=reference,
+    make_inputs_fn=make_inputs,
+    allocate_fn=allocate,
+    validate_fn=validate,
+    sizes={"B": 8, "T": 1024, "C": 768},
+    sim_sizes={"B": 2, "T": 8, "C": 64},
+    test_shapes=[{"B": 1, "T": 1, "C": 4}, {"B": 2, "T": 5, "C": 12}, {"B": 3, "T": 7, "C": 37},
+                 {"B": 1, "T": 3, "C": 1000}],
+    tolerance={"dinp": (1e-5, float(np.finfo(np.float32).eps))},
+    tolerance_note=(
+        "llm.c's fp32 tolerance (1e-5 + FLT_EPSILON*|ref|). On [-1, 1] inputs GELU' lies in about [-0.1, 1.13] and "
+        "|dout| <= 1; the fp32 evaluation (tanhf, coshf, a reciprocal and ~10 products, a few ulp each under "
+        "--use_fast_math) errs by under 1e-6 against the float64 reference."
+    ),
+    sizes_of=lambda a: {"N": a["inp"].size},
+    bound=Bound("memory", bytes=lambda s: 3 * s["N"] * 4),
+)

@@ -1,0 +1,64 @@
+"""python -m llmcupy.kernel end to end, as a user runs it (in the emulator)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, timeout=600):
+    proc = subprocess.run([sys.executable, "-m", "llmcupy.kernel", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_list_shows_every_op_and_marks_defaults():
+    import llmcupy
+
+    rc, out, _ = run("--list")
+    assert rc == 0
+    for name in llmcupy.ops:
+        op = llmcupy.ops[name]
+        assert f"{name}:" in out
+        for number, v in op.versions.items():
+            assert v.summary in out
+        assert f" *{op.default_version:>3}  " in out
+    assert "unavailable" in out  # e.g. matmul_forward 3 (cuBLASLt) says why
+
+
+def test_one_version_passes_and_says_why_there_are_no_timings():
+    rc, out, err = run("softmax_forward", "5", "--backend", "sim")
+    assert rc == 0, out + err
+    assert "PASS" in out and "max abs" in out
+    assert "does not model GPU time" in out
+
+
+def test_sizes_and_block_size_and_json(tmp_path):
+    path = tmp_path / "r.json"
+    rc, out, err = run("softmax_forward", "4", "--B", "1", "--T", "3", "--V", "77", "--block-size", "64",
+                       "--json", str(path))
+    assert rc == 0, out + err
+    data = json.loads(path.read_text())
+    assert data[0]["sizes"] == {"B": 1, "T": 3, "V": 77}
+    assert [b["block_size"] for b in data[0]["blocks"]] == [64]
+    assert data[0]["ok"] is True
+
+
+def test_all_versions_of_one_op():
+    rc, out, err = run("softmax_forward", "--all")
+    assert rc == 0, out + err
+    assert "8 passed, 0 failed, 0 skipped" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (("softmaxx", "1"), "unknown op 'softmaxx'; ops: "),
+    (("softmax_forward", "9"), "softmax_forward has no version 9; versions: 1, 2, 3, 4, 5, 6, 7, 8"),
+    (("softmax_forward", "2", "--X", "3"), "unknown option '--X' for softmax_forward"),
+    (("softmax_forward", "2", "--B", "0"), "--B needs a positive integer"),
+    (("softmax_forward", "2", "--block-size", "48"), "block size 48 is not"),
+    (("softmax_forward",), "give a version of softmax_forward"),
+])
+def test_bad_usage_exits_2_with_the_choices(args, message):
+    rc, out, err = run(*args)
+    assert rc == 2 and message in err, (rc, out, err)

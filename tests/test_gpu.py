@@ -1,0 +1,55 @@
+"""GPU-only checks: run with a CUDA device (`LLMCUPY_BACKEND=cuda pytest -m gpu`); skipped without one."""
+
+import numpy as np
+import pytest
+
+import llmcupy
+from llmcupy.ops import check_outputs
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def cuda_backend():
+    llmcupy.set_backend("cuda")
+    yield
+    llmcupy.set_backend("sim")
+
+
+def _cases():
+    for name in llmcupy.ops:
+        op = llmcupy.ops[name]
+        for number, v in sorted(op.versions.items()):
+            if v.available:
+                yield pytest.param(name, number, id=f"{name}-v{number}")
+
+
+@pytest.mark.parametrize("name,number", list(_cases()))
+def test_version_on_gpu_matches_reference(name, number):
+    import cupy
+
+    op = llmcupy.ops[name]
+    version = op.versions[number]
+    for shape_index, shape in enumerate(op.test_shapes):
+        inputs = op.make_inputs(np.random.default_rng(shape_index), **shape)
+        ref = op.reference_fn(**{k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()})
+        for bs in version.block_sizes or (None,):
+            if version.requires is not None and version.requires(inputs, bs):
+                continue
+            arrays = {k: (cupy.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
+            got = op.run(number, arrays, bs)
+            for r in check_outputs(op, ref, got):
+                assert r["ok"], f"{name} v{number} block {bs} shape {shape}: {r}"
+
+
+def test_python_int_is_refused_on_gpu_too():
+    import cupy
+
+    mod = llmcupy.RawModule(code="__global__ void k(float* x, int n) { if (threadIdx.x < n) x[threadIdx.x] = 1; }")
+    x = cupy.zeros(32, cupy.float32)
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"k: argument 1 \(int n\): got a Python int"):
+        mod.get_function("k")((1,), (32,), (x, 32))
+    with pytest.raises(llmcupy.KernelArgumentError, match="NumPy \\(host\\) array"):
+        mod.get_function("k")((1,), (32,), (np.zeros(32, np.float32), np.int32(32)))
+    mod.get_function("k")((1,), (32,), (x, np.int32(16)))
+    assert float(x.sum()) == 16.0

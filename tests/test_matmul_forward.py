@@ -1,0 +1,102 @@
+"""matmul_forward beyond the generic test: the trainer's call path (bias None, the GPT-2 widths),
+bad inputs, version 4's constraints, the unavailable cuBLASLt version and the cuBLAS baseline."""
+
+import numpy as np
+import pytest
+
+import llmcupy
+from llmcupy.ops import OpError, check_outputs
+
+OP = llmcupy.ops["matmul_forward"]
+
+
+def _inputs(B=1, T=128, C=32, OC=128, has_bias=1, seed=5):
+    return OP.make_inputs(np.random.default_rng(seed), B=B, T=T, C=C, OC=OC, has_bias=has_bias)
+
+
+def _check(a, out):
+    ref = OP.reference_fn(**a)
+    for r in check_outputs(OP, ref, {"out": out}):
+        assert r["ok"], r
+
+
+@pytest.mark.parametrize("version", [1, 2, 4])
+@pytest.mark.parametrize("oc_mult", [3, 1, 4])  # QKV, projection, MLP up (C = 32 here)
+def test_trainer_widths_and_call_path(version, oc_mult):
+    a = _inputs(C=128, OC=128 * oc_mult)
+    out = OP(a["inp"], a["weight"], a["bias"], version=version)
+    assert out.shape == (1, 128, 128 * oc_mult)
+    _check(a, out)
+
+
+@pytest.mark.parametrize("version", [1, 2, 4])
+def test_lm_head_without_bias_on_2d_input(version):
+    a = _inputs(T=128, C=64, OC=256, has_bias=0)
+    a["inp"] = a["inp"].reshape(128, 64)
+    out = OP(a["inp"], a["weight"], None, version=version)
+    assert out.shape == (128, 256)
+    _check(a, out)
+
+
+def test_default_version_runs():
+    a = _inputs(T=3, C=5, OC=7)
+    _check(a, OP(a["inp"], a["weight"], a["bias"]))
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ({"T": 100}, "B\\*T = 100 must be a multiple of 128"),
+    ({"OC": 96}, "OC = 96 must be a multiple of 128"),
+    ({"C": 48}, "C = 48 must be a multiple of 32"),
+])
+def test_version4_refuses_shapes_it_cannot_tile(sizes, message):
+    a = _inputs(**sizes)
+    with pytest.raises(OpError, match=message):
+        OP(a["inp"], a["weight"], a["bias"], version=4)
+
+
+def test_version4_refuses_misaligned_pointers():
+    a = _inputs()
+    buf = np.zeros(a["weight"].size + 1, np.float32)
+    w = buf[1:].reshape(a["weight"].shape)  # 4 bytes off a 16-byte boundary
+    w[...] = a["weight"]
+    with pytest.raises(OpError, match="weight must be 16-byte aligned"):
+        OP(a["inp"], w, a["bias"], version=4)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a.update(weight=a["weight"][:, :-1].copy()), "columns"),
+    (lambda a: a.update(bias=a["bias"][:-1].copy()), "bias must have shape"),
+    (lambda a: a.update(inp=a["inp"].astype(np.float64)), "float32"),
+    (lambda a: a.update(inp=a["inp"][0, 0].copy()), "inp must be"),
+])
+def test_bad_inputs_are_refused(change, message):
+    a = _inputs(T=4, C=8, OC=8)
+    change(a)
+    with pytest.raises(OpError, match=message):
+        OP(a["inp"], a["weight"], a["bias"], version=1)
+
+
+def test_version3_is_listed_unavailable():
+    assert not OP.versions[3].available
+    assert "cuBLASLt" in OP.versions[3].unavailable
+    a = _inputs(T=4, C=8, OC=8)
+    with pytest.raises(OpError, match="unavailable"):
+        OP(a["inp"], a["weight"], a["bias"], version=3)
+
+
+def test_bound_and_baseline():
+    a = _inputs(T=4, C=8, OC=16)
+    s = OP.sizes_of(a)
+    assert OP.bound.kind == "flops" and OP.bound.flops(s) == 2 * 4 * 8 * 16
+    got = OP.bound.baseline(a)
+    np.testing.assert_allclose(got, a["inp"].reshape(4, 8) @ a["weight"].T, rtol=1e-6)
+
+
+@pytest.mark.parametrize("version", [1, 2, 4])
+def test_writes_every_element_of_a_dirty_out_buffer(version):
+    # the model passes its own activation buffer; nothing may be left from what was there
+    a = _inputs(T=128, C=64, OC=128, has_bias=version % 2)
+    buf = np.full((1, 128, 128), np.nan, np.float32)
+    out = OP(a["inp"], a["weight"], a["bias"], version=version, out={"out": buf})
+    assert out is buf
+    _check(a, out)

@@ -1,0 +1,180 @@
+"""Compile check without a GPU: every kernels_cu/*.cu through NVRTC for sm_75, sm_80 and sm_90.
+
+The emulator builds the kernels with g++, which accepts code NVRTC rejects; this compiles the same
+files the way ``llmcupy.RawModule`` does on a GPU, down to SASS. NVRTC and the CUDA headers come
+from pip wheels (``pip install -e .[test]``), so no GPU or toolkit is needed. Without them the
+tests skip, except on CI (``CI`` or ``LLMCUPY_REQUIRE_NVRTC`` set), where they fail instead.
+"""
+
+import os
+
+import pytest
+
+from llmcupy import nvrtc
+from llmcupy.runtime.module import kernels_dir
+from llmcupy.sim.compiler import global_kernel_names
+
+ARCHS = nvrtc.DEFAULT_ARCHS
+FILES = sorted(p.name for p in kernels_dir().glob("*.cu"))
+
+
+@pytest.fixture(scope="module")
+def have_nvrtc():
+    try:
+        nvrtc.find_nvrtc()
+        nvrtc.cuda_include_dirs()
+    except nvrtc.NvrtcNotFound as exc:
+        if os.environ.get("CI") or os.environ.get("LLMCUPY_REQUIRE_NVRTC"):
+            pytest.fail(f"the NVRTC compile check must run on CI: {exc}")
+        pytest.skip(f"NVRTC is not installed: {exc}")
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm_{a}")
+@pytest.mark.parametrize("filename", FILES)
+def test_kernel_file_compiles(have_nvrtc, filename, arch):
+    res = nvrtc.compile_file(kernels_dir() / filename, arch)
+    assert res.ok, f"kernels_cu/{filename} does not compile with NVRTC for sm_{arch}:\n{res.log}"
+    # Every kernel the runtime can launch is in the cubin, under the name the ops use.
+    expected = set(global_kernel_names((kernels_dir() / filename).read_text()))
+    compiled = {k.kernel for k in res.kernels}
+    assert expected <= compiled, f"missing from the cubin: {sorted(expected - compiled)}"
+    for k in res.kernels:
+        assert k.registers is not None and k.registers > 0, k
+
+
+# ----------------------------------------------------------------------------------------------
+# the ptxas log parser
+
+CANNED_LOG = """\
+ptxas info    : 6144 bytes gmem
+ptxas info    : Function properties for helper_noinline
+ptxas         .     8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function '_Z13second_kernelPfi' for 'sm_90'
+ptxas info    : Function properties for _Z13second_kernelPfi
+ptxas         .     40 bytes stack frame, 36 bytes spill stores, 28 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 2048 bytes smem, 368 bytes cmem[0]
+ptxas info    : Compile time = 3.1 ms
+ptxas info    : Compiling entry function '_ZN2ns5innerEv' for 'sm_90'
+ptxas info    : Function properties for _ZN2ns5innerEv
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 8 registers, 352 bytes cmem[0]
+ptxas info    : Compiling entry function '_Z11first_tiledILi64EEvPKf' for 'sm_90'
+ptxas info    : Function properties for _Z11first_tiledILi64EEvPKf
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 1 barriers, 256 bytes smem, 360 bytes cmem[0]
+"""
+
+
+def test_parse_canned_log():
+    ks = nvrtc.parse_ptxas_log(CANNED_LOG, {"_Z13second_kernelPfi": "second_kernel"})
+    # source order: ptxas lists entries last-defined first
+    assert [k.kernel for k in ks] == ["first_tiled<...>", "ns::inner", "second_kernel"]
+    tiled, inner, second = ks
+    assert (second.registers, second.spill_stores, second.spill_loads, second.shared_bytes, second.stack_bytes,
+            second.barriers) == (255, 36, 28, 2048, 40, 1)
+    assert (inner.registers, inner.shared_bytes, inner.spill_stores, inner.barriers) == (8, 0, 0, None)
+    assert (tiled.registers, tiled.shared_bytes, tiled.mangled) == (32, 256, "_Z11first_tiledILi64EEvPKf")
+
+
+@pytest.mark.parametrize("mangled, name", [
+    ("_Z23softmax_forward_kernel1PfPKfii", "softmax_forward_kernel1"),
+    ("_Z30softmax_forward_online_kernel6PfPKfii", "softmax_forward_online_kernel6"),
+    ("_ZN2ns5innerEv", "ns::inner"),
+    ("_Z6kernelILi128EEvPf", "kernel<...>"),
+    ("plain_c_kernel", "plain_c_kernel"),
+])
+def test_demangle(mangled, name):
+    assert nvrtc.demangle(mangled) == name
+
+
+REAL_SOURCE = r"""
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+
+__global__ void tile_kernel(float* out, const float* inp, int n) {
+    __shared__ float tile[256];               // 1024 bytes of static shared memory
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    tile[threadIdx.x] = i < n ? inp[i] : 0.0f;
+    __syncthreads();
+    if (i < n) out[i] = tile[blockDim.x - 1 - threadIdx.x];
+}
+
+__global__ void warp_kernel(float* out, int n) {
+    cg::thread_block_tile<32> warp = cg::tiled_partition<32>(cg::this_thread_block());
+    float v = warp.shfl_down((float)threadIdx.x, 1);
+    if (threadIdx.x < n) out[threadIdx.x] = v;
+}
+
+__global__ void local_array_kernel(float* out, const int* idx, int n) {
+    float scratch[64];                         // indexed at run time: lives in local memory
+    for (int k = 0; k < 64; k++) scratch[k] = out[k * n];
+    for (int k = 0; k < 8; k++) scratch[idx[k] & 63] += 1.0f;
+    out[threadIdx.x] = scratch[idx[threadIdx.x] & 63];
+}
+
+__global__ void spill_kernel(float* out, const float* inp, int n) {
+    float acc[32];                             // 32 live values, compiled with --maxrregcount=24
+#pragma unroll
+    for (int k = 0; k < 32; k++) acc[k] = inp[k * n + threadIdx.x];
+    for (int it = 0; it < n; it++) {
+#pragma unroll
+        for (int k = 0; k < 32; k++) acc[k] = acc[k] * acc[(k + 1) % 32] + inp[it];
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 32; k++) s += acc[k];
+    out[threadIdx.x] = s;
+}
+
+extern "C" __global__ void c_kernel(float* out) { out[threadIdx.x] = 1.0f; }
+"""
+
+
+def test_parser_on_real_log(have_nvrtc):
+    options = nvrtc.compile_options(80, extra=["--maxrregcount=24"])
+    res = nvrtc.compile_source(REAL_SOURCE, 80, filename="real.cu", options=options)
+    assert res.ok, res.log
+    assert "Compiling entry function '_Z11tile_kernelPfPKfi' for 'sm_80'" in res.log
+    by_name = {k.kernel: k for k in res.kernels}
+    assert set(by_name) == {"tile_kernel", "warp_kernel", "local_array_kernel", "spill_kernel", "c_kernel"}
+    assert by_name["tile_kernel"].mangled == "_Z11tile_kernelPfPKfi"
+    assert by_name["tile_kernel"].shared_bytes == 1024
+    assert by_name["warp_kernel"].shared_bytes == 0
+    assert by_name["local_array_kernel"].stack_bytes >= 64 * 4
+    assert by_name["spill_kernel"].spill_stores > 0 and by_name["spill_kernel"].spill_loads > 0
+    assert by_name["spill_kernel"].registers <= 24
+    for k in res.kernels:
+        assert 0 < k.registers <= 255
+        assert k.spill_stores >= 0 and k.spill_loads >= 0
+    assert res.cubin_bytes > 0
+
+
+def test_compile_error_is_reported(have_nvrtc, tmp_path):
+    (tmp_path / "broken.cu").write_text("__global__ void broken_kernel(float* out) {\n    out[0] = undefined_name;\n}\n")
+    (tmp_path / "fine.cu").write_text("__global__ void fine_kernel(float* out) { out[threadIdx.x] = 2.0f; }\n")
+    ok, failures = nvrtc.check_all(archs=(80,), kernels_dir=tmp_path)
+    assert not ok
+    assert len(failures) == 1 and failures[0].startswith("broken.cu sm_80: broken.cu(2): error")
+    rows = nvrtc.compile_report(archs=(80,), kernels_dir=tmp_path)
+    assert {(r["file"], r["kernel"], r["ok"]) for r in rows} == {("broken.cu", None, False), ("fine.cu", "fine_kernel", True)}
+    for r in rows:
+        assert {"file", "arch", "kernel", "registers", "spill_stores", "spill_loads", "shared_bytes", "ok", "log"} <= set(r)
+    table = nvrtc.format_report(rows)
+    assert "FAILED" in table and "undefined_name" in table and "1/2 compilations ok" in table
+    assert nvrtc.main(["--arch", "80", "--kernels-dir", str(tmp_path), "fine"]) == 0
+    assert nvrtc.main(["--arch", "80", "--kernels-dir", str(tmp_path), "broken", "fine"]) == 1
+
+
+def test_missing_nvrtc_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(nvrtc, "_library_candidates", lambda: [])
+    monkeypatch.setattr(nvrtc.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.delenv("LLMCUPY_NVRTC", raising=False)
+    nvrtc._load_library.cache_clear()
+    try:
+        with pytest.raises(nvrtc.NvrtcNotFound, match=r"nvidia-cuda-nvrtc-cu12.*pip install -e \.\[test\]"):
+            nvrtc.find_nvrtc()
+        monkeypatch.setenv("LLMCUPY_NVRTC", "/nonexistent/libnvrtc.so")
+        with pytest.raises(nvrtc.NvrtcNotFound, match="/nonexistent/libnvrtc.so"):
+            nvrtc.find_nvrtc()
+    finally:
+        nvrtc._load_library.cache_clear()
