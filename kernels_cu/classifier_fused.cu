@@ -30,7 +30,7 @@ version 2: block per row, float4: the stats pass walks the float4 chunks DOWNWAR
            the row (so the start of the row is the most recently touched data when the ascending
            gradient pass begins: more L2 hits), checking every element against V. Block reduction
            in three steps: warp cg::reduce, lane 0 to a 32-slot shared array per quantity, cg::reduce
-           over the slots (missing warps read as -inf / 0). Thread 0 writes the loss. Gradient pass:
+           over the slots (missing warps read as -FLT_MAX / 0). Thread 0 writes the loss. Gradient pass:
            float4 reads with __ldcs (evict-first, the data is dead afterwards). Needs P % 4 == 0 and
            16-byte aligned rows. llm.c writes zeros into the padding up to 4*ceil(V/4); here the
            last, partial chunk is stored element by element for the columns < V only.
@@ -57,7 +57,9 @@ The file gives no timings; version 5 is presented as the fix of version 4's cach
 #include "common.cuh"
 
 // Online softmax normaliser: fold one value into a thread's running (max, sum) pair. A thread
-// with no elements yet holds (-inf, 0): the first fold multiplies 0 by exp(-inf) = 0.
+// with no elements yet holds (-FLT_MAX, 0): the first fold multiplies 0 by exp(-huge) = 0, and
+// an idle thread's rescale to the row max is 0 * 0. (-FLT_MAX rather than -INFINITY, which NVRTC
+// does not define without host headers.)
 __device__ __forceinline__ void classifier_online_update(float& maxval, float& sumval, float v) {
     float old_max = maxval;
     maxval = fmaxf(maxval, v);
@@ -79,7 +81,7 @@ __global__ void classifier_fused_kernel1(float* dlogits, float* losses, float* p
     // read before any lane can overwrite it with a gradient (in-place use)
     float x_target = lane == 0 ? x[targets[row]] : 0.0f;
 
-    float maxval = -INFINITY;
+    float maxval = -FLT_MAX;
     float sumval = 0.0f;
     for (int i = lane; i < V; i += warp.size()) {
         classifier_online_update(maxval, sumval, x[i]);
@@ -122,7 +124,7 @@ __device__ ClassifierStats classifier_block_stats_cg(float maxval, float sumval,
     float warp_max = cg::reduce(warp, maxval, cg::greater<float>());
     if (lane == 0) shared_max[warp_id] = warp_max;
     __syncthreads();
-    float slot_max = lane < num_warps ? shared_max[lane] : -INFINITY;  // missing warps: identity
+    float slot_max = lane < num_warps ? shared_max[lane] : -FLT_MAX;  // missing warps: neutral
     float block_max = cg::reduce(warp, slot_max, cg::greater<float>());
 
     sumval *= expf(maxval - block_max);
@@ -177,7 +179,7 @@ __global__ void classifier_fused_kernel2(float* dlogits, float* losses, float* p
     float x_target = tid == 0 ? x[target] : 0.0f;  // before the barriers: in place it is overwritten later
 
     // stats pass: chunks from the end of the row downwards; the last chunk may hold padding
-    float maxval = -INFINITY;
+    float maxval = -FLT_MAX;
     float sumval = 0.0f;
     int num_chunks = CEIL_DIV(V, 4);
     for (int i = num_chunks - 1 - tid; i >= 0; i -= blockDim.x) {
@@ -218,7 +220,7 @@ __global__ void classifier_fused_kernel3(float* dlogits, float* losses, float* p
     // into the same buffer when it runs in place; read it first instead
     float x_target = tid == 0 ? x[target] : 0.0f;
 
-    float maxval = -INFINITY;
+    float maxval = -FLT_MAX;
     float sumval = 0.0f;
     for (int i = V - 1 - tid; i >= 0; i -= blockDim.x) {  // reverse order, as in version 2
         classifier_online_update(maxval, sumval, x[i]);
@@ -252,7 +254,7 @@ __global__ void classifier_fused_kernel4(float* dlogits, float* losses, float* p
     int target = targets[row];
     float x_target = tid == 0 ? x[target] : 0.0f;  // before the barriers (in-place use)
 
-    float maxval = -INFINITY;
+    float maxval = -FLT_MAX;
     float sumval = 0.0f;
     int num_packets = CEIL_DIV(V, 4);
     for (int i = num_packets - 1 - tid; i >= 0; i -= blockDim.x) {
@@ -287,7 +289,7 @@ __device__ __forceinline__ float classifier_block_reduce_max(float val, float* s
     float w = warpReduceMax(val);
     if (lane == 0) slots[threadIdx.x / 32] = w;
     __syncthreads();
-    float slot = lane < (int)(blockDim.x / 32) ? slots[lane] : -INFINITY;
+    float slot = lane < (int)(blockDim.x / 32) ? slots[lane] : -FLT_MAX;
     return warpReduceMax(slot);
 }
 
@@ -319,7 +321,7 @@ __device__ __forceinline__ void classifier_fused5_body(float* dlogits, float* lo
     // stats pass. The one partial packet at the end of the row is peeled off: thread 0 reads its
     // columns one by one, bounds-checked (the padding is never read); then every thread walks the
     // full packets downwards with unchecked, cache-keeping 128-bit loads.
-    float maxval = -INFINITY;
+    float maxval = -FLT_MAX;
     float sumval = 0.0f;
     int full_packets = V / 4;
     if (tid == 0) {

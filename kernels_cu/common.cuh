@@ -9,6 +9,11 @@
 
 namespace cg = cooperative_groups;
 
+// NVRTC compiles without the host C library, so <math.h>'s INFINITY is not defined there.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 #define CEIL_DIV(M, N) (((M) + (N) - 1) / (N))
 
 // Full-warp butterfly reductions: every lane ends with the result. All 32 lanes must take part.

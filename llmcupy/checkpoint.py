@@ -20,6 +20,9 @@ readable with ``numpy.load``) holding
 * ``params``: fp32[P], the flat parameters in model layout;
 * ``adam_m``, ``adam_v``: fp32[P] AdamW moments (absent before the first update).
 
+The model shape (:class:`llmcupy.config.GPT2Config`) and the parameter layout (``param_shapes``,
+``split_params``) come from :mod:`llmcupy.config` and are re-exported here.
+
 All writers are atomic (see :func:`llmcupy.fileio.atomic_write`): an error or Ctrl-C during a save
 leaves the previous file intact.
 """
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import PARAM_NAMES, GPT2Config, num_parameters, param_shapes, split_params  # noqa: F401 (re-exported)
 from .fileio import (FileFormatError, atomic_write, check_magic_version, check_size, file_size,
                      make_header, read_array, read_header, write_array)
 
@@ -45,9 +49,6 @@ DEBUG_VERSION = 2
 TRAIN_STATE_FORMAT = "llmcupy-train-state"
 TRAIN_STATE_VERSION = 1
 
-PARAM_NAMES = ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-               "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb")
-
 _REEXPORT_HINT = "re-export the weights with python -m llmcupy.convert"
 
 
@@ -55,73 +56,9 @@ class CheckpointError(FileFormatError):
     """A model, debug-state or training-state file is malformed or does not fit the model."""
 
 
-def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
-    return (vocab_size + multiple - 1) // multiple * multiple
-
-
-@dataclass(frozen=True)
-class GPT2Config:
-    max_seq_len: int = 1024
-    vocab_size: int = 50257
-    num_layers: int = 12
-    num_heads: int = 12
-    channels: int = 768
-    padded_vocab_size: int | None = None  # None: vocab_size rounded up to a multiple of 128
-
-    def __post_init__(self):
-        if self.padded_vocab_size is None:
-            object.__setattr__(self, "padded_vocab_size", padded_vocab(self.vocab_size))
-        problem = config_problem(self)
-        if problem:
-            raise ValueError(f"invalid GPT2Config: {problem}")
-
-
-def config_problem(c: GPT2Config) -> str | None:
-    for name in ("max_seq_len", "vocab_size", "num_layers", "num_heads", "channels", "padded_vocab_size"):
-        v = getattr(c, name)
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-            return f"{name} must be a positive integer, got {v!r}"
-    if c.padded_vocab_size < c.vocab_size:
-        return f"padded_vocab_size {c.padded_vocab_size} is smaller than vocab_size {c.vocab_size}"
-    if c.channels % c.num_heads:
-        return f"channels {c.channels} is not a multiple of num_heads {c.num_heads}"
-    return None
-
-
-def param_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
-    """The 16 parameter tensors in llm.c's order with their shapes."""
-    Vp, C, L, maxT = config.padded_vocab_size, config.channels, config.num_layers, config.max_seq_len
-    return {
-        "wte": (Vp, C), "wpe": (maxT, C),
-        "ln1w": (L, C), "ln1b": (L, C),
-        "qkvw": (L, 3 * C, C), "qkvb": (L, 3 * C),
-        "attprojw": (L, C, C), "attprojb": (L, C),
-        "ln2w": (L, C), "ln2b": (L, C),
-        "fcw": (L, 4 * C, C), "fcb": (L, 4 * C),
-        "fcprojw": (L, C, 4 * C), "fcprojb": (L, C),
-        "lnfw": (C,), "lnfb": (C,),
-    }
-
-
 def param_sizes(config: GPT2Config) -> list[int]:
-    return [int(np.prod(s)) for s in param_shapes(config).values()]
-
-
-def num_parameters(config: GPT2Config) -> int:
-    return sum(param_sizes(config))
-
-
-def split_params(config: GPT2Config, flat) -> dict[str, np.ndarray]:
-    """Views of a flat parameter (or gradient, m, v) buffer as the 16 named tensors."""
-    n = num_parameters(config)
-    if flat.ndim != 1 or flat.shape[0] != n:
-        raise ValueError(f"flat buffer has shape {flat.shape}; the model has {n} parameters")
-    out, offset = {}, 0
-    for name, shape in param_shapes(config).items():
-        size = int(np.prod(shape))
-        out[name] = flat[offset:offset + size].reshape(shape)
-        offset += size
-    return out
+    """Element counts of the 16 tensors in llm.c's order."""
+    return [int(np.prod(shape)) for shape in param_shapes(config).values()]
 
 
 def join_params(config: GPT2Config, tensors: dict) -> np.ndarray:
@@ -275,23 +212,24 @@ def read_debug_state(path, config: GPT2Config) -> DebugState:
     return DebugState(x=x, y=y, logits=logits, loss=loss, grads=grads)
 
 
-def write_debug_state(path, config: GPT2Config, state: DebugState) -> None:
-    """Writes a debug-state file atomically (shapes checked against ``config``)."""
-    B, T = state.B, state.T
-    V, P = config.vocab_size, num_parameters(config)
-    if state.x.shape != (B, T) or state.y.shape != (B, T):
-        raise ValueError(f"x and y must both be (B, T); got {state.x.shape} and {state.y.shape}")
-    if state.logits.shape != (B, T, V):
-        raise ValueError(f"logits must be (B, T, V) = {(B, T, V)} (unpadded V); got {state.logits.shape}")
-    if np.shape(state.grads) != (P,):
-        raise ValueError(f"grads must be a flat buffer of {P}; got shape {np.shape(state.grads)}")
+def write_debug_state(path, x, y, logits, loss: float, grads) -> None:
+    """Writes a debug-state file atomically: x, y int (B, T); logits (B, T, V) with the unpadded
+    V; the loss; grads the flat gradient buffer in model layout (wte rows padded to Vp)."""
+    x, y, logits, grads = np.asarray(x), np.asarray(y), np.asarray(logits), np.asarray(grads)
+    if x.ndim != 2 or y.shape != x.shape:
+        raise ValueError(f"x and y must both be (B, T); got {x.shape} and {y.shape}")
+    B, T = x.shape
+    if logits.ndim != 3 or logits.shape[:2] != (B, T):
+        raise ValueError(f"logits must be (B, T, V) = ({B}, {T}, V) with the unpadded V; got {logits.shape}")
+    if grads.ndim != 1:
+        raise ValueError(f"grads must be a flat buffer; got shape {grads.shape}")
     with atomic_write(path) as f:
         f.write(make_header(DEBUG_MAGIC, DEBUG_VERSION, B, T))
-        write_array(f, state.x, np.int32)
-        write_array(f, state.y, np.int32)
-        write_array(f, state.logits, np.float32)
-        write_array(f, np.array([state.loss]), np.float32)
-        write_array(f, state.grads, np.float32)
+        write_array(f, x, np.int32)
+        write_array(f, y, np.int32)
+        write_array(f, logits, np.float32)
+        write_array(f, np.array([loss]), np.float32)
+        write_array(f, grads, np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,23 +308,22 @@ def load_training_state(path) -> TrainingState:
     """Reads a training state written by :func:`save_training_state`, checking its format."""
     path = Path(path)
     what = "llmcupy training-state file"
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"{path}: not a readable {what} (truncated or corrupt?): {e}") from e
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise CheckpointError(f"{path}: not a {what} (a single .npy array, not an .npz archive)")
-    try:
-        with archive:
-            if "meta" not in archive.files:
-                raise CheckpointError(f"{path}: not a {what}: no 'meta' member")
-            arrays = {name: archive[name] for name in archive.files}
-    except CheckpointError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
-        raise CheckpointError(f"{path}: corrupt {what}: {e}") from e
+    with open(path, "rb") as f:  # our handle: np.load leaks its own when a zip is corrupt
+        try:
+            archive = np.load(f, allow_pickle=False)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            raise CheckpointError(f"{path}: not a readable {what} (truncated or corrupt?): {e}") from e
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"{path}: not a {what} (a single .npy array, not an .npz archive)")
+        try:
+            with archive:
+                if "meta" not in archive.files:
+                    raise CheckpointError(f"{path}: not a {what}: no 'meta' member")
+                arrays = {name: archive[name] for name in archive.files}
+        except CheckpointError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+            raise CheckpointError(f"{path}: corrupt {what}: {e}") from e
     try:
         meta = json.loads(arrays.pop("meta").tobytes().decode())
     except (ValueError, UnicodeDecodeError) as e:

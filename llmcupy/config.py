@@ -16,21 +16,25 @@ PARAM_NAMES = (
 class GPT2Config:
     max_seq_len: int = 1024      # maxT: rows of wpe
     vocab_size: int = 50257      # V: the real vocabulary
-    padded_vocab_size: int = 50304  # Vp: V rounded up to a multiple of 128 (rows V..Vp-1 of wte are zero)
     num_layers: int = 12         # L
     num_heads: int = 12          # NH
     channels: int = 768          # C
+    padded_vocab_size: int | None = None  # Vp: V rounded up to a multiple of 128 (rows V..Vp-1 of wte are zero)
 
     def __post_init__(self):
+        if self.padded_vocab_size is None:
+            object.__setattr__(self, "padded_vocab_size", _pad(self.vocab_size))
         problems = []
+        for name in ("max_seq_len", "vocab_size", "num_layers", "num_heads", "channels", "padded_vocab_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+                raise ValueError(f"bad GPT-2 config: {name} must be a positive integer, got {v!r}")
         if self.channels % self.num_heads:
             problems.append(f"channels {self.channels} must be divisible by num_heads {self.num_heads}")
         if self.channels % 4:
             problems.append(f"channels {self.channels} must be a multiple of 4 (float4 kernels)")
         if self.padded_vocab_size < self.vocab_size:
             problems.append(f"padded_vocab_size {self.padded_vocab_size} < vocab_size {self.vocab_size}")
-        if min(self.max_seq_len, self.vocab_size, self.num_layers, self.num_heads, self.channels) < 1:
-            problems.append("every size must be positive")
         if problems:
             raise ValueError("bad GPT-2 config: " + "; ".join(problems))
 

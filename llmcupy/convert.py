@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import GPT2Config, num_parameters, split_params, write_model
+from .checkpoint import write_model
+from .config import GPT2Config, num_parameters, split_params
 from .fileio import FileFormatError
 
 HEAD_SIZE = 64
@@ -81,7 +82,7 @@ def hf_to_llmc(tensors: dict, num_heads: int | None = None) -> tuple[GPT2Config,
         raise ConvertError(str(e)) from e
 
     flat = np.zeros(num_parameters(config), dtype=np.float32)
-    p = split_params(config, flat)
+    p = split_params(flat, config)
     p["wte"][:V] = wte          # rows V..Vp-1 stay zero
     p["wpe"][:] = wpe
     p["lnfw"][:] = _get(t, "ln_f.weight", (C,))

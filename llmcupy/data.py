@@ -194,8 +194,9 @@ class MT19937:
         return {"kind": "mt19937", "mt": self.mt.copy(), "index": self.index}
 
     def load_state_dict(self, d: dict) -> None:
-        mt = np.asarray(d["mt"], dtype=np.uint32).reshape(-1)
-        if d.get("kind") != "mt19937" or mt.size != _N or not 0 <= int(d["index"]) <= _N:
+        ok = isinstance(d, dict) and d.get("kind") == "mt19937" and "mt" in d and "index" in d
+        mt = np.asarray(d["mt"], dtype=np.uint32).reshape(-1) if ok else None
+        if not ok or mt.size != _N or not 0 <= int(d["index"]) <= _N:
             raise ValueError("not an MT19937 state (kind 'mt19937', 624 words, index 0..624)")
         self.mt, self.index, self._out = mt.copy(), int(d["index"]), None
 
@@ -205,10 +206,12 @@ def random_permutation(data: np.ndarray, rng: MT19937) -> None:
     n = len(data)
     if n < 2:
         return
-    draws = rng.random_u32_array(n - 1)  # one draw per i, in order i = n-1, n-2, ..., 1
+    draws = rng.random_u32_array(n - 1).tolist()  # one draw per i, in order i = n-1, n-2, ..., 1
+    items = list(data)  # swapping Python list items is much faster than NumPy scalars
     for k, i in enumerate(range(n - 1, 0, -1)):
-        j = int(draws[k]) % (i + 1)
-        data[i], data[j] = data[j], data[i]
+        j = draws[k] % (i + 1)
+        items[i], items[j] = items[j], items[i]
+    data[:] = items
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,7 +277,7 @@ class DataLoader:
         fi = self._file_index(shard_idx)
         if self._open_index != fi:
             self.close()
-            self._file = open(self.files[fi], "rb")
+            self._file = open(self.files[fi], "rb", buffering=0)  # one read per batch, no stale buffer
             if _check_token_header(self._file, self.files[fi]) != self.shard_tokens[fi]:
                 raise DataError(f"{self.files[fi]}: changed since the loader was created")
             self._open_index = fi

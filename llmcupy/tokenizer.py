@@ -11,6 +11,9 @@ Encoding (text -> ids) uses tiktoken. :func:`get_encoding` finds GPT-2's BPE ran
 An encoding built from a file uses GPT-2's split pattern, the special token
 ``<|endoftext|>`` = 50256 and 50,257 ids in all, i.e. the same ids as tiktoken's own "gpt2".
 
+CLI: ``python -m llmcupy.tokenizer [--bpe FILE] [-o gpt2_tokenizer.bin]`` writes the decoder table
+the trainer reads from its working folder.
+
 Decoding (ids -> bytes) in the trainer uses llm.c's tokenizer file ``gpt2_tokenizer.bin``
 (:class:`Tokenizer`): a 1024-byte header of 256 unsigned little-endian 32-bit integers
 (0: magic 20240328, 1: version 2 (version 1 has no EOT field: EOT is 50256 and N must be 50257),
@@ -19,6 +22,7 @@ Decoding (ids -> bytes) in the trainer uses llm.c's tokenizer file ``gpt2_tokeni
 
 from __future__ import annotations
 
+import argparse
 import base64
 import binascii
 import os
@@ -234,3 +238,23 @@ def write_sample_piece(token_id: int, tokenizer: Tokenizer | None, stream=None) 
     else:
         stream.write(piece.decode("utf-8", errors="replace"))
         stream.flush()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmcupy.tokenizer",
+                                     description="Write llm.c's GPT-2 tokenizer file (the trainer's decoder table).")
+    parser.add_argument("-o", "--out", default="gpt2_tokenizer.bin", help="output file (default gpt2_tokenizer.bin)")
+    parser.add_argument("--bpe", metavar="FILE",
+                        help=f"gpt2.tiktoken BPE rank file (default: ${BPE_ENV}, else tiktoken's download)")
+    args = parser.parse_args(argv)
+    try:
+        tok = write_tokenizer(args.out, get_encoding(args.bpe))
+    except (TokenizerError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out}: {len(tok)} tokens, EOT {tok.eot_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,8 +1,6 @@
 """Model files, debug-state files, training-state checkpoints and atomic writes."""
 
 import os
-import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,9 +37,9 @@ def test_gpt2_124m_layout():
 
 def test_config_validation():
     assert TINY.padded_vocab_size == 128
-    with pytest.raises(ValueError, match="not a multiple of num_heads"):
-        GPT2Config(channels=10, num_heads=3)
-    with pytest.raises(ValueError, match="smaller than vocab_size"):
+    with pytest.raises(ValueError, match="must be divisible by num_heads"):
+        GPT2Config(channels=12, num_heads=5)
+    with pytest.raises(ValueError, match="< vocab_size"):
         GPT2Config(vocab_size=200, padded_vocab_size=128)
     with pytest.raises(ValueError, match="num_layers must be a positive integer"):
         GPT2Config(num_layers=0)
@@ -49,7 +47,7 @@ def test_config_validation():
 
 def test_split_and_join():
     flat = _params(TINY)
-    p = ck.split_params(TINY, flat)
+    p = ck.split_params(flat, TINY)
     assert p["qkvw"].shape == (2, 24, 8) and p["fcprojw"].shape == (2, 8, 32)
     assert np.shares_memory(p["wte"], flat)
     p["lnfb"][:] = 7  # views write through
@@ -59,8 +57,8 @@ def test_split_and_join():
         ck.join_params(TINY, {**p, "wpe": np.zeros((3, 8))})
     with pytest.raises(ValueError, match="missing"):
         ck.join_params(TINY, {k: v for k, v in p.items() if k != "lnfw"})
-    with pytest.raises(ValueError, match="parameters"):
-        ck.split_params(TINY, flat[:-1])
+    with pytest.raises(ValueError):  # llmcupy.config.split_params: a buffer of the wrong size
+        ck.split_params(flat[:-1], TINY)
 
 
 # -- model file
@@ -124,8 +122,8 @@ def test_model_file_errors(tmp_path):
         ("version.bin", [20240326, 4, 16, 100, 2, 2, 8, 128], P, r"version\.bin: unsupported llm.c model file version 4 \(supported: 3 or 5\)"),
         ("cut.bin", good, P - 1, rf"cut\.bin: truncated llm.c model file: expected {1024 + 4 * P} bytes .*\(4 missing\)"),
         ("long.bin", good, P + 2, r"long\.bin: size mismatch in llm.c model file: .*\(8 unexpected trailing bytes\)"),
-        ("heads.bin", [20240326, 3, 16, 100, 2, 3, 8, 128], P, r"heads\.bin: bad model header: .*channels 8 is not a multiple of num_heads 3"),
-        ("vp.bin", [20240326, 3, 16, 100, 2, 2, 8, 64], P, r"vp\.bin: bad model header: .*padded_vocab_size 64 is smaller"),
+        ("heads.bin", [20240326, 3, 16, 100, 2, 3, 8, 128], P, r"heads\.bin: bad model header: .*channels 8 must be divisible by num_heads 3"),
+        ("vp.bin", [20240326, 3, 16, 100, 2, 2, 8, 64], P, r"vp\.bin: bad model header: .*padded_vocab_size 64 < vocab_size 100"),
         ("zero.bin", [20240326, 3, 16, 100, 0, 2, 8, 128], P, r"zero\.bin: bad model header: .*num_layers"),
     ]
     for name, fields, floats, pattern in cases:
@@ -198,7 +196,7 @@ def _debug_state(config, B=2, T=3, seed=0):
 def test_debug_state_roundtrip(tmp_path):
     s = _debug_state(TINY)
     path = tmp_path / "dbg.bin"
-    ck.write_debug_state(path, TINY, s)
+    ck.write_debug_state(path, s.x, s.y, s.logits, s.loss, s.grads)
     raw = path.read_bytes()
     assert list(np.frombuffer(raw[:16], dtype="<i4")) == [20240327, 2, 2, 3]
     assert len(raw) == ck.debug_state_size(TINY, 2, 3)
@@ -213,7 +211,7 @@ def test_debug_state_roundtrip(tmp_path):
 def test_debug_state_errors(tmp_path):
     s = _debug_state(TINY)
     good = tmp_path / "good.bin"
-    ck.write_debug_state(good, TINY, s)
+    ck.write_debug_state(good, s.x, s.y, s.logits, s.loss, s.grads)
     raw = bytearray(good.read_bytes())
 
     def variant(name, header=None, cut=0, extra=b""):
@@ -248,10 +246,18 @@ def test_debug_state_errors(tmp_path):
 
 def test_write_debug_state_checks(tmp_path):
     s = _debug_state(TINY)
-    s.logits = s.logits[..., :-1]
+    path = tmp_path / "d.bin"
     with pytest.raises(ValueError, match="unpadded V"):
-        ck.write_debug_state(tmp_path / "d.bin", TINY, s)
+        ck.write_debug_state(path, s.x, s.y, s.logits[0], s.loss, s.grads)
+    with pytest.raises(ValueError, match="grads must be a flat buffer"):
+        ck.write_debug_state(path, s.x, s.y, s.logits, s.loss, s.grads.reshape(2, -1))
+    with pytest.raises(ValueError, match="x and y must both be"):
+        ck.write_debug_state(path, s.x, s.y[:, :-1], s.logits, s.loss, s.grads)
     assert not list(tmp_path.iterdir())
+    # a file written with the wrong vocabulary or parameter count fails its exact-size check on read
+    ck.write_debug_state(path, s.x, s.y, s.logits[..., :-1], s.loss, s.grads)
+    with pytest.raises(FileFormatError, match=r"d\.bin: truncated llm.c debug-state file"):
+        ck.read_debug_state(path, TINY)
 
 
 # -- training state
@@ -343,9 +349,21 @@ def test_training_state_errors(tmp_path, monkeypatch):
         ck.load_training_state(rewrite("dtype.npz", adam_m=state.m.astype(np.float64)))
     with pytest.raises(CheckpointError, match=r"cfg\.npz: bad model config"):
         ck.load_training_state(rewrite("cfg.npz", config={"channels": 7, "num_heads": 2}))
+    np.savez(tmp_path / "nometa.npz", params=state.params)
+    with pytest.raises(CheckpointError, match=r"nometa\.npz: not a llmcupy training-state file: no 'meta' member"):
+        ck.load_training_state(tmp_path / "nometa.npz")
+    np.savez(tmp_path / "badjson.npz", params=state.params, meta=np.frombuffer(b"{not json", np.uint8))
+    with pytest.raises(CheckpointError, match=r"badjson\.npz: corrupt .*unreadable metadata"):
+        ck.load_training_state(tmp_path / "badjson.npz")
     np.save(tmp_path / "single.npy", np.zeros(3))
     with pytest.raises(CheckpointError, match="single.npy: not a llmcupy training-state file"):
         ck.load_training_state(tmp_path / "single.npy")
+    with pytest.raises(TypeError, match="cannot store set at extra.bad"):
+        ck.save_training_state(tmp_path / "bad.npz", TrainingState(config=TINY, params=state.params, step=0,
+                                                                   extra={"bad": {1, 2}}))
+    with pytest.raises(TypeError, match="keys must be strings"):
+        ck.save_training_state(tmp_path / "bad.npz", TrainingState(config=TINY, params=state.params, step=0,
+                                                                   extra={1: 2}))
     with pytest.raises(ValueError, match="params has shape"):
         ck.save_training_state(tmp_path / "bad.npz", TrainingState(config=TINY, params=np.zeros(3), step=0))
     assert not (tmp_path / "bad.npz").exists()

@@ -296,3 +296,40 @@ def test_loader_errors(tmp_path):
         DataLoader(str(tmp_path / "m_*.bin"), 2, 4)
     with pytest.raises(ValueError, match="positive"):
         DataLoader(str(small), 0, 4)
+
+
+def test_loader_detects_files_changing_underneath(tmp_path):
+    B, T = 1, 4
+    a = _shard(tmp_path / "c_0.bin", 3 * B * T + 1)
+    _shard(tmp_path / "c_1.bin", 3 * B * T + 1)
+    dl = DataLoader(str(tmp_path / "c_*.bin"), B, T)
+    _shard(tmp_path / "c_1.bin", 5 * B * T + 1)  # rewritten after validation
+    for _ in range(3):
+        dl.next_batch()
+    with pytest.raises(DataError, match=r"c_1\.bin: changed since the loader was created"):
+        dl.next_batch()
+    dl2 = DataLoader(str(a), B, T)
+    with open(a, "r+b") as f:  # truncated while open
+        f.truncate(1024 + 2 * 6)
+    dl2.next_batch()  # the first sample (tokens 0..4) is still there
+    with pytest.raises(DataError, match=r"c_0\.bin: truncated while reading a batch"):
+        dl2.next_batch()
+
+
+def test_load_state_dict_rejects_tampered_states(tmp_path):
+    B, T = 1, 2
+    for i in range(2):
+        _shard(tmp_path / f"t_{i}.bin", 4 * B * T + 1)
+    dl = DataLoader(str(tmp_path / "t_*.bin"), B, T, shuffle=True)
+    good = dl.state_dict()
+    cases = [
+        ({"current_shard_idx": 2}, "shard index 2 outside 0..1"),
+        ({"shard_indices": np.array([0, 0])}, "not a permutation"),
+        ({"current_sample_idx": 5}, "sample index 5 outside 0..4"),
+        ({"intra_shard_indices": np.arange(3)}, "intra_shard_indices has the wrong length"),
+        ({"shard_tokens": [9, 10]}, "shard_tokens is"),
+        ({"rng": {"kind": "xorshift64*", "state": 1}}, "not an MT19937 state"),
+    ]
+    for change, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            DataLoader(str(tmp_path / "t_*.bin"), B, T, shuffle=True).load_state_dict({**good, **change})

@@ -120,6 +120,21 @@ def test_gpt2_tokenizer_file(enc, tmp_path):
     assert os.path.getsize(path) == 1024 + sum(1 + len(x) for x in t.tokens)
 
 
+@needs_bpe
+def test_cli_writes_gpt2_tokenizer_bin(tmp_path, capsys):
+    out = tmp_path / "gpt2_tokenizer.bin"
+    assert tk.main(["--bpe", str(BPE), "-o", str(out)]) == 0
+    assert "50257 tokens, EOT 50256" in capsys.readouterr().out
+    assert tk.Tokenizer.load(out).decode_token(995) == b" world"
+
+
+def test_cli_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(tk.BPE_ENV, raising=False)
+    assert tk.main(["--bpe", str(tmp_path / "none"), "-o", str(tmp_path / "t.bin")]) == 1
+    assert "cannot read GPT-2 BPE file" in capsys.readouterr().err
+    assert not (tmp_path / "t.bin").exists()
+
+
 def _write(path, header_fields, body=b""):
     h = np.zeros(256, dtype="<u4")
     h[:len(header_fields)] = header_fields

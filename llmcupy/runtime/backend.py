@@ -127,3 +127,22 @@ def compute_capability() -> int | None:
     import cupy
 
     return int(cupy.cuda.Device().compute_capability)
+
+
+def set_tf32(enabled: bool) -> bool:
+    """Lets cuBLAS use TF32 tensor cores for FP32 matmuls (as llm.c does on sm_80+).
+
+    Returns whether TF32 is now in use: never in the emulator or below compute capability 8.0.
+    """
+    if get_backend() != "cuda":
+        return False
+    cc = compute_capability() or 0
+    enabled = bool(enabled) and cc >= 80
+    from cupy._core import _routines_linalg as linalg
+
+    mode = linalg.COMPUTE_TYPE_TF32 if enabled else linalg.COMPUTE_TYPE_DEFAULT
+    try:
+        linalg.set_compute_type(np.dtype(np.float32), mode)
+    except TypeError:  # older CuPy: one global compute type
+        linalg.set_compute_type(mode)
+    return enabled

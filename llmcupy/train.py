@@ -1,0 +1,360 @@
+"""python -m llmcupy.train: llm.c's FP32 GPT-2 trainer, with every kernel selectable by number.
+
+    python -m llmcupy.train                                  # what ./train_gpt2fp32cu does
+    python -m llmcupy.train --init d2 -b 4 -t 64 --steps 20  # a tiny model from scratch (emulator-sized)
+    python -m llmcupy.train --matmul-kernel 4                # the hand-written matmul instead of cuBLAS
+    python -m llmcupy.train --kernel attention_backward=7 --benchmark
+
+Prints the configuration and the version of every op, then per step
+``step %4d/%d: train loss %f (%f ms, %d tok/s)``; validation loss every ``-v`` steps, a sample every
+``-s`` steps; llm.c's log lines (``s:N trl:X``, ``s:N tel:X``) go to ``-o``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from . import ops as ops_registry
+from .config import GPT2Config, PRESETS, init_params
+from .model import GPT2, STEP_OPS, KernelChoice, ModelError
+from .runtime import backend as _backend
+
+DEFAULT_TRAIN = "data/tinyshakespeare/tiny_shakespeare_train.bin"
+DEFAULT_VAL = "data/tinyshakespeare/tiny_shakespeare_val.bin"
+DEFAULT_MODEL = "gpt2_124M.bin"
+DEFAULT_TOKENIZER = "gpt2_tokenizer.bin"
+EOT = 50256
+
+
+def kernel_flag(op: str) -> str:
+    """--matmul-kernel is matmul_forward's flag (llm.c's MATMUL_FORWARD_KERNEL); others follow the op name."""
+    if op == "matmul_forward":
+        return "--matmul-kernel"
+    return "--" + op.replace("_", "-") + "-kernel"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m llmcupy.train", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("llm.c's flags")
+    g.add_argument("-i", "--train-data", default=DEFAULT_TRAIN, help="train token files (glob)")
+    g.add_argument("-j", "--val-data", default=DEFAULT_VAL, help="validation token files (glob)")
+    g.add_argument("-o", "--log", default=None, help="log file (llm.c's s:N trl:X / tel:X lines)")
+    g.add_argument("-b", "--batch-size", type=int, default=4, help="batch size B")
+    g.add_argument("-t", "--seq-len", type=int, default=1024, help="sequence length T")
+    g.add_argument("-l", "--lr", type=float, default=3e-4, help="learning rate")
+    g.add_argument("-v", "--val-every", type=int, default=20, help="validation loss every N steps")
+    g.add_argument("-m", "--val-max-steps", type=int, default=20, help="at most N validation batches")
+    g.add_argument("-s", "--sample-every", type=int, default=20, help="generate a sample every N steps")
+    g.add_argument("-g", "--gen-len", type=int, default=64, help="generation length, start token included")
+    m = p.add_argument_group("model")
+    m.add_argument("-e", "--checkpoint", default=None,
+                   help=f"llm.c model .bin to start from (default {DEFAULT_MODEL} when --init is not given)")
+    m.add_argument("--init", choices=sorted(PRESETS), help="start from scratch with this shape (d12 = GPT-2 124M)")
+    m.add_argument("--seed", type=int, default=0, help="seed of --init")
+    m.add_argument("--tokenizer", default=None, help=f"llm.c tokenizer .bin (default {DEFAULT_TOKENIZER} if present, "
+                   "else tiktoken's GPT-2 encoding)")
+    r = p.add_argument_group("run")
+    r.add_argument("--steps", type=int, default=None, help="train steps (default: one epoch of the train data)")
+    r.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (llm.c: 0)")
+    r.add_argument("--tf32", type=int, choices=(0, 1), default=1, help="TF32 for cuBLAS on sm_80+ (llm.c: on)")
+    r.add_argument("--backend", choices=_backend.CHOICES, default=None)
+    r.add_argument("--benchmark", action="store_true",
+                   help="one fixed batch, no validation or sampling: warm-up, then mean/min ms per step and tok/s")
+    r.add_argument("--warmup", type=int, default=3, help="--benchmark: untimed steps first")
+    r.add_argument("--save-every", type=int, default=0, help="save the training state every N steps")
+    r.add_argument("--save-path", default="llmcupy_train_state.npz", help="where --save-every writes")
+    r.add_argument("--resume", default=None, help="resume from a training state written by --save-every")
+    k = p.add_argument_group("kernel versions (python -m llmcupy.kernel --list shows them)")
+    for op in STEP_OPS:
+        k.add_argument(kernel_flag(op), dest=f"kernel_{op}", type=int, metavar="N", help=f"{op} version")
+    k.add_argument("--kernel", action="append", default=[], metavar="OP=N[:BLOCK]",
+                   help="any op's version (and block size), e.g. --kernel softmax... repeatable")
+    return p
+
+
+def kernel_choice(args) -> KernelChoice:
+    choice = KernelChoice()
+    for op in STEP_OPS:
+        n = getattr(args, f"kernel_{op}")
+        if n is not None:
+            choice.set(op, n)
+    for spec in args.kernel:
+        if "=" not in spec:
+            raise ops_registry.OpError(f"--kernel {spec!r}: expected OP=N or OP=N:BLOCK")
+        op, value = spec.split("=", 1)
+        block = None
+        if ":" in value:
+            value, block = value.split(":", 1)
+        if op not in STEP_OPS:
+            raise ops_registry.OpError(f"--kernel {op}: not an op of the training step; those are: {', '.join(STEP_OPS)}")
+        try:
+            choice.set(op, int(value), int(block) if block else None)
+        except ValueError:
+            raise ops_registry.OpError(f"--kernel {spec!r}: N and BLOCK must be integers") from None
+    return choice
+
+
+def load_model(args) -> tuple[GPT2Config, np.ndarray, str]:
+    if args.init and args.checkpoint:
+        raise SystemExit("error: give either --init or -e/--checkpoint, not both")
+    if args.init:
+        cfg = GPT2Config.preset(args.init)
+        return cfg, init_params(cfg, seed=args.seed), f"random init {args.init} (seed {args.seed})"
+    path = args.checkpoint or DEFAULT_MODEL
+    if not os.path.exists(path):
+        raise SystemExit(
+            f"error: no model file {path!r}. Start from scratch with --init d12 (or d2 for the emulator), or "
+            "get GPT-2 124M: python -m llmcupy.download gpt2 && python -m llmcupy.convert model.safetensors "
+            f"-o {DEFAULT_MODEL}")
+    cfg, params = ckpt.read_model(path)
+    return GPT2Config(**{k: getattr(cfg, k) for k in GPT2Config.__dataclass_fields__}), params, path
+
+
+def load_tokenizer(args):
+    from . import tokenizer as tok
+
+    path = args.tokenizer or (DEFAULT_TOKENIZER if os.path.exists(DEFAULT_TOKENIZER) else None)
+    try:
+        if path:
+            return tok.Tokenizer.load(path)
+        return tok.Tokenizer.from_encoding(tok.get_encoding())
+    except Exception as exc:  # no tokenizer: llm.c prints token ids instead
+        print(f"(no tokenizer: {exc}; samples print token ids)")
+        return None
+
+
+class Logger:
+    def __init__(self, path):
+        self.f = open(path, "a") if path else None
+
+    def log(self, step: int, kind: str, value: float) -> None:
+        if self.f:
+            self.f.write(f"s:{step} {kind}:{value:.4f}\n")
+            if step % 10 == 0:
+                self.f.flush()
+
+    def close(self):
+        if self.f:
+            self.f.close()
+
+
+def print_table(rows) -> None:
+    print("+-----------------------+----------------------------------------------------+")
+    print("| Parameter             | Value                                              |")
+    print("+-----------------------+----------------------------------------------------+")
+    for k, v in rows:
+        if k is None:
+            print("+-----------------------+----------------------------------------------------+")
+            continue
+        print(f"| {k:<21} | {str(v):<50} |")
+    print("+-----------------------+----------------------------------------------------+")
+
+
+def generate(model: GPT2, rng, tokenizer, gen_len: int) -> list[int]:
+    """llm.c's sampling: all positions EOT, then one full forward per new token of row 0."""
+    from .sampling import sample_mult
+    from .tokenizer import write_sample_piece
+
+    B, T = model.B, model.T
+    V = model.config.vocab_size
+    tokens = np.full((B, T), EOT, dtype=np.int32)
+    out = []
+    print("generating:\n---")
+    for t in range(1, min(gen_len, T)):
+        model.forward(tokens)
+        logits = _backend.to_numpy(model.logits()[0, t - 1]).astype(np.float32)
+        nxt = sample_mult(logits[:V], rng.random_f32())
+        tokens[0, t] = nxt
+        out.append(nxt)
+        write_sample_piece(nxt, tokenizer)
+    print("\n---")
+    return out
+
+
+def check_loss(loss: float, step: int, what: str) -> None:
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"{what} loss is {loss} at step {step}; stopping (the last good state is kept)")
+
+
+def train(args) -> int:
+    if args.backend:
+        _backend.set_backend(args.backend)
+    B, T = args.batch_size, args.seq_len
+    if B < 1 or T < 1:
+        raise SystemExit(f"error: -b and -t must be positive (got {B}, {T})")
+    kernels = kernel_choice(args)
+    cfg, params, source = load_model(args)
+    if T > cfg.max_seq_len:
+        raise SystemExit(f"error: -t {T} is larger than the model's context (max_seq_len = {cfg.max_seq_len})")
+    tf32 = _backend.set_tf32(bool(args.tf32))
+
+    from .data import DataLoader
+    from .sampling import XorShiftRNG
+
+    train_loader = DataLoader(args.train_data, B, T, shuffle=True)
+    val_loader = None if args.benchmark else DataLoader(args.val_data, B, T, shuffle=False)
+    train_num_batches = args.steps if args.steps is not None else train_loader.num_tokens // (B * T)
+    val_num_batches = 0 if val_loader is None else min(val_loader.num_tokens // (B * T), args.val_max_steps)
+
+    model = GPT2(cfg, params, kernels)
+    rng = XorShiftRNG(1337)
+    start_step = 0
+    if args.resume:
+        state = ckpt.load_training_state(args.resume)
+        if state.params.size != params.size:
+            raise SystemExit(f"error: {args.resume} holds a model of {state.params.size} parameters, "
+                             f"this run's model has {params.size}")
+        model.params[...] = _backend.asarray(state.params)
+        if state.m is not None:
+            model.m, model.v = _backend.asarray(state.m).copy(), _backend.asarray(state.v).copy()
+        train_loader.load_state_dict(state.loaders["train"])
+        if state.rng:
+            rng.load_state_dict(state.rng)
+        start_step = state.step
+        source = f"{source}, resumed from {args.resume} at step {start_step}"
+
+    print_table([
+        ("train data", args.train_data), ("val data", args.val_data), ("log file", args.log or "NULL"),
+        ("batch size B", B), ("sequence length T", T), ("learning rate", args.lr),
+        ("val_loss_every", args.val_every), ("val_max_steps", args.val_max_steps),
+        ("sample_every", args.sample_every), ("genT", args.gen_len),
+        ("backend", _backend.get_backend()), ("device", _backend.device_name()),
+        ("TF32", "enabled" if tf32 else "disabled"), (None, None),
+        ("model", source), ("max_seq_len", cfg.max_seq_len), ("vocab_size V", cfg.vocab_size),
+        ("padded_vocab_size Vp", cfg.padded_vocab_size), ("num_layers L", cfg.num_layers),
+        ("num_heads NH", cfg.num_heads), ("channels C", cfg.channels),
+        ("num_parameters", model.num_parameters()), (None, None),
+        ("train_num_batches", train_num_batches), ("val_num_batches", val_num_batches),
+    ])
+    print("kernel versions:")
+    for op, n, summary in kernels.table():
+        print(f"  {op:<20} {n:>3}  {summary}")
+    model.allocate(B, T)
+    print(f"allocated {model.num_parameters() * 4 / 2**20:.0f} MiB for model parameters")
+    acts = sum(a.size for a in model.acts.values())
+    print(f"allocated {acts * 4 / 2**20:.0f} MiB for activations")
+
+    if args.benchmark:
+        return benchmark(model, train_loader, args)
+
+    tokenizer = None if args.sample_every <= 0 else load_tokenizer(args)
+    logger = Logger(args.log)
+    total_ms = 0.0
+    timed_steps = 0
+    try:
+        for step in range(start_step, train_num_batches + 1):
+            last = step == train_num_batches
+            if val_loader is not None and args.val_every > 0 and (step % args.val_every == 0 or last):
+                val_loader.reset()
+                val_loss = 0.0
+                for _ in range(val_num_batches):
+                    x, y = val_loader.next_batch()
+                    val_loss += model.forward(x, y)
+                val_loss /= max(val_num_batches, 1)
+                check_loss(val_loss, step, "validation")
+                print(f"val loss {val_loss:f}")
+                logger.log(step, "tel", val_loss)
+            if args.sample_every > 0 and ((step > 0 and step % args.sample_every == 0) or last):
+                generate(model, rng, tokenizer, args.gen_len)
+            if last:
+                break
+            t0 = time.perf_counter()
+            x, y = train_loader.next_batch()
+            loss = model.forward(x, y)
+            check_loss(loss, step, "train")
+            model.zero_grad()
+            model.backward()
+            model.update(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, step + 1)
+            _backend.synchronize()
+            ms = (time.perf_counter() - t0) * 1e3
+            total_ms += ms
+            timed_steps += 1
+            print(f"step {step + 1:4d}/{train_num_batches}: train loss {loss:f} ({ms:f} ms, {int(B * T / (ms / 1e3))} tok/s)")
+            logger.log(step, "trl", loss)
+            if args.save_every and (step + 1) % args.save_every == 0:
+                save_state(model, train_loader, rng, step + 1, args.save_path)
+    finally:
+        logger.close()
+    if timed_steps:
+        print(f"total average iteration time: {total_ms / timed_steps:f} ms")
+    if _backend.is_sim():
+        print("(times are the CPU emulator's, not a GPU's)")
+    return 0
+
+
+def save_state(model: GPT2, loader, rng, step: int, path: str) -> None:
+    state = ckpt.TrainingState(
+        config=ckpt.GPT2Config(**{k: getattr(model.config, k) for k in GPT2Config.__dataclass_fields__}),
+        params=model.params_numpy(), step=step,
+        m=None if model.m is None else _backend.to_numpy(model.m),
+        v=None if model.v is None else _backend.to_numpy(model.v),
+        loaders={"train": loader.state_dict()}, rng=rng.state_dict())
+    # A Ctrl-C during the write must not leave a torn file: the write is atomic, and the signal is
+    # held until it is done.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _in_main_thread() else None
+    try:
+        ckpt.save_training_state(path, state)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    print(f"saved the training state at step {step} to {path}")
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def benchmark(model: GPT2, loader, args) -> int:
+    """One fixed batch, no validation or sampling: warm-up steps, then timed steps."""
+    B, T = model.B, model.T
+    x, y = loader.next_batch()
+    steps = args.steps if args.steps is not None else 10
+    times = []
+    for i in range(args.warmup + steps):
+        t0 = time.perf_counter()
+        loss = model.forward(x, y)
+        check_loss(loss, i, "train")
+        model.zero_grad()
+        model.backward()
+        model.update(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, i + 1)
+        _backend.synchronize()
+        ms = (time.perf_counter() - t0) * 1e3
+        if i >= args.warmup:
+            times.append(ms)
+            print(f"step {i - args.warmup + 1:4d}/{steps}: train loss {loss:f} ({ms:f} ms, {int(B * T / (ms / 1e3))} tok/s)")
+    mean, best = float(np.mean(times)), float(np.min(times))
+    print(f"benchmark: B={B} T={T}, {steps} steps after {args.warmup} warm-up: mean {mean:.3f} ms/step, "
+          f"min {best:.3f} ms/step, {B * T / (mean / 1e3):.0f} tok/s")
+    if _backend.is_sim():
+        print("(times are the CPU emulator's, not a GPU's)")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return train(args)
+    except (ops_registry.OpError, ModelError, ckpt.CheckpointError, FileNotFoundError, _backend.BackendError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except FloatingPointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Hugging Face GPT-2 safetensors -> llm.c model file, on small synthetic checkpoints."""
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from llmcupy import checkpoint as ck
+from llmcupy import convert as cv
+from llmcupy.convert import ConvertError
+
+L, C, NH, V, MAXT = 2, 64, 4, 300, 32  # Vp = 384
+
+
+def hf_tensors(L=L, C=C, V=V, maxT=MAXT, seed=0, prefix="", buffers=True):
+    """A GPT-2 checkpoint in Hugging Face's layout: Conv1D weights are (in, out)."""
+    g = np.random.default_rng(seed)
+
+    def r(*shape):
+        return g.normal(size=shape).astype(np.float32)
+
+    t = {"wte.weight": r(V, C), "wpe.weight": r(maxT, C), "ln_f.weight": r(C), "ln_f.bias": r(C)}
+    for l in range(L):
+        h = f"h.{l}."
+        t.update({h + "ln_1.weight": r(C), h + "ln_1.bias": r(C),
+                  h + "attn.c_attn.weight": r(C, 3 * C), h + "attn.c_attn.bias": r(3 * C),
+                  h + "attn.c_proj.weight": r(C, C), h + "attn.c_proj.bias": r(C),
+                  h + "ln_2.weight": r(C), h + "ln_2.bias": r(C),
+                  h + "mlp.c_fc.weight": r(C, 4 * C), h + "mlp.c_fc.bias": r(4 * C),
+                  h + "mlp.c_proj.weight": r(4 * C, C), h + "mlp.c_proj.bias": r(C)})
+        if buffers:
+            t[h + "attn.bias"] = np.tril(np.ones((maxT, maxT), np.float32))[None, None]
+    return {prefix + k: v for k, v in t.items()}
+
+
+def check_placement(params, config, t, prefix=""):
+    p = ck.split_params(params, config)
+    g = lambda k: t[prefix + k]  # noqa: E731
+    Vr = config.vocab_size
+    assert np.array_equal(p["wte"][:Vr], g("wte.weight"))
+    assert not p["wte"][Vr:].any()  # zero padding rows
+    assert np.array_equal(p["wpe"], g("wpe.weight"))
+    assert np.array_equal(p["lnfw"], g("ln_f.weight")) and np.array_equal(p["lnfb"], g("ln_f.bias"))
+    for l in range(config.num_layers):
+        h = f"h.{l}."
+        assert np.array_equal(p["ln1w"][l], g(h + "ln_1.weight")) and np.array_equal(p["ln1b"][l], g(h + "ln_1.bias"))
+        assert np.array_equal(p["qkvw"][l], g(h + "attn.c_attn.weight").T)   # (3C, C) = (out, in)
+        assert np.array_equal(p["qkvb"][l], g(h + "attn.c_attn.bias"))
+        assert np.array_equal(p["attprojw"][l], g(h + "attn.c_proj.weight").T)
+        assert np.array_equal(p["attprojb"][l], g(h + "attn.c_proj.bias"))
+        assert np.array_equal(p["ln2w"][l], g(h + "ln_2.weight")) and np.array_equal(p["ln2b"][l], g(h + "ln_2.bias"))
+        assert np.array_equal(p["fcw"][l], g(h + "mlp.c_fc.weight").T)       # (4C, C)
+        assert np.array_equal(p["fcb"][l], g(h + "mlp.c_fc.bias"))
+        assert np.array_equal(p["fcprojw"][l], g(h + "mlp.c_proj.weight").T)  # (C, 4C)
+        assert np.array_equal(p["fcprojb"][l], g(h + "mlp.c_proj.bias"))
+
+
+def test_convert_places_and_transposes_exactly(tmp_path):
+    t = hf_tensors()
+    src, out = tmp_path / "model.safetensors", tmp_path / "tiny.bin"
+    save_file(t, str(src))
+    config = cv.convert(src, out, num_heads=NH)
+    assert config == ck.GPT2Config(max_seq_len=MAXT, vocab_size=V, num_layers=L, num_heads=NH, channels=C)
+    assert config.padded_vocab_size == 384
+    header = np.frombuffer(out.read_bytes()[:32], dtype="<i4")
+    assert header.tolist() == [20240326, 3, MAXT, V, L, NH, C, 384]
+    read_config, params = ck.read_model(out)
+    assert read_config == config
+    check_placement(params, config, t)
+    # spot-check one element by hand: qkvw[l][o, i] = c_attn.weight[i, o]
+    p = ck.split_params(params, config)
+    assert p["qkvw"][1][130, 5] == t["h.1.attn.c_attn.weight"][5, 130]
+    assert p["fcprojw"][0][3, 200] == t["h.0.mlp.c_proj.weight"][200, 3]
+
+
+def test_full_gpt2_vocab_pads_to_50304(tmp_path):
+    t = hf_tensors(L=1, C=64, V=50257, maxT=8, buffers=False)
+    config, params = cv.hf_to_llmc(t)
+    assert config.padded_vocab_size == 50304 and config.num_heads == 1  # C / 64
+    wte = ck.split_params(params, config)["wte"]
+    assert wte.shape == (50304, 64) and not wte[50257:].any()
+    assert np.array_equal(wte[:50257], t["wte.weight"])
+
+
+def test_prefixed_keys_and_tied_lm_head(tmp_path):
+    t = hf_tensors(prefix="transformer.")
+    t["lm_head.weight"] = t["transformer.wte.weight"].copy()
+    config, params = cv.hf_to_llmc(t, num_heads=NH)
+    check_placement(params, config, t, prefix="transformer.")
+    t["lm_head.weight"][0, 0] += 1
+    with pytest.raises(ConvertError, match="lm_head.weight differs"):
+        cv.hf_to_llmc(t, num_heads=NH)
+
+
+def test_num_heads_from_config_json(tmp_path):
+    src = tmp_path / "model.safetensors"
+    save_file(hf_tensors(), str(src))
+    (tmp_path / "config.json").write_text(json.dumps({"n_head": 8, "n_embd": C}))
+    assert cv.convert(src, tmp_path / "a.bin").num_heads == 8
+    assert cv.convert(src, tmp_path / "b.bin", num_heads=2).num_heads == 2  # the flag wins
+    (tmp_path / "config.json").write_text("{broken")
+    with pytest.warns(UserWarning, match="ignoring unreadable .*config.json"):
+        assert cv.convert(src, tmp_path / "c.bin").num_heads == 1  # falls back to C / 64
+
+
+def test_cli(tmp_path, capsys):
+    src = tmp_path / "model.safetensors"
+    save_file(hf_tensors(), str(src))
+    out = tmp_path / "gpt2_tiny.bin"
+    assert cv.main([str(src), "-o", str(out), "--num-heads", str(NH)]) == 0
+    printed = capsys.readouterr().out
+    assert f"V={V} Vp=384 L={L} NH={NH} C={C}" in printed and "fp32, version 3" in printed
+    assert ck.read_model_header(out)[1] == 3
+    out16 = tmp_path / "gpt2_tiny_bf16.bin"
+    assert cv.main([str(src), "-o", str(out16), "--num-heads", str(NH), "--bf16"]) == 0
+    assert ck.read_model_header(out16)[1] == 5
+
+
+def test_errors(tmp_path, capsys):
+    t = hf_tensors(buffers=False)
+    missing = dict(t)
+    del missing["h.1.mlp.c_fc.bias"]
+    with pytest.raises(ConvertError, match=r"missing tensor 'h\.1\.mlp\.c_fc\.bias'"):
+        cv.hf_to_llmc(missing, num_heads=NH)
+    wrong = dict(t)
+    wrong["h.0.mlp.c_fc.weight"] = t["h.0.mlp.c_fc.weight"].T.copy()  # already (out, in)
+    with pytest.raises(ConvertError, match=r"'h\.0\.mlp\.c_fc\.weight' has shape \(256, 64\), expected \(64, 256\)"):
+        cv.hf_to_llmc(wrong, num_heads=NH)
+    extra = dict(t)
+    extra["h.0.attn.q_proj.weight"] = np.zeros((C, C), np.float32)
+    with pytest.raises(ConvertError, match=r"unexpected tensors .*h\.0\.attn\.q_proj\.weight"):
+        cv.hf_to_llmc(extra, num_heads=NH)
+    with pytest.raises(ConvertError, match=r"missing tensor 'wte\.weight'"):
+        cv.hf_to_llmc({k: v for k, v in t.items() if k != "wte.weight"}, num_heads=NH)
+    gap = {k: v for k, v in t.items() if not k.startswith("h.0.")}
+    with pytest.raises(ConvertError, match=r"numbered 0\.\.L-1; found \[1\]"):
+        cv.hf_to_llmc(gap, num_heads=NH)
+    with pytest.raises(ConvertError, match="must be divisible by num_heads 5"):
+        cv.hf_to_llmc(t, num_heads=5)
+    odd = hf_tensors(L=1, C=48, buffers=False)
+    with pytest.raises(ConvertError, match="pass --num-heads"):
+        cv.hf_to_llmc(odd)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"definitely not safetensors")
+    with pytest.raises(ConvertError, match=r"bad\.safetensors: cannot read safetensors file"):
+        cv.convert(bad, tmp_path / "x.bin")
+    assert cv.main([str(bad), "-o", str(tmp_path / "x.bin")]) == 1
+    assert "cannot read safetensors file" in capsys.readouterr().err
+    assert cv.main([str(tmp_path / "absent.safetensors"), "-o", str(tmp_path / "x.bin")]) == 1
+    assert "absent.safetensors" in capsys.readouterr().err
+    assert not (tmp_path / "x.bin").exists()
