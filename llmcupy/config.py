@@ -91,13 +91,14 @@ def num_parameters(cfg: GPT2Config) -> int:
 
 def split_params(flat, cfg: GPT2Config) -> dict:
     """Views of the 16 tensors inside the flat buffer (NumPy or CuPy), in llm.c's order."""
+    expected = num_parameters(cfg)
+    if flat.size != expected:
+        raise ValueError(f"parameter buffer has {flat.size} floats, the config needs {expected}")
     views, offset = {}, 0
     for name, shape in param_shapes(cfg).items():
         n = int(np.prod(shape))
         views[name] = flat[offset:offset + n].reshape(shape)
         offset += n
-    if offset != flat.size:
-        raise ValueError(f"parameter buffer has {flat.size} floats, the config needs {offset}")
     return views
 
 

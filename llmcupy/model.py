@@ -15,6 +15,7 @@ import numpy as np
 
 from . import ops as ops_registry
 from .config import GPT2Config, num_parameters, split_params
+from .ops import phase
 from .runtime import backend as _backend
 
 # The ops one training step uses, in the order they first run, and the CLI flag of each.
@@ -201,8 +202,17 @@ class GPT2:
         """The forward pass proper: kernel launches only, no host synchronisation."""
         cfg, p, a = self.config, self.p, self.acts
         L, NH, V = cfg.num_layers, cfg.num_heads, cfg.vocab_size
-        self.call("encoder_forward", {"tokens": self.tokens, "wte": p["wte"], "wpe": p["wpe"]},
-                  out={"out": a["encoded"]})
+        with phase("encoder"):
+            self.call("encoder_forward", {"tokens": self.tokens, "wte": p["wte"], "wpe": p["wpe"]},
+                      out={"out": a["encoded"]})
+        with phase("forward blocks"):
+            self._forward_blocks()
+        with phase("classifier"):
+            self._forward_classifier()
+
+    def _forward_blocks(self) -> None:
+        cfg, p, a = self.config, self.p, self.acts
+        L, NH = cfg.num_layers, cfg.num_heads
         for l in range(L):
             res = a["encoded"] if l == 0 else a["residual3"][l - 1]
             self.call("layernorm_forward", {"inp": res, "weight": p["ln1w"][l], "bias": p["ln1b"][l]},
@@ -223,6 +233,10 @@ class GPT2:
                       out={"out": a["fcproj"][l]})
             self.call("residual_forward", {"inp1": a["residual2"][l], "inp2": a["fcproj"][l]},
                       out={"out": a["residual3"][l]})
+
+    def _forward_classifier(self) -> None:
+        cfg, p, a = self.config, self.p, self.acts
+        L, V = cfg.num_layers, cfg.vocab_size
         self.call("layernorm_forward", {"inp": a["residual3"][L - 1], "weight": p["lnfw"], "bias": p["lnfb"]},
                   out={"out": a["lnf"], "mean": a["lnf_mean"], "rstd": a["lnf_rstd"]})
         self.call("matmul_forward", {"inp": a["lnf"], "weight": p["wte"], "bias": None}, out={"out": a["logits"]})
@@ -248,15 +262,25 @@ class GPT2:
             raise ModelError("backward needs a forward pass with targets first")
         self._allocate_grads()
         cfg, p, g, a, d = self.config, self.p, self.g, self.acts, self.dacts
+        L = cfg.num_layers
+        dres, dbtc = d["dres"], d["dbtc"]
+        with phase("classifier"):
+            # LM head: dlogits (in a["logits"]) -> d(lnf) and dwte
+            dbtc.fill(0)
+            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["wte"], "dbias": None, "dout": a["logits"],
+                                          "inp": a["lnf"], "weight": p["wte"]})
+            self.call("layernorm_backward", {"dinp": dres, "dweight": g["lnfw"], "dbias": g["lnfb"], "dout": dbtc,
+                                             "inp": a["residual3"][L - 1], "weight": p["lnfw"],
+                                             "mean": a["lnf_mean"], "rstd": a["lnf_rstd"]})
+        with phase("backward blocks"):
+            self._backward_blocks()
+        with phase("encoder"):
+            self.call("encoder_backward", {"dwte": g["wte"], "dwpe": g["wpe"], "dout": dres, "tokens": self.tokens})
+
+    def _backward_blocks(self) -> None:
+        cfg, p, g, a, d = self.config, self.p, self.g, self.acts, self.dacts
         L, NH = cfg.num_layers, cfg.num_heads
         dres, dbtc = d["dres"], d["dbtc"]
-        # LM head: dlogits (in a["logits"]) -> d(lnf) and dwte
-        dbtc.fill(0)
-        self.call("matmul_backward", {"dinp": dbtc, "dweight": g["wte"], "dbias": None, "dout": a["logits"],
-                                      "inp": a["lnf"], "weight": p["wte"]})
-        self.call("layernorm_backward", {"dinp": dres, "dweight": g["lnfw"], "dbias": g["lnfb"], "dout": dbtc,
-                                         "inp": a["residual3"][L - 1], "weight": p["lnfw"],
-                                         "mean": a["lnf_mean"], "rstd": a["lnf_rstd"]})
         for l in reversed(range(L)):
             res = a["encoded"] if l == 0 else a["residual3"][l - 1]
             # MLP: fcproj, GELU, fc
@@ -283,7 +307,6 @@ class GPT2:
             self.call("layernorm_backward", {"dinp": dres, "dweight": g["ln1w"][l], "dbias": g["ln1b"][l],
                                              "dout": dbtc, "inp": res, "weight": p["ln1w"][l],
                                              "mean": a["ln1_mean"][l], "rstd": a["ln1_rstd"][l]})
-        self.call("encoder_backward", {"dwte": g["wte"], "dwpe": g["wpe"], "dout": dres, "tokens": self.tokens})
 
     # -- optimizer ------------------------------------------------------------------------------
 
@@ -292,8 +315,10 @@ class GPT2:
         if self.m is None:
             self.m = self.xp.zeros_like(self.params)
             self.v = self.xp.zeros_like(self.params)
-        self.call("adamw", {"params": self.params, "grads": self.grads, "m": self.m, "v": self.v, "lr": lr,
-                            "beta1": beta1, "beta2": beta2, "eps": eps, "weight_decay": weight_decay, "t": t})
+        with phase("optimizer"):
+            self.call("adamw", {"params": self.params, "grads": self.grads, "m": self.m, "v": self.v, "lr": lr,
+                                "beta1": beta1, "beta2": beta2, "eps": eps, "weight_decay": weight_decay,
+                                "t": t})
 
     # -- state ----------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ it. The same object serves the CLI, the model, the tests, the benchmark and note
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -20,6 +21,41 @@ from ..runtime import backend as _backend
 from ..runtime.module import load_kernel_file
 
 ALL_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024)
+
+# Observers of every op launch (the profiler): each is called as hook(op, version, block_size,
+# arrays) and returns a context manager that wraps the launch.
+_HOOKS: list = []
+# The phase of a training step the model is in ("forward blocks", "optimizer", ...), for the profiler.
+_PHASE = ["", ]
+
+
+def add_hook(hook) -> None:
+    _HOOKS.append(hook)
+
+
+def remove_hook(hook) -> None:
+    if hook in _HOOKS:
+        _HOOKS.remove(hook)
+
+
+class phase:
+    """``with phase("backward blocks"): ...`` labels the launches inside for the profiler."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.previous = _PHASE[0]
+        _PHASE[0] = self.name
+        return self
+
+    def __exit__(self, *exc):
+        _PHASE[0] = self.previous
+        return False
+
+
+def current_phase() -> str:
+    return _PHASE[0]
 
 
 class OpError(ValueError):
@@ -167,13 +203,40 @@ class Op:
                     raise OpError(f"{self.name}: out[{name!r}] has shape {tuple(outputs[name].shape)}, "
                                   f"expected {tuple(like.shape)}")
                 outputs.setdefault(name, like if not isinstance(like, _Meta) else _backend.xp().empty(like.shape, like.dtype))
-        v.launch({**arrays, **outputs}, bs)
+        merged = {**arrays, **outputs}
+        if _HOOKS or _backend.get_backend() == "cuda":
+            with contextlib.ExitStack() as stack:
+                if _backend.get_backend() == "cuda":
+                    # an NVTX range per op, so Nsight Systems shows the step op by op
+                    from cupyx.profiler import time_range
+
+                    stack.enter_context(time_range(f"{self.name} v{v.number}"))
+                for hook in list(_HOOKS):
+                    stack.enter_context(hook(self, v.number, bs, merged))
+                v.launch(merged, bs)
+        else:
+            v.launch(merged, bs)
         return outputs
 
     def __call__(self, *args, version: int | None = None, block_size: int | None = None, out: dict | None = None,
                  **kwargs):
+        """Runs a version on CuPy arrays (GPU), NumPy arrays (emulator) or PyTorch tensors.
+
+        PyTorch tensors go through DLPack without a copy and the outputs come back as tensors, so a
+        kernel version can be dropped into a PyTorch program.
+        """
         arrays = self._bind(args, kwargs, numpy=False)
-        return self._unpack(self.run(version, arrays, block_size, out))
+        torch_in = any(_is_torch(a) for a in arrays.values())
+        if torch_in:
+            arrays = {k: (_from_torch(self.name, k, a) if _is_torch(a) else a) for k, a in arrays.items()}
+        result = self._unpack(self.run(version, arrays, block_size, out))
+        if torch_in:
+            import torch
+
+            if isinstance(result, tuple):
+                return tuple(torch.from_dlpack(r) for r in result)
+            return torch.from_dlpack(result)
+        return result
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -196,6 +259,26 @@ class Op:
         if len(self.outputs) == 1:
             return out[self.outputs[0]]
         return tuple(out[k] for k in self.outputs)
+
+
+def _is_torch(a) -> bool:
+    return type(a).__module__.startswith("torch") and hasattr(a, "__dlpack__")
+
+
+def _from_torch(op_name: str, name: str, t):
+    """A zero-copy view of a PyTorch tensor as the backend's array type (CuPy or NumPy)."""
+    backend = _backend.get_backend()
+    if backend == "cuda":
+        if not t.is_cuda:
+            raise OpError(f"{op_name}: input {name!r} is a PyTorch CPU tensor; the cuda backend needs "
+                          "a CUDA tensor (tensor.cuda())")
+        import cupy
+
+        return cupy.from_dlpack(t.detach().contiguous())
+    if t.device.type != "cpu":
+        raise OpError(f"{op_name}: input {name!r} is a PyTorch {t.device.type} tensor; the emulator "
+                      "runs on the CPU and needs a CPU tensor (tensor.cpu())")
+    return np.from_dlpack(t.detach().contiguous())
 
 
 class _Meta:
