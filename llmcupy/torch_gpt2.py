@@ -98,7 +98,6 @@ def adamw_losses(params: np.ndarray, cfg: GPT2Config, x, y, steps=10, lr=1e-4, b
 
 def main(argv=None) -> int:
     from . import checkpoint
-    from .config import GPT2Config as _Cfg
 
     ap = argparse.ArgumentParser(prog="python -m llmcupy.torch_gpt2",
                                  description="Write the correctness gate's inputs from PyTorch (FP32, CPU).")
@@ -111,12 +110,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-model", required=True)
     ap.add_argument("--out-state", required=True)
+    ap.add_argument("--out-losses", help="also write the losses of 10 torch.optim.AdamW steps (the gate's "
+                    "settings) as JSON, for test_gpt2 --expected-losses")
     args = ap.parse_args(argv)
 
     if args.model:
         cfg, params = checkpoint.read_model(args.model)
     else:
-        cfg = _Cfg.preset(args.init)
+        cfg = GPT2Config.preset(args.init)
         params = init_params(cfg, seed=args.seed)
     if args.T > cfg.max_seq_len:
         print(f"error: T={args.T} is larger than the model's context {cfg.max_seq_len}", file=sys.stderr)
@@ -136,6 +137,12 @@ def main(argv=None) -> int:
     logits, loss, grads = forward_backward(params, cfg, x, y)
     checkpoint.write_model(args.out_model, cfg, params)
     checkpoint.write_debug_state(args.out_state, x, y, logits[..., : cfg.vocab_size], loss, grads)
+    if args.out_losses:
+        import json
+
+        losses, _ = adamw_losses(params, cfg, x, y)
+        with open(args.out_losses, "w") as f:
+            json.dump(losses, f)
     print(f"wrote {args.out_model} ({cfg.num_layers} layers, C={cfg.channels}) and {args.out_state} "
           f"(B={args.B}, T={args.T}, loss {loss:.6f})")
     return 0

@@ -116,7 +116,7 @@ def load_model(args) -> tuple[GPT2Config, np.ndarray, str]:
             "get GPT-2 124M: python -m llmcupy.download gpt2 && python -m llmcupy.convert model.safetensors "
             f"-o {DEFAULT_MODEL}")
     cfg, params = ckpt.read_model(path)
-    return GPT2Config(**{k: getattr(cfg, k) for k in GPT2Config.__dataclass_fields__}), params, path
+    return cfg, params, path
 
 
 def load_tokenizer(args):
@@ -293,7 +293,7 @@ def train(args) -> int:
 
 def save_state(model: GPT2, loader, rng, step: int, path: str) -> None:
     state = ckpt.TrainingState(
-        config=ckpt.GPT2Config(**{k: getattr(model.config, k) for k in GPT2Config.__dataclass_fields__}),
+        config=model.config,
         params=model.params_numpy(), step=step,
         m=None if model.m is None else _backend.to_numpy(model.m),
         v=None if model.v is None else _backend.to_numpy(model.v),
