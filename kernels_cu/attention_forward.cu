@@ -309,6 +309,6 @@ __global__ void attention_softmax_kernel4(float* att, const float* preatt, float
         __stcs(y + i, ev * norm);
     }
     for (int i = t + 1 + lane; i < T; i += 32) {
-        (void)0;  // the causal zeros the dense att V GEMM reads
+        __stcs(y + i, 0.0f);  // the causal zeros the dense att V GEMM reads
     }
 }

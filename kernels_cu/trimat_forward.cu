@@ -26,7 +26,9 @@ version 1: naive: each thread computes its 64 outputs one after the other, each 
 version 2: register blocking: one sweep over HS; per step 8 q and 8 k values go to registers and
            their 8x8 outer product is accumulated in 64 registers.
 version 3: as 2 with float4 loads along HS: 8 k float4 in registers, one q float4 per row, 4 FMAs
-           per (row, column) pair; results stored as float4. Needs HS % 4 == 0.
+           per (row, column) pair; results stored as float4. Needs HS % 4 == 0. (64 accumulators +
+           8 float4 of k live at once: NVRTC reports 8-16 bytes of spills under the 128-register
+           cap that __launch_bounds__(256, 2) sets.)
 version 4: shared-memory tiling: per 32-wide slice of HS, all 256 threads stage the 128x32 slices
            of Q and K in static shared memory (2 x 16 KiB), each warp reading 32 consecutive floats
            of one row (coalesced); then each thread does 32 8x8 outer products from shared memory,

@@ -16,6 +16,7 @@ import numpy as np
 from . import ops as ops_registry
 from .config import GPT2Config, num_parameters, split_params
 from .ops import phase
+from .ops._op import Workspace, graph_safe
 from .runtime import backend as _backend
 
 # The ops one training step uses, in the order they first run, and the CLI flag of each.
@@ -310,15 +311,47 @@ class GPT2:
 
     # -- optimizer ------------------------------------------------------------------------------
 
-    def update(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, t: int) -> None:
-        """AdamW with llm.c's rule (weight decay on every parameter), step t (1-based)."""
+    def _allocate_moments(self) -> None:
         if self.m is None:
             self.m = self.xp.zeros_like(self.params)
             self.v = self.xp.zeros_like(self.params)
+
+    def update(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, t: int) -> None:
+        """AdamW with llm.c's rule (weight decay on every parameter), step t (1-based)."""
+        self._allocate_moments()
         with phase("optimizer"):
             self.call("adamw", {"params": self.params, "grads": self.grads, "m": self.m, "v": self.v, "lr": lr,
                                 "beta1": beta1, "beta2": beta2, "eps": eps, "weight_decay": weight_decay,
                                 "t": t})
+
+    def update_on_device(self, state) -> None:
+        """The same AdamW update with its scalars and step in device memory (``state``: an
+        ``adamw_capturable.AdamWDeviceState``): op adamw_capturable at the version chosen for adamw,
+        bit-identical to ``update`` at t = the device step + 1, and capturable in a CUDA graph."""
+        self._allocate_moments()
+        with phase("optimizer"):
+            ops_registry.get("adamw_capturable").run(
+                self.kernels.version("adamw"),
+                {"params": self.params, "grads": self.grads, "m": self.m, "v": self.v, **state.arrays()},
+                self.kernels.block_size("adamw"))
+
+    # -- CUDA graphs ----------------------------------------------------------------------------
+
+    def train_step_on_device(self, state) -> None:
+        """One training step as kernel launches only (no host synchronisation): forward with the
+        targets already in the buffers, zero_grad, backward, AdamW from ``state``. What a
+        :class:`StepGraph` captures."""
+        if self.acts is None or not self.has_targets:
+            raise ModelError("a training step needs a batch with targets first: set_batch(tokens, targets)")
+        self.forward_on_device()
+        self.zero_grad()
+        self.backward()
+        self.update_on_device(state)
+
+    def step_graph(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                   t: int = 1) -> "StepGraph":
+        """A :class:`StepGraph` whose first update is step ``t`` (1-based), for the current (B, T)."""
+        return StepGraph(self, lr, beta1, beta2, eps, weight_decay, t)
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -327,6 +360,155 @@ class GPT2:
 
     def grads_numpy(self) -> np.ndarray:
         return _backend.to_numpy(self.grads).astype(np.float32, copy=True)
+
+
+class StepGraph:
+    """A training step captured once as a CUDA graph and replayed: forward (with targets),
+    zero_grad, backward and the AdamW update::
+
+        graph = model.step_graph(lr, 0.9, 0.999, 1e-8, weight_decay, t=1)
+        for x, y in batches:
+            model.set_batch(x, y)      # ids checked on the host, copied into the fixed input buffers
+            loss = graph.step()        # the first call runs capture(), later calls replay()
+
+    ``capture()`` runs one real training step eagerly (the warm-up: it compiles every kernel, creates
+    cuBLAS's state on the graph's stream and allocates the ops' scratch buffers in ``workspace``)
+    and returns its loss, then captures the same step on a non-blocking stream without running it.
+    ``replay()`` launches the graph and returns the step's mean loss (the one read-back). Inside the
+    captured region nothing reads device values on the host (the ops' value checks are off: the
+    model checked the batch in ``set_batch``) and nothing allocates: activations, gradients and
+    moments are the model's fixed buffers, the ops' temporaries come from ``workspace`` (sealed
+    during the capture), and AdamW reads lr, betas, eps, weight decay and its step counter from
+    device memory (op adamw_capturable), the counter advanced by a kernel inside the graph. The
+    capture runs in CUDA's thread-local mode, which refuses host synchronisation and driver
+    allocations; if that fails (CuPy or cuBLAS needing an allocation), it is captured again in
+    relaxed mode and ``capture_mode`` says why. Whatever CuPy allocates during the capture stays
+    allocated for the graph's life (``capture_allocations``).
+
+    The graph replays on its own stream, ordered after earlier work on the current stream and
+    before later work (events), so set_batch, eager forwards (validation, sampling) and replays
+    mix freely. The model's (B, T) and kernel versions are fixed by the capture; ``set_lr`` changes
+    the learning rate for later replays.
+
+    In the CPU emulator there are no graphs: ``capture()`` runs the warm-up step and ``replay()``
+    runs the same step eagerly through the same graph-safe code path (sealed workspace, no host
+    checks, device-resident AdamW state); ``emulated`` is True.
+    """
+
+    def __init__(self, model: GPT2, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                 t: int = 1):
+        from .ops.adamw_capturable import AdamWDeviceState
+
+        self.model = model
+        self.optimizer = AdamWDeviceState(lr, beta1, beta2, eps, weight_decay, t)
+        self.workspace = Workspace()
+        self.emulated = _backend.get_backend() != "cuda"
+        self.graph = None
+        self.stream = None
+        self.capture_mode = None
+        self.capture_allocations: list = []
+        self.warmed_up = False
+        self.replays = 0
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def step(self) -> float:
+        """One training step on the batch in the model's buffers; returns its mean loss."""
+        return self.replay() if self.warmed_up else self.capture()
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.set(lr=lr)
+
+    @property
+    def t(self) -> int:
+        """Updates done so far (the device counter; reading it synchronises)."""
+        return self.optimizer.t
+
+    def _check_batch(self) -> None:
+        m = self.model
+        if m.acts is None or not m.has_targets:
+            raise ModelError("a graph step needs a batch with targets: call model.set_batch(tokens, targets) first")
+
+    def _mean_loss(self) -> float:
+        self.model.mean_loss = float(self.model.acts["losses"].mean())
+        return self.model.mean_loss
+
+    def capture(self) -> float:
+        """The warm-up step (a real training step, eager) and the capture; returns the warm-up's loss."""
+        if self.warmed_up:
+            raise ModelError("this step graph is already captured; call replay()")
+        self._check_batch()
+        if self.emulated:
+            with graph_safe(self.workspace):
+                self.model.train_step_on_device(self.optimizer)
+            self.workspace.sealed = True
+            self.warmed_up = True
+            self.capture_mode = "emulated (CPU emulator: no CUDA graph; steps run eagerly)"
+            return self._mean_loss()
+
+        import cupy
+
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        current = cupy.cuda.get_current_stream()
+        self.stream.wait_event(current.record())
+        with self.stream:
+            with graph_safe(self.workspace):
+                self.model.train_step_on_device(self.optimizer)
+            loss = self._mean_loss()  # synchronises: the warm-up's work is done before the capture
+            self.workspace.sealed = True
+            self.warmed_up = True
+            try:
+                self.graph = self._capture(cupy, cupy.cuda.runtime.streamCaptureModeThreadLocal)
+                self.capture_mode = "thread-local"
+            except Exception as exc:  # noqa: BLE001 - retried in relaxed mode, the reason kept
+                self.graph = self._capture(cupy, cupy.cuda.runtime.streamCaptureModeRelaxed)
+                self.capture_mode = f"relaxed (thread-local capture failed: {type(exc).__name__}: {exc})"
+        current.wait_event(self.stream.record())
+        return loss
+
+    def _capture(self, cupy, mode):
+        kept = []
+        allocate = cupy.cuda.get_allocator()
+
+        def keeping_allocator(size):
+            mem = allocate(size)
+            kept.append(mem)  # the graph holds the address: never back to the pool while it lives
+            return mem
+
+        stream = self.stream
+        with cupy.cuda.using_allocator(keeping_allocator), graph_safe(self.workspace):
+            stream.begin_capture(mode)
+            try:
+                self.model.train_step_on_device(self.optimizer)
+            except BaseException:
+                try:
+                    stream.end_capture()  # leave capture mode; the partial graph is dropped
+                except Exception:  # noqa: BLE001 - an invalidated capture also raises here
+                    pass
+                raise
+            graph = stream.end_capture()
+        self.capture_allocations = kept
+        return graph
+
+    def replay(self) -> float:
+        """One step by replaying the graph (eagerly in the emulator); returns the mean loss."""
+        if not self.warmed_up:
+            raise ModelError("capture() the step graph first (or call step())")
+        self._check_batch()
+        if self.emulated:
+            with graph_safe(self.workspace):
+                self.model.train_step_on_device(self.optimizer)
+        else:
+            import cupy
+
+            current = cupy.cuda.get_current_stream()
+            self.stream.wait_event(current.record())  # after set_batch's copies
+            self.graph.launch(self.stream)
+            current.wait_event(self.stream.record())  # the loss (and anything later) after the step
+        self.replays += 1
+        return self._mean_loss()
 
 
 def _out_of_memory(exc: Exception, what: str, B: int, T: int) -> Exception:

@@ -450,7 +450,30 @@ def compile_file(path, arch: int, kernels_dir: Path | None = None) -> CompileRes
     """One catalogue file compiled as ``load_kernel_file`` would on a GPU, for ``sm_<arch>``."""
     path = Path(path)
     kdir = Path(kernels_dir) if kernels_dir is not None else default_kernels_dir()
-    return compile_source(path.read_text(), arch, filename=path.name, kernels_dir=kdir)
+    code = path.read_text()
+    from .sim.compiler import global_kernel_names
+
+    names = global_kernel_names(code) + [n for n in template_instantiations(path.name)]
+    return compile_source(code, arch, filename=path.name, kernels_dir=kdir, name_expressions=names)
+
+
+def template_instantiations(filename: str) -> list[str]:
+    """The template kernels an op module instantiates from ``filename`` (its ``NAME_EXPRESSIONS``),
+    so the compile check covers what the GPU will actually compile."""
+    import importlib
+
+    from . import ops as ops_registry
+
+    names = []
+    for op_name in ops_registry.names():
+        op = ops_registry.get(op_name)
+        if op.source != filename:
+            continue
+        module = importlib.import_module(op.make_inputs_fn.__module__)
+        for expr in getattr(module, "NAME_EXPRESSIONS", ()):
+            if expr not in names:
+                names.append(expr)
+    return names
 
 
 # ----------------------------------------------------------------------------------------------

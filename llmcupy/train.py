@@ -24,6 +24,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import ops as ops_registry
 from .config import GPT2Config, PRESETS, init_params
+from .fileio import FileFormatError
 from .model import GPT2, STEP_OPS, KernelChoice, ModelError
 from .runtime import backend as _backend
 
@@ -133,8 +134,9 @@ def load_tokenizer(args):
 
 
 class Logger:
-    def __init__(self, path):
-        self.f = open(path, "a") if path else None
+    def __init__(self, path, append: bool = False):
+        # llm.c truncates the log at start-up; a resumed run appends to the interrupted run's log
+        self.f = open(path, "a" if append else "w") if path else None
 
     def log(self, step: int, kind: str, value: float) -> None:
         if self.f:
@@ -210,15 +212,20 @@ def train(args) -> int:
     start_step = 0
     if args.resume:
         state = ckpt.load_training_state(args.resume)
-        if state.params.size != params.size:
-            raise SystemExit(f"error: {args.resume} holds a model of {state.params.size} parameters, "
-                             f"this run's model has {params.size}")
+        if state.config != cfg or state.params.size != params.size:
+            raise ckpt.CheckpointError(
+                f"{args.resume} holds a model {state.config} ({state.params.size} parameters); this run's "
+                f"model is {cfg} ({params.size} parameters)")
+        try:
+            train_loader.load_state_dict(state.loaders["train"])
+            if state.rng:
+                rng.load_state_dict(state.rng)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ckpt.CheckpointError(f"{args.resume}: cannot resume this run from it ({type(exc).__name__}: "
+                                       f"{exc})") from exc
         model.params[...] = _backend.asarray(state.params)
         if state.m is not None:
             model.m, model.v = _backend.asarray(state.m).copy(), _backend.asarray(state.v).copy()
-        train_loader.load_state_dict(state.loaders["train"])
-        if state.rng:
-            rng.load_state_dict(state.rng)
         start_step = state.step
         source = f"{source}, resumed from {args.resume} at step {start_step}"
 
@@ -247,7 +254,7 @@ def train(args) -> int:
         return benchmark(model, train_loader, args)
 
     tokenizer = None if args.sample_every <= 0 else load_tokenizer(args)
-    logger = Logger(args.log)
+    logger = Logger(args.log, append=bool(args.resume))
     total_ms = 0.0
     timed_steps = 0
     try:
@@ -270,7 +277,7 @@ def train(args) -> int:
             t0 = time.perf_counter()
             x, y = train_loader.next_batch()
             loss = model.forward(x, y)
-            check_loss(loss, step, "train")
+            check_loss(loss, step + 1, "train")   # the number its step line would have
             model.zero_grad()
             model.backward()
             model.update(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, step + 1)
@@ -292,9 +299,14 @@ def train(args) -> int:
 
 
 def save_state(model: GPT2, loader, rng, step: int, path: str) -> None:
+    params = model.params_numpy()
+    if not np.isfinite(params).all():
+        # the update diverged (the gradients overflowed) although the loss was still finite
+        raise FloatingPointError(f"the parameters are not finite after step {step}; not saving them "
+                                 f"(the last good state in {path} is kept)")
     state = ckpt.TrainingState(
         config=model.config,
-        params=model.params_numpy(), step=step,
+        params=params, step=step,
         m=None if model.m is None else _backend.to_numpy(model.m),
         v=None if model.v is None else _backend.to_numpy(model.v),
         loaders={"train": loader.state_dict()}, rng=rng.state_dict())
@@ -324,7 +336,7 @@ def benchmark(model: GPT2, loader, args) -> int:
     for i in range(args.warmup + steps):
         t0 = time.perf_counter()
         loss = model.forward(x, y)
-        check_loss(loss, i, "train")
+        check_loss(loss, i + 1, "train")
         model.zero_grad()
         model.backward()
         model.update(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, i + 1)
@@ -345,9 +357,14 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return train(args)
-    except (ops_registry.OpError, ModelError, ckpt.CheckpointError, FileNotFoundError, _backend.BackendError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (ops_registry.OpError, ModelError, FileFormatError, FileNotFoundError, _backend.BackendError) as exc:
+        print(f"error: {exc}", file=sys.stderr)   # FileFormatError: bad model, state or token files
         return 2
+    except SystemExit as exc:
+        if isinstance(exc.code, str):   # an "error: ..." about the arguments: exit 2, as argparse does
+            print(exc.code, file=sys.stderr)
+            return 2
+        raise
     except FloatingPointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

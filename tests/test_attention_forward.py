@@ -18,6 +18,15 @@ FWD = llmcupy.ops["attention_forward"]
 TRIMAT = llmcupy.ops["trimat_forward"]
 
 
+@pytest.fixture(autouse=True)
+def _one_worker():
+    # These tests launch in the pytest process itself. The emulator's worker threads do not survive
+    # the fork of test_ops.py's run_isolated, and a forked child that launches from a library whose
+    # pool already started threads waits for them forever; one worker never starts any.
+    with sim.settings(workers=1):
+        yield
+
+
 def _inputs(op, seed=0, **sizes):
     return op.make_inputs(np.random.default_rng(seed), **sizes)
 

@@ -339,3 +339,19 @@ def test_asan_mode_reports_out_of_bounds_global_access(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "heap-buffer-overflow" in proc.stderr
+
+
+def _launch_twice_in_child(mod_code):
+    m = module(mod_code)
+    out = np.zeros(1, np.float32)
+    with sim.settings(workers=2):
+        m.get_function("counter")((8,), (32,), (out, np.zeros(1, np.uint32)))
+    return float(out[0])
+
+
+def test_launch_in_a_forked_child_after_the_parent_launched():
+    # the parent's worker threads do not exist in a child: the child must not wait for them
+    total = np.zeros(1, np.float32)
+    with sim.settings(workers=2):
+        module(GRID_CODE).get_function("counter")((8,), (32,), (total, np.zeros(1, np.uint32)))
+    assert run_isolated(_launch_twice_in_child, GRID_CODE) == 128.0

@@ -58,6 +58,122 @@ def current_phase() -> str:
     return _PHASE[0]
 
 
+# -- graph-safe launches (CUDA graphs) --------------------------------------------------------------
+#
+# A CUDA graph capture records what is launched on a stream; it must not see a host
+# synchronisation (any read of device values on the host) and should not allocate device memory
+# (an address baked into the graph must stay the graph's). Two things in the ops do either:
+#
+# * host checks: validation that reads array *values*, e.g. that token ids lie in [0, V)
+#   (``int(tokens.max())`` copies to the host). Validators guard them with
+#   ``host_checks_enabled()``; a caller that has validated the values itself (the model checks
+#   each batch on the host in ``set_batch``) turns them off with ``host_checks(False)`` or
+#   ``Op.run(..., host_checks=False)``. Shape, dtype and constraint checks always run.
+# * scratch: temporaries a launcher allocates (cuBLAS outputs, atomics targets). Launchers get
+#   them from ``scratch(...)``: a fresh array normally, or inside ``graph_safe(workspace)`` the
+#   workspace's buffer for that (op, name, shape, dtype), allocated on its first use (the eager
+#   warm-up step) and reused afterwards, so a capture allocates nothing. A sealed workspace
+#   (during capture) refuses to allocate, and an op that would allocate an output (no ``out=``)
+#   is refused too.
+
+_HOST_CHECKS = [True]
+_WORKSPACE: list = [None]
+
+
+def host_checks_enabled() -> bool:
+    """False while a caller has said the values are validated (see ``host_checks``)."""
+    return _HOST_CHECKS[0]
+
+
+@contextlib.contextmanager
+def host_checks(enabled: bool):
+    """``with host_checks(False): ...``: validation skips the checks that read array values."""
+    previous = _HOST_CHECKS[0]
+    _HOST_CHECKS[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _HOST_CHECKS[0] = previous
+
+
+class Workspace:
+    """Scratch buffers that outlive a launch, so a captured graph's temporaries keep their addresses.
+
+    Owned by whoever owns the graph (``model.StepGraph``): the buffers live as long as it does.
+    ``sealed`` (set for the capture) makes a request for a buffer it does not hold an error
+    instead of an allocation.
+    """
+
+    def __init__(self):
+        self.buffers: dict = {}
+        self.sealed = False
+
+    def get(self, owner: str, name: str, shape, dtype):
+        shape = tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        key = (owner, name, shape, np.dtype(dtype).str)
+        buf = self.buffers.get(key)
+        if buf is None:
+            if self.sealed:
+                raise OpError(f"{owner}: scratch {name!r} {shape} {np.dtype(dtype).name} was not allocated by the "
+                              "warm-up step; a captured graph cannot allocate it")
+            buf = self.buffers[key] = _backend.xp().empty(shape, dtype=dtype)
+        return buf
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(b.nbytes) for b in self.buffers.values())
+
+    def __len__(self) -> int:
+        return len(self.buffers)
+
+
+@contextlib.contextmanager
+def graph_safe(workspace: Workspace):
+    """Launches inside are capturable: host checks off, hooks skipped, scratch from ``workspace``."""
+    previous = _WORKSPACE[0]
+    _WORKSPACE[0] = workspace
+    try:
+        with host_checks(False):
+            yield workspace
+    finally:
+        _WORKSPACE[0] = previous
+
+
+def active_workspace() -> Workspace | None:
+    return _WORKSPACE[0]
+
+
+def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None):
+    """A temporary for one launch of op ``owner``: a new array, or the graph's workspace buffer.
+
+    ``fill`` (e.g. 0.0, -inf) sets every element (the workspace's buffer holds the last call's
+    values otherwise). Never return a scratch array to a caller: the next launch reuses it.
+    """
+    workspace = _WORKSPACE[0]
+    if workspace is None:
+        buf = _backend.xp().empty(shape, dtype=dtype)
+    else:
+        buf = workspace.get(owner, name, shape, dtype)
+    if fill is not None:
+        buf.fill(fill)
+    return buf
+
+
+class _NoAllocation:
+    """The array module a graph-safe ``Op.run`` hands ``allocate``: aliasing outputs pass, allocating fails."""
+
+    def __init__(self, op_name: str):
+        self.op_name = op_name
+
+    def _refuse(self, *args, **kwargs):
+        raise OpError(f"{self.op_name}: allocates an output inside a graph-safe (capturable) step; pass every "
+                      "output it does not update in place with out=")
+
+    empty = zeros = full = empty_like = zeros_like = ones = _refuse
+    float32 = np.float32
+    int32 = np.int32
+
+
 class OpError(ValueError):
     """Bad input to an op: unknown version, wrong shape or dtype, a violated constraint."""
 
@@ -172,18 +288,26 @@ class Op:
         merged.update({k: v for k, v in sizes.items() if v is not None})
         return self.make_inputs_fn(rng, **merged)
 
-    def run(self, version: int | None, arrays: dict, block_size: int | None = None, out: dict | None = None) -> dict:
+    def run(self, version: int | None, arrays: dict, block_size: int | None = None, out: dict | None = None,
+            host_checks: bool | None = None) -> dict:
         """Runs a version on ``arrays`` (backend arrays by name); returns the outputs by name.
 
         ``out`` gives preallocated output arrays by name (the model writes into its activation
         buffers, and a CUDA graph needs fixed addresses); their shapes must match what the op
-        allocates itself.
+        allocates itself. ``host_checks=False`` skips the validation that reads array values on
+        the host (a synchronisation; e.g. token ids in range) for a caller that has checked them;
+        None follows ``host_checks_enabled()``. Inside ``graph_safe(...)`` the op may not allocate
+        outputs, its scratch comes from the workspace and the launch hooks (profiler) are skipped.
         """
         v = self.version(self.default_version if version is None else version)
         if not v.available:
             raise OpError(f"{self.name} version {v.number} is unavailable: {v.unavailable}")
         if self.validate_fn is not None:
-            self.validate_fn(arrays)
+            if host_checks is None:
+                self.validate_fn(arrays)
+            else:
+                with _host_checks_cm(host_checks):
+                    self.validate_fn(arrays)
         bs = v.default_block_size if block_size is None else int(block_size)
         if v.block_sizes and bs not in v.block_sizes:
             raise OpError(
@@ -193,8 +317,9 @@ class Op:
             problem = v.requires(arrays, bs)
             if problem:
                 raise OpError(f"{self.name} version {v.number}: {problem}")
+        graph_safe_run = _WORKSPACE[0] is not None
         if out is None:
-            outputs = self.allocate_fn(_backend.xp(), arrays)
+            outputs = self.allocate_fn(_NoAllocation(self.name) if graph_safe_run else _backend.xp(), arrays)
         else:
             outputs = dict(out)
             expected = self.allocate_fn(_ShapeOnly(), arrays)
@@ -202,16 +327,19 @@ class Op:
                 if name in outputs and like is not None and tuple(outputs[name].shape) != tuple(like.shape):
                     raise OpError(f"{self.name}: out[{name!r}] has shape {tuple(outputs[name].shape)}, "
                                   f"expected {tuple(like.shape)}")
+                if name not in outputs and isinstance(like, _Meta) and graph_safe_run:
+                    _NoAllocation(self.name).empty()
                 outputs.setdefault(name, like if not isinstance(like, _Meta) else _backend.xp().empty(like.shape, like.dtype))
         merged = {**arrays, **outputs}
-        if _HOOKS or _backend.get_backend() == "cuda":
+        hooks = [] if graph_safe_run else list(_HOOKS)
+        if hooks or _backend.get_backend() == "cuda":
             with contextlib.ExitStack() as stack:
                 if _backend.get_backend() == "cuda":
                     # an NVTX range per op, so Nsight Systems shows the step op by op
                     from cupyx.profiler import time_range
 
                     stack.enter_context(time_range(f"{self.name} v{v.number}"))
-                for hook in list(_HOOKS):
+                for hook in hooks:
                     stack.enter_context(hook(self, v.number, bs, merged))
                 v.launch(merged, bs)
         else:
@@ -279,6 +407,9 @@ def _from_torch(op_name: str, name: str, t):
         raise OpError(f"{op_name}: input {name!r} is a PyTorch {t.device.type} tensor; the emulator "
                       "runs on the CPU and needs a CPU tensor (tensor.cpu())")
     return np.from_dlpack(t.detach().contiguous())
+
+
+_host_checks_cm = host_checks  # Op.run's parameter of the same name shadows the function
 
 
 class _Meta:

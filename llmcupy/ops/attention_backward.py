@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import ALL_BLOCK_SIZES, Bound, Op, OpError, Version, check_float32, need
+from ._op import ALL_BLOCK_SIZES, Bound, Op, OpError, Version, check_float32, need, scratch
 from ..runtime.module import load_kernel_file
 
 SOURCE = "attention_backward.cu"
 V6_BLOCK_SIZES = ALL_BLOCK_SIZES  # template instantiations of version 6 (host dispatch)
 _V6_NAMES = tuple(f"softmax_autoregressive_backward_kernel6<{bs}>" for bs in V6_BLOCK_SIZES)
+NAME_EXPRESSIONS = _V6_NAMES  # template instantiations: the NVRTC compile check compiles these too
 
 
 # -- reference ------------------------------------------------------------------------------------
@@ -145,10 +146,11 @@ def _driver(softmax_backward):
         B, T, C, NH, HS = _dims(a)
         n = B * NH * T * HS
         i32 = np.int32
-        qkvr = xp.empty((3, B, NH, T, HS), dtype=np.float32)
+        # temporaries (a CUDA graph's workspace buffers): every element is stored before it is read
+        qkvr = scratch("attention_backward", "qkvr", (3, B, NH, T, HS))
         q, k, v = qkvr[0], qkvr[1], qkvr[2]
-        dy = xp.empty((B, NH, T, HS), dtype=np.float32)
-        dqkvr = xp.empty((3, B, NH, T, HS), dtype=np.float32)
+        dy = scratch("attention_backward", "dy", (B, NH, T, HS))
+        dqkvr = scratch("attention_backward", "dqkvr", (3, B, NH, T, HS))
         dq, dk, dv = dqkvr[0], dqkvr[1], dqkvr[2]
 
         _elementwise("attention_backward_permute_kernel", bs, n,

@@ -38,7 +38,7 @@ import math
 import numpy as np
 
 from ._attention import check_packed_qkv, elementwise, packed_qkv, split_qkv
-from ._op import Bound, Op, Version
+from ._op import Bound, Op, Version, scratch
 from .attention_permute import launch_permute
 from .attention_unpermute import launch_unpermute
 
@@ -100,7 +100,7 @@ def _preatt(a, B, NH, T):
     """The caller's preatt scratch when it passes one, else a fresh (B, NH, T, T) buffer."""
     buf = a.get("preatt")
     if buf is None:
-        return _xp().empty((B, NH, T, T), dtype=np.float32)
+        return scratch("attention_forward", "preatt", (B, NH, T, T))
     if tuple(buf.shape) != (B, NH, T, T) or buf.dtype != np.float32:
         from ._op import OpError
 
@@ -122,14 +122,13 @@ def _launch_v1(a, bs):
 
 
 def _launch_v2(a, bs):
-    xp = _xp()
     B, T, C, NH = _dims(a)
     HS = C // NH
     qkvr = a["qkvr"]
     launch_permute(qkvr, a["inp"], NH, bs)
-    o = xp.zeros((B, NH, T, HS), dtype=np.float32)
-    l = xp.zeros((B, NH, T), dtype=np.float32)
-    m = xp.full((B, NH, T), -np.inf, dtype=np.float32)
+    o = scratch("attention_forward", "o", (B, NH, T, HS), fill=0.0)
+    l = scratch("attention_forward", "l", (B, NH, T), fill=0.0)
+    m = scratch("attention_forward", "m", (B, NH, T), fill=-np.inf)
     scale = np.float32(1.0 / math.sqrt(HS))
     smem = 4 * (3 * FLASH_TILE * HS + FLASH_TILE * FLASH_TILE)
     _kernel("attention_flash_kernel2")((B, NH), (FLASH_TILE,),
@@ -151,7 +150,7 @@ def _gemm_attention(a, bs, softmax):
     preatt = _preatt(a, B, NH, T)
     xp.matmul(q, k.swapaxes(-1, -2), out=preatt)  # strided-batched SGEMM, unscaled
     softmax(preatt, a["att"], B, T, NH, HS, bs)
-    y = xp.empty((B, NH, T, HS), dtype=np.float32)
+    y = scratch("attention_forward", "y", (B, NH, T, HS))
     xp.matmul(a["att"], v, out=y)                 # dense: reads att's zero upper triangle
     launch_unpermute(a["out"], y, bs)
 

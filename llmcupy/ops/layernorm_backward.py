@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, need
+from ._op import Bound, Op, Version, check_float32, need, scratch
 
 SOURCE = "layernorm_backward.cu"
 EPS = 1e-5
@@ -119,10 +119,9 @@ def _launch_v1(a, bs):
 
 def _launch_v2(a, bs):
     n, c = _nc(a)
-    xp = _backend.xp()
     # fp32 temporaries the blocks add into with atomics: zeroed here, on every call, as llm.c does
-    dweight_acc = xp.zeros((c,), dtype=np.float32)
-    dbias_acc = xp.zeros((c,), dtype=np.float32)
+    dweight_acc = scratch("layernorm_backward", "dweight_acc", (c,), fill=0.0)
+    dbias_acc = scratch("layernorm_backward", "dbias_acc", (c,), fill=0.0)
     _kernel("layernorm_backward_kernel2")(
         ((32 * n + bs - 1) // bs,), (bs,), (a["dinp"], dweight_acc, dbias_acc) + _tail(a), shared_mem=2 * c * 4)
     _kernel("layernorm_backward_copy_kernel2")(
@@ -139,8 +138,8 @@ def _launch_v5(a, bs):
     _, c = _nc(a)
     grid = _num_sms()
     # per-block slices of dbias and dweight, then the last-block counter, which must start at 0
-    scratch = _backend.xp().zeros((grid * 2 * c + 1,), dtype=np.float32)
-    _kernel("layernorm_backward_kernel5")((grid,), (bs,), _args_scratch(a, scratch), shared_mem=(2 * c + 1) * 4)
+    buf = scratch("layernorm_backward", "v5", (grid * 2 * c + 1,), fill=0.0)
+    _kernel("layernorm_backward_kernel5")((grid,), (bs,), _args_scratch(a, buf), shared_mem=(2 * c + 1) * 4)
 
 
 def _launch_shared_scratch(name):
@@ -148,8 +147,8 @@ def _launch_shared_scratch(name):
         _, c = _nc(a)
         grid = (1024 // bs) * _num_sms()
         # dbias, dweight accumulated with atomics, then the counter: all must start at 0
-        scratch = _backend.xp().zeros((2 * c + 1,), dtype=np.float32)
-        _kernel(name)((grid,), (bs,), _args_scratch(a, scratch), shared_mem=(2 * c + 1) * 4)
+        buf = scratch("layernorm_backward", "shared", (2 * c + 1,), fill=0.0)
+        _kernel(name)((grid,), (bs,), _args_scratch(a, buf), shared_mem=(2 * c + 1) * 4)
 
     return launch
 
@@ -158,16 +157,16 @@ def _launch_v8(a, bs):
     _, c = _nc(a)
     cr = _rounded_c(c)
     grid = (1024 // bs) * _num_sms()
-    scratch = _backend.xp().zeros((2 * cr + 1,), dtype=np.float32)  # atomics targets + counter
-    _kernel("layernorm_backward_kernel8")((grid,), (bs,), _args_scratch(a, scratch), shared_mem=(2 * cr + 1) * 4)
+    buf = scratch("layernorm_backward", "v8", (2 * cr + 1,), fill=0.0)  # atomics targets + counter
+    _kernel("layernorm_backward_kernel8")((grid,), (bs,), _args_scratch(a, buf), shared_mem=(2 * cr + 1) * 4)
 
 
 def _sliced_scratch(grid, cr):
     # counter at float 0, block k's partials at float 32 + 2*cr*k; every block writes its whole
     # slice, so only the counter needs zeroing
-    scratch = _backend.xp().empty((32 + grid * 2 * cr,), dtype=np.float32)
-    scratch[:32] = 0
-    return scratch
+    buf = scratch("layernorm_backward", "sliced", (32 + grid * 2 * cr,))
+    buf[:32].fill(0)
+    return buf
 
 
 def _launch_v9(a, bs):

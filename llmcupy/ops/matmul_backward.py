@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, need
+from ._op import Bound, Op, Version, check_float32, need, scratch
 
 SOURCE = "matmul_backward.cu"
 
@@ -85,8 +85,11 @@ def _launch_v1(a, bs):
     dout2d = a["dout"].reshape(bt, oc)
     # cuBLAS SGEMMs with beta = 1 (exact FP32 unless CUPY_TF32=1); NumPy's BLAS in the emulator
     dinp2d = a["dinp"].reshape(bt, c)
-    dinp2d += xp.matmul(dout2d, a["weight"])
-    a["dweight"] += xp.matmul(dout2d.T, a["inp"].reshape(bt, c))
+    # each product into a scratch buffer, then added in place (a workspace buffer in a CUDA graph)
+    dinp_part = xp.matmul(dout2d, a["weight"], out=scratch("matmul_backward", "dinp", (bt, c)))
+    dinp2d += dinp_part
+    dweight_part = xp.matmul(dout2d.T, a["inp"].reshape(bt, c), out=scratch("matmul_backward", "dweight", (oc, c)))
+    a["dweight"] += dweight_part
     if a["dbias"] is not None:
         _kernel("matmul_backward_bias_kernel1")((oc,), (bs,), (a["dbias"], a["dout"], np.int32(bt), np.int32(oc)),
                                                 shared_mem=4 * bs)

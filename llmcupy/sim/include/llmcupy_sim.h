@@ -807,8 +807,16 @@ inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>
 // belong to one OS thread, so creating threads per launch would map new stacks every launch.
 class WorkerPool {
   public:
+    // Called with the launch mutex held. Never destroyed: its threads are detached. After fork()
+    // the child has none of the parent's threads, so a child builds a pool of its own.
     static WorkerPool& instance() {
-        static WorkerPool* pool = new WorkerPool();  // never destroyed: its threads are detached
+        static WorkerPool* pool = nullptr;
+        static pid_t owner = 0;
+        pid_t pid = getpid();
+        if (pool == nullptr || owner != pid) {
+            pool = new WorkerPool();
+            owner = pid;
+        }
         return *pool;
     }
     // Runs job(0) on the calling thread and job(1..n-1) on pool threads; returns when all finish.

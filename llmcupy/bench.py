@@ -1,0 +1,774 @@
+"""python -m llmcupy.bench: the whole catalogue (or some ops) swept, recorded as JSON, plotted, compared.
+
+    python -m llmcupy.bench                                  # every version of every op, every block size
+    python -m llmcupy.bench --ops softmax_forward layernorm_forward --plot sweep.png
+    python -m llmcupy.bench --from bench/results/X.json --plot X.png   # plot a recorded run, run nothing
+    python -m llmcupy.bench compare BEFORE.json AFTER.json   # per op/version: ms before, after, speed-up
+    python -m llmcupy.bench --list-results                   # the runs recorded under bench/results/
+
+Each run validates every available version of each op against its NumPy reference at every block size
+of the version's sweep, at the spec's benchmark sizes (``op.sizes``). On a GPU each block size is also
+timed (``cupyx.profiler.benchmark``) and related to the op's upper bound: the measured device copy
+bandwidth for memory-bound ops, cuBLAS on the same shapes for GEMM-shaped ones. In the emulator the
+ops run at their small ``op.sim_sizes`` and nothing is timed: the emulator does not model GPU time,
+so the record says so and holds correctness only.
+
+One JSON file per run goes to ``bench/results/`` (``--out DIR``), named
+``<UTC date>_<device>_<commit>.json``. It records the device, CUDA and CuPy versions, the git commit,
+the UTC date, the exact command line and the backend, then per op and version the sizes, the bound
+and one entry per block size: ``ok``, ``errors`` (max abs / rel error per output), ``ms`` (mean;
+``min_ms``, ``max_ms``), ``gbs`` or ``tflops`` and ``fraction_of_bound``. ``compare`` reads two such
+files: the before/after record of an optimisation. It exits 1 when a version that passed before fails
+after (a correctness regression), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import glob
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+SCHEMA = "llmcupy.bench/1"
+DEFAULT_OUT = os.path.join("bench", "results")
+NO_TIMING_REASON = ("the emulator runs kernels on the CPU and does not model GPU time, so this run validated "
+                    "correctness only (at the ops' small sim_sizes) and recorded no timings")
+EMULATOR_TITLE = "emulator: correctness only, no GPU timings"
+
+
+# ----------------------------------------------------------------------------------------------
+# provenance
+
+
+def git_commit(repo: str | os.PathLike | None = None) -> dict:
+    """``{"commit": sha or "unknown", "dirty": bool or None}`` of the checkout this package runs from."""
+    repo = Path(repo) if repo is not None else Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+        if sha.returncode != 0 or not sha.stdout.strip():
+            return {"commit": "unknown", "dirty": None}
+        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=30)
+        dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+        return {"commit": sha.stdout.strip(), "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": "unknown", "dirty": None}
+
+
+def _utc_now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
+
+
+def _software_versions() -> dict:
+    from .runtime import timing
+
+    import numpy as np
+
+    out = {"python": platform.python_version(), "numpy": np.__version__}
+    try:
+        from importlib.metadata import version
+
+        out["llmcupy"] = version("llmcupy")
+    except Exception:  # not installed, only on the path
+        out["llmcupy"] = "unknown"
+    out.update(timing.cuda_versions())  # cuda_runtime, cuda_driver, cupy (empty in the emulator)
+    return out
+
+
+def _slug(text: str) -> str:
+    text = re.sub(r"^NVIDIA\s+", "", text)
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()[:32] or "device"
+
+
+# ----------------------------------------------------------------------------------------------
+# running
+
+
+def plan_for(op_names=None) -> list[tuple[str, int]]:
+    """Every (op, version) pair of the given ops (default: the whole catalogue), in catalogue order."""
+    from . import ops as registry
+
+    names = registry.names() if not op_names else list(op_names)
+    plan = []
+    for name in names:
+        op = registry.get(name)  # unknown op: OpError naming the choices
+        plan += [(op.name, n) for n in sorted(op.versions)]
+    return plan
+
+
+def _sweep_one(op_name: str, number: int, small: bool, seed: int, repeat: int) -> dict:
+    from . import harness
+    from . import ops as registry
+    from .runtime import backend as _backend
+
+    op = registry.get(op_name)
+    sizes = dict(op.sim_sizes) if (small or _backend.is_sim()) else dict(op.sizes)
+    return harness.sweep(op, number, sizes, None, seed, repeat=repeat)
+
+
+def _block_entry(b: dict) -> dict:
+    """A harness block entry in the record's vocabulary (ok, errors, ms, gbs/tflops, fraction_of_bound)."""
+    out = {"block_size": b.get("block_size"), "ok": b.get("ok")}
+    if b.get("skipped"):
+        out["skipped"] = b["skipped"]
+    if "checks" in b:
+        out["errors"] = {c["name"]: {k: c.get(k) for k in ("max_abs", "max_rel", "mismatches", "atol", "rtol", "first")
+                                     if c.get(k) is not None} for c in b["checks"]}
+    if "mean_ms" in b:
+        out.update(ms=b["mean_ms"], min_ms=b.get("min_ms"), max_ms=b.get("max_ms"), repeat=b.get("repeat"))
+    for k in ("gbs", "tflops", "fraction_of_bound"):
+        if k in b:
+            out[k] = b[k]
+    return out
+
+
+def _version_entry(op_name: str, number: int, raw: dict) -> dict:
+    from . import ops as registry
+
+    op = registry.get(op_name)
+    raw = {**raw, "op": op_name, "version": number, "summary": op.versions[number].summary}
+    return _version_entry_from_raw(raw, default=number == op.default_version)
+
+
+def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, isolate: bool | None = None,
+        command: str | None = None, progress: bool = True, verbose: bool = False, log=None) -> dict:
+    """Sweeps every version of the given ops and returns the run's record (see the module docstring).
+
+    ``isolate`` (default: in the emulator) runs each version in a forked child so that a kernel which
+    crashes the emulator fails only its own entry. ``log`` (default stdout) gets one line per version.
+    """
+    from tqdm import tqdm
+
+    from . import harness
+    from .ops import OpError
+    from .runtime import backend as _backend
+
+    plan = plan_for(op_names)
+    backend = _backend.get_backend()
+    isolate = (backend == "sim") if isolate is None else isolate
+    date = _utc_now()
+    record = {
+        "schema": SCHEMA,
+        "date": date.isoformat().replace("+00:00", "Z"),
+        "command": command or "python -m llmcupy.bench",
+        "backend": backend,
+        "device": _backend.device_name(),
+        "versions": _software_versions(),
+        "git": git_commit(),
+        "host": platform.node(),
+        "timed": backend == "cuda",
+        "sizes": "sim_sizes" if (small or backend == "sim") else "sizes",
+        "seed": seed,
+        "repeat": repeat,
+        "ops": {},
+        "results": [],
+    }
+    if backend != "cuda":
+        record["no_timings"] = NO_TIMING_REASON
+    from . import ops as registry
+
+    for name in dict.fromkeys(n for n, _ in plan):
+        op = registry.get(name)
+        record["ops"][name] = {"summary": op.summary, "default_version": op.default_version,
+                               "bound": None if op.bound is None else op.bound.kind,
+                               "tolerance": {k: list(v) for k, v in op.tolerance.items()}}
+
+    def write(line: str):
+        if log is not None:
+            print(line, file=log, flush=True)
+        elif progress:
+            tqdm.write(line)
+        else:
+            print(line, flush=True)
+
+    bar = None
+    iterator = plan
+    if progress:
+        bar = tqdm(plan, desc="bench", unit="version", file=sys.stderr, dynamic_ncols=True)
+        iterator = bar
+    for op_name, number in iterator:
+        if bar is not None:
+            bar.set_postfix_str(f"{op_name} v{number}")
+        try:
+            if isolate:
+                raw = harness.run_isolated(_sweep_one, op_name, number, small, seed, repeat)
+            else:
+                raw = _sweep_one(op_name, number, small, seed, repeat)
+        except (OpError, _backend.BackendError) as exc:
+            raw = {"ok": False, "error": str(exc)}
+        entry = _version_entry(op_name, number, raw)
+        record["results"].append(entry)
+        if verbose and "error" not in raw:
+            write(harness.format_sweep(raw))
+        else:
+            write(format_entry(entry))
+    if bar is not None:
+        bar.close()
+    record["summary"] = _counts(record["results"])
+    return record
+
+
+def _counts(results) -> dict:
+    return {"passed": sum(r.get("ok") is True for r in results),
+            "failed": sum(r.get("ok") is False for r in results),
+            "skipped": sum(r.get("ok") is None for r in results)}
+
+
+def _worst_rel(block: dict) -> float | None:
+    errs = [e.get("max_rel") for e in block.get("errors", {}).values() if e.get("max_rel") is not None]
+    return max(errs) if errs else None
+
+
+def format_entry(entry: dict) -> str:
+    """One line per (op, version): verdict, block sizes run, the best time and its share of the bound."""
+    head = f"{entry['op']} v{entry['version']}{'*' if entry.get('default') else ''}"
+    if entry.get("error"):
+        return f"{head}: ERROR {entry['error']}"
+    if entry.get("ok") is None:
+        return f"{head}: SKIP ({entry.get('skipped', 'nothing ran')})"
+    ran = [b for b in entry["blocks"] if b.get("ok") is not None]
+    failed = [b for b in ran if b.get("ok") is False]
+    rels = [r for r in (_worst_rel(b) for b in ran) if r is not None]
+    line = f"{head}: {'PASS' if entry['ok'] else 'FAIL'} at {len(ran)} block size{'s' * (len(ran) != 1)}"
+    if rels:
+        line += f", max rel err {max(rels):.1e}"
+    if failed:
+        line += f" (failed at {', '.join(str(b['block_size']) for b in failed)})"
+    best = entry.get("best")
+    if best:
+        line += f"; best {best['ms']:.4f} ms @ {best['block_size']}"
+        if "gbs" in best:
+            line += f", {best['gbs']:.0f} GB/s"
+        if "tflops" in best:
+            line += f", {best['tflops']:.2f} TFLOP/s"
+        if "fraction_of_bound" in best:
+            line += f", {100 * best['fraction_of_bound']:.0f}% of bound"
+    return line
+
+
+def result_filename(record: dict) -> str:
+    date = record["date"].replace("-", "").replace(":", "").replace("Z", "Z")
+    commit = record.get("git", {}).get("commit", "unknown")
+    commit = commit[:10] if commit != "unknown" else "nocommit"
+    device = "sim" if record.get("backend") == "sim" else _slug(record.get("device", "gpu"))
+    return f"{date}_{device}_{commit}.json"
+
+
+def save(record: dict, out_dir: str | os.PathLike = DEFAULT_OUT) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / result_filename(record)
+    n = 1
+    while path.exists():  # two runs in the same second
+        path = out / (result_filename(record)[:-5] + f"-{n}.json")
+        n += 1
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    return path
+
+
+def load(path: str | os.PathLike) -> dict:
+    """A results file: this module's record, or a ``python -m llmcupy.kernel --json`` list (wrapped)."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, list):  # the kernel CLI's --json: a list of harness sweeps
+        results = [_version_entry_from_raw(r) for r in data]
+        backend = next((r.get("backend") for r in data if r.get("backend")), "unknown")
+        device = next((r.get("device") for r in data if r.get("device")), "unknown")
+        return {"schema": "llmcupy.kernel", "date": "unknown", "command": "unknown", "backend": backend,
+                "device": device, "versions": {}, "git": {"commit": "unknown"}, "timed": backend == "cuda",
+                "ops": {}, "results": results}
+    if "results" not in data:
+        raise ValueError(f"{path}: not a benchmark record (no 'results')")
+    return data
+
+
+def _version_entry_from_raw(raw: dict, default: bool | None = None) -> dict:
+    """A harness sweep (or a failed run's ``{"ok": False, "error": ...}``) as a record entry."""
+    entry = {"op": raw.get("op"), "version": raw.get("version"), "summary": raw.get("summary", "")}
+    if default is not None:
+        entry["default"] = default
+    entry["ok"] = raw.get("ok")
+    for k in ("skipped", "error", "sizes", "bound"):
+        if raw.get(k) is not None:
+            entry[k] = raw[k]
+    entry["blocks"] = [_block_entry(b) for b in raw.get("blocks", [])]
+    timed = [b for b in entry["blocks"] if b.get("ok") and b.get("ms") is not None]
+    if timed:
+        best = min(timed, key=lambda b: b["ms"])
+        entry["best"] = {k: best[k] for k in ("block_size", "ms", "gbs", "tflops", "fraction_of_bound") if k in best}
+    return entry
+
+
+# ----------------------------------------------------------------------------------------------
+# plotting
+
+
+def _by_op(record: dict) -> dict:
+    ops: dict[str, list] = {}
+    for r in record["results"]:
+        ops.setdefault(r["op"], []).append(r)
+    return ops
+
+
+def _has_times(record: dict) -> bool:
+    return any(b.get("ms") is not None for r in record["results"] for b in r.get("blocks", []))
+
+
+def _block_label(bs) -> str:
+    return "fixed" if bs is None else str(bs)
+
+
+def _block_axis(entries) -> list:
+    sizes = {b.get("block_size") for e in entries for b in e.get("blocks", [])}
+    return ([None] if None in sizes else []) + sorted(s for s in sizes if s is not None)
+
+
+_MARKERS = "os^vD<>ph*XP"
+
+
+def plot_results(record: dict, path: str | os.PathLike | None = None, *, ops=None, columns: int | None = None):
+    """Plots a run: one panel per op (time per block size, one line per version) and a bar chart of each
+    op's best version as a fraction of its upper bound. A record without GPU times (the emulator) gets
+    the max relative error per block size on a log axis instead, and a pass/fail/skip count per op.
+
+    Writes a PNG (or any format matplotlib knows from the suffix) when ``path`` is given; returns the
+    :class:`matplotlib.figure.Figure`. Uses the Agg canvas directly, so no global backend is changed.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import LogLocator
+
+    by_op = _by_op(record)
+    if ops:
+        by_op = {k: v for k, v in by_op.items() if k in set(ops)}
+    if not by_op:
+        raise ValueError("nothing to plot: the record has no results" + (f" for {', '.join(ops)}" if ops else ""))
+    timed = _has_times(record)
+    n = len(by_op)
+    cols = columns or (1 if n == 1 else 2 if n <= 4 else 3)
+    rows = math.ceil(n / cols)
+    panel_w, panel_h = (9.0, 5.0) if cols == 1 else (6.6, 4.4)
+    summary_h = max(1.9, 0.36 * n + 1.3)
+    fig = Figure(figsize=(panel_w * cols, panel_h * rows + summary_h + 1.0), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    gs = fig.add_gridspec(rows + 1, cols, height_ratios=[panel_h] * rows + [summary_h])
+
+    device = record.get("device", "unknown device")
+    commit = record.get("git", {}).get("commit", "unknown")
+    when = record.get("date", "")
+    if timed:
+        fig.suptitle(f"llmcupy kernel sweep on {device}\n{when}, commit {commit[:10]}", fontsize=13)
+    else:
+        fig.suptitle(f"{EMULATOR_TITLE}\n{device}, {when}, commit {commit[:10]}", fontsize=13, color="#7a1f1f")
+
+    for i, (op_name, entries) in enumerate(by_op.items()):
+        ax = fig.add_subplot(gs[i // cols, i % cols])
+        _plot_op_panel(ax, op_name, entries, timed, LogLocator)
+
+    ax = fig.add_subplot(gs[rows, :])
+    if timed:
+        _plot_bound_summary(ax, by_op)
+    else:
+        _plot_status_summary(ax, by_op)
+    if path is not None:
+        fig.savefig(path)
+    return fig
+
+
+def _plot_op_panel(ax, op_name: str, entries: list, timed: bool, LogLocator):
+    axis = _block_axis(entries)
+    xpos = {bs: i for i, bs in enumerate(axis)}
+    runnable = [e for e in entries if any(b.get("ok") is not None for b in e.get("blocks", []))]
+    nlines = max(len(runnable), 1)
+    floor = 1e-9
+    any_floor = False
+    any_fail = False
+    for k, e in enumerate(runnable):
+        pts = [b for b in e["blocks"] if b.get("ok") is not None]
+        # dodge: versions at the same value stay visible side by side
+        dx = (k - (nlines - 1) / 2) * min(0.5 / nlines, 0.08)
+        xs, ys, bad = [], [], []
+        for b in pts:
+            if timed:
+                y = b.get("ms")
+                if y is None:  # failed (not timed)
+                    bad.append(xpos[b.get("block_size")] + dx)
+                    continue
+            else:
+                y = _worst_rel(b)
+                if y is None:
+                    continue
+                if y < floor:
+                    y, any_floor = floor, True
+            xs.append(xpos[b.get("block_size")] + dx)
+            ys.append(y)
+            if b.get("ok") is False:
+                bad.append(xs[-1])
+        label = f"v{e['version']}{'*' if e.get('default') else ''}"
+        if e.get("ok") is False:
+            label += " FAIL"
+        marker = _MARKERS[k % len(_MARKERS)]
+        line, = ax.plot(xs, ys, marker=marker, markersize=6, linewidth=1.4, label=label)
+        if not timed:
+            for x, y, b in zip(xs, ys, pts):
+                if b.get("ok") is False:
+                    ax.plot([x], [y], marker="x", color="red", markersize=11, markeredgewidth=2.5)
+                    any_fail = True
+        elif bad:
+            any_fail = True
+            ymin = min([y for y in ys] or [1.0])
+            ax.plot(bad, [ymin] * len(bad), linestyle="none", marker="x", color="red", markersize=11,
+                    markeredgewidth=2.5)
+    ax.set_yscale("log")
+    values = [y for line in ax.get_lines() for y in line.get_ydata()]
+    if values:
+        # whole decades, at least one: a narrow spread still reads against 1e-7, 1e-6, ...
+        lo = 10 ** math.floor(math.log10(min(values)) + 1e-9)
+        hi = 10 ** math.ceil(math.log10(max(values)) - 1e-9)
+        if min(values) <= lo * 1.05:  # a point on the bottom edge
+            lo /= 10
+        if max(values) >= hi / 1.05:
+            hi *= 10
+        ax.set_ylim(lo, hi)
+    ax.yaxis.set_major_locator(LogLocator(base=10, numticks=12))
+    ax.set_xticks(range(len(axis)))
+    ax.set_xticklabels([_block_label(b) for b in axis])
+    ax.set_xlim(-0.5, len(axis) - 0.5)
+    ax.set_xlabel("block size")
+    ax.grid(True, which="major", alpha=0.35)
+    skipped = [e for e in entries if e not in runnable]
+    if timed:
+        ax.set_ylabel("time (ms, lower is better)")
+        title = op_name
+        bound = next((e.get("bound") for e in entries if e.get("bound")), None)
+        sizes = next((e.get("sizes") for e in entries if e.get("sizes")), None)
+        if bound and bound.get("kind") == "memory" and bound.get("copy_gbs"):
+            best_ms = bound["bytes"] / (bound["copy_gbs"] * 1e9) * 1e3
+            ax.axhline(best_ms, color="black", linestyle="--", linewidth=1.2, label="bound")
+            bound_text = f"bound {best_ms:.3g} ms: {bound['bytes'] / 1e6:.4g} MB at copy bw {bound['copy_gbs']:.0f} GB/s"
+        elif bound and bound.get("cublas_ms"):
+            ax.axhline(bound["cublas_ms"], color="black", linestyle="--", linewidth=1.2, label="bound")
+            bound_text = f"bound: cuBLAS {bound['cublas_ms']:.3g} ms ({bound.get('cublas_tflops', 0):.1f} TFLOP/s)"
+        else:
+            bound_text = ""
+    else:
+        ax.set_ylabel("max relative error (log)")
+        title = f"{op_name} (emulator: correctness only)"
+        sizes = next((e.get("sizes") for e in entries if e.get("sizes")), None)
+    if sizes:
+        title += "\n" + " ".join(f"{k}={v}" for k, v in sizes.items())
+    if timed and bound_text:
+        title += "\n" + bound_text
+    ax.set_title(title, fontsize=10)
+    notes = []
+    if any_floor:
+        notes.append(f"exact (0) shown at {floor:g}")
+    if any_fail:
+        notes.append("red x = failed validation")
+    if skipped:
+        notes.append("not run: " + ", ".join(f"v{e['version']}" for e in skipped))
+    if notes:
+        ax.text(0.01, 0.01, "; ".join(notes), transform=ax.transAxes, fontsize=7.5, va="bottom", ha="left",
+                color="#444444", bbox=dict(facecolor="white", alpha=0.8, edgecolor="none", pad=1.5))
+    if runnable:
+        ax.legend(fontsize=8, ncol=2 if len(runnable) > 6 else 1, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+                  borderaxespad=0.0, frameon=False, title="version\n(* default)", title_fontsize=8)
+
+
+def _plot_bound_summary(ax, by_op: dict):
+    names, fracs, labels, colors = [], [], [], []
+    for op_name, entries in by_op.items():
+        # only versions that passed: a fast wrong kernel is not a best version
+        bests = [(e["best"], e) for e in entries
+                 if e.get("ok") is True and e.get("best") and e["best"].get("fraction_of_bound") is not None]
+        names.append(op_name)
+        if not bests:
+            fracs.append(0.0)
+            labels.append("no bound / not timed")
+            colors.append("#bbbbbb")
+            continue
+        b, e = max(bests, key=lambda p: p[0]["fraction_of_bound"])
+        fracs.append(b["fraction_of_bound"])
+        rate = f"{b['gbs']:.0f} GB/s" if "gbs" in b else (f"{b['tflops']:.2f} TFLOP/s" if "tflops" in b else "")
+        bound = "copy bw" if "gbs" in b else "cuBLAS"
+        labels.append(f"v{e['version']} @ {b['block_size']}: {100 * b['fraction_of_bound']:.0f}% of {bound}"
+                      f" ({b['ms']:.3g} ms, {rate})")
+        colors.append("#2c7fb8" if "gbs" in b else "#d95f0e")
+    y = list(range(len(names)))[::-1]
+    ax.barh(y, fracs, color=colors, height=0.55 if len(names) > 2 else 0.4)
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=1.2)
+    ax.set_yticks(y)
+    ax.set_yticklabels(names, fontsize=9)
+    ax.set_ylim(-0.9, len(names) - 0.1)
+    top = max(fracs + [1.0]) * 1.9
+    ax.set_xlim(0, top)
+    for yi, f, text in zip(y, fracs, labels):
+        ax.text(f + top * 0.01, yi, text, va="center", fontsize=8)
+    ax.set_xlabel("best version's fraction of its upper bound (dashed: 1.0 = the bound)\n"
+                  "blue: memory-bound, vs measured copy bandwidth; orange: GEMM-shaped, vs cuBLAS")
+    ax.set_title("each op's best version against its upper bound", fontsize=11)
+    ax.grid(True, axis="x", alpha=0.35)
+
+
+def _plot_status_summary(ax, by_op: dict):
+    names = list(by_op)
+    y = list(range(len(names)))[::-1]
+    counts = {k: [sum(e.get("ok") is v for e in by_op[n]) for n in names]
+              for k, v in (("passed", True), ("failed", False), ("skipped", None))}
+    left = [0] * len(names)
+    for key, color in (("passed", "#4daf4a"), ("failed", "#e41a1c"), ("skipped", "#bbbbbb")):
+        ax.barh(y, counts[key], left=left, color=color, height=0.55 if len(names) > 2 else 0.4, label=key)
+        left = [a + b for a, b in zip(left, counts[key])]
+    for yi, p, f, s in zip(y, counts["passed"], counts["failed"], counts["skipped"]):
+        ax.text(p + f + s + 0.1, yi, f"{p} passed" + (f", {f} FAILED" if f else "") + (f", {s} skipped" if s else ""),
+                va="center", fontsize=8)
+    ax.set_yticks(y)
+    ax.set_yticklabels(names, fontsize=9)
+    ax.set_ylim(-0.9, len(names) - 0.1)
+    ax.set_xlim(0, max(left + [1]) * 1.6)
+    ax.set_xlabel("versions\n(no fraction-of-bound chart: the emulator has no GPU timings)")
+    ax.set_title(f"{EMULATOR_TITLE}: versions validated per op", fontsize=11)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, axis="x", alpha=0.35)
+
+
+# ----------------------------------------------------------------------------------------------
+# comparing two runs
+
+
+def _key_entries(record: dict) -> dict:
+    return {(r["op"], int(r["version"])): r for r in record["results"]}
+
+
+def _verdict(entry: dict | None) -> str:
+    if entry is None:
+        return "-"
+    if entry.get("error"):
+        return "ERROR"
+    return {True: "PASS", False: "FAIL", None: "SKIP"}[entry.get("ok")]
+
+
+def _best_ms(entry: dict | None):
+    if not entry or not entry.get("best"):
+        return None, None
+    return entry["best"].get("ms"), entry["best"].get("block_size")
+
+
+def _fmt_ms(v) -> str:
+    return f"{v:10.4f}" if v is not None else f"{'-':>10}"
+
+
+def _fmt_blk(bs, shown) -> str:
+    return f"{'(' + _block_label(bs) + ')':>6}" if shown else " " * 6
+
+
+def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]:
+    """A table of per op/version deltas (best ms before, after, speed-up) and correctness changes.
+
+    Returns ``(text, regressed)``: ``regressed`` is True when a version that passed before fails (or
+    errors) after.
+    """
+    b_map, a_map = _key_entries(before), _key_entries(after)
+    keys = list(dict.fromkeys([*b_map, *a_map]))
+    lines = []
+
+    def describe(tag, rec):
+        commit = rec.get("git", {}).get("commit", "unknown")
+        dirty = " (dirty)" if rec.get("git", {}).get("dirty") else ""
+        return f"{tag} {rec.get('device', '?')}, {rec.get('backend', '?')}, {rec.get('date', '?')}, commit {commit[:10]}{dirty}"
+
+    lines.append(describe("before:", before))
+    lines.append(describe("after: ", after))
+    if before.get("device") != after.get("device"):
+        lines.append("warning: the two runs are on different devices; the times are not comparable")
+    header = f"{'op':<30} {'ver':>4}  {'before ms':>10} {'(blk)':>6}  {'after ms':>10} {'(blk)':>6}  {'speed-up':>8}  correctness"
+    lines += ["", header, "-" * len(header)]
+    regressed = False
+    speedups = []
+    for key in keys:
+        b, a = b_map.get(key), a_map.get(key)
+        bms, bblk = _best_ms(b)
+        ams, ablk = _best_ms(a)
+        vb, va = _verdict(b), _verdict(a)
+        if b is None:
+            corr = f"only in after ({va})"
+        elif a is None:
+            corr = f"only in before ({vb})"
+        elif vb == va:
+            corr = va
+        else:
+            corr = f"{vb} -> {va}"
+            if vb == "PASS" and va in ("FAIL", "ERROR"):
+                corr += "  REGRESSION"
+                regressed = True
+            elif vb in ("FAIL", "ERROR") and va == "PASS":
+                corr += "  fixed"
+        if a is not None and b is not None and a.get("sizes") and b.get("sizes") and a["sizes"] != b["sizes"]:
+            corr += "  (sizes differ)"
+        if bms and ams:
+            sp = bms / ams
+            if vb == va == "PASS":
+                speedups.append(sp)
+            spt = f"{sp:7.2f}x"
+        else:
+            spt = f"{'-':>8}"
+        lines.append(f"{key[0]:<30} {key[1]:>4}  {_fmt_ms(bms)} {_fmt_blk(bblk, bms)}  "
+                     f"{_fmt_ms(ams)} {_fmt_blk(ablk, ams)}  {spt}  {corr}")
+        if blocks and a is not None and b is not None:
+            bb = {x.get("block_size"): x for x in b.get("blocks", [])}
+            ab = {x.get("block_size"): x for x in a.get("blocks", [])}
+            for bs in dict.fromkeys([*bb, *ab]):
+                x, y = bb.get(bs), ab.get(bs)
+                xm = x.get("ms") if x else None
+                ym = y.get("ms") if y else None
+                sp = f"{xm / ym:7.2f}x" if xm and ym else f"{'-':>8}"
+                okx = {True: "PASS", False: "FAIL", None: "SKIP"}[x.get("ok")] if x else "-"
+                oky = {True: "PASS", False: "FAIL", None: "SKIP"}[y.get("ok")] if y else "-"
+                lines.append(f"{'':<30} {'':>4}  {_fmt_ms(xm)} {_fmt_blk(bs, True)}  {_fmt_ms(ym)} "
+                             f"{_fmt_blk(bs, True)}  {sp}  {okx if okx == oky else okx + ' -> ' + oky}")
+    lines.append("")
+    if speedups:
+        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        lines.append(f"{len(speedups)} versions passing and timed in both: geometric-mean speed-up {geo:.2f}x, "
+                     f"min {min(speedups):.2f}x, max {max(speedups):.2f}x (best block size of each)")
+    else:
+        lines.append("no version has times in both runs (an emulator run records correctness only)")
+    lines.append("correctness: " + ("REGRESSED (a version that passed before fails now)" if regressed
+                                    else "no version that passed before fails now"))
+    return "\n".join(lines), regressed
+
+
+# ----------------------------------------------------------------------------------------------
+# listing recorded runs
+
+
+def list_results(out_dir=DEFAULT_OUT) -> str:
+    paths = sorted(glob.glob(os.path.join(str(out_dir), "*.json")))
+    if not paths:
+        return f"no results under {out_dir}/"
+    lines = []
+    for p in paths:
+        try:
+            r = load(p)
+        except (ValueError, OSError, json.JSONDecodeError) as exc:
+            lines.append(f"{p}: unreadable ({exc})")
+            continue
+        c = _counts(r["results"])
+        ops = len({e["op"] for e in r["results"]})
+        timed = "timed" if r.get("timed") else "correctness only"
+        lines.append(f"{p}: {r.get('date', '?')} {r.get('device', '?')} commit {r.get('git', {}).get('commit', '?')[:10]}"
+                     f" - {ops} ops, {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped ({timed})")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m llmcupy.bench",
+        description="Sweep every version of every op (validate; on a GPU time against the op's upper bound), "
+                    "record the run as JSON, plot it. `python -m llmcupy.bench compare BEFORE.json AFTER.json` "
+                    "compares two runs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
+    p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (default: the whole catalogue)")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"where the JSON goes (default {DEFAULT_OUT}/)")
+    p.add_argument("--no-save", action="store_true", help="do not write a results file")
+    p.add_argument("--plot", metavar="PATH", help="write the plots to PATH (PNG, SVG, PDF by suffix)")
+    p.add_argument("--from", dest="from_file", metavar="RESULTS.json",
+                   help="run nothing: plot (--plot) or print a recorded results file")
+    p.add_argument("--list-results", action="store_true", help="list the runs recorded under --out")
+    p.add_argument("--small", action="store_true", help="use the ops' small sim_sizes on a GPU too (a quick check)")
+    p.add_argument("--backend", choices=("auto", "cuda", "sim"), default=None, help="cuda, sim or auto (default)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--repeat", type=int, default=50, help="timed launches per block size (GPU)")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="emulator: run versions in this process instead of a forked child each")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    p.add_argument("-v", "--verbose", action="store_true", help="the full per-block report of every version")
+    return p
+
+
+def _compare_main(argv) -> int:
+    p = argparse.ArgumentParser(prog="python -m llmcupy.bench compare",
+                                description="Per op/version deltas between two benchmark records: best ms "
+                                            "before and after, speed-up, correctness changes. Exit 1 when a "
+                                            "version that passed before fails after.")
+    p.add_argument("before")
+    p.add_argument("after")
+    p.add_argument("--blocks", action="store_true", help="also every block size")
+    args = p.parse_args(argv)
+    try:
+        before, after = load(args.before), load(args.after)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text, regressed = compare(before, after, blocks=args.blocks)
+    print(text)
+    return 1 if regressed else 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "compare":
+        return _compare_main(argv[1:])
+    args = _parser().parse_args(argv)
+    command = "python -m llmcupy.bench" + ("" if not argv else " " + shlex.join(argv))
+    from .ops import OpError
+    from .runtime import backend as _backend
+
+    if args.list_results:
+        print(list_results(args.out))
+        return 0
+    if args.from_file:
+        try:
+            record = load(args.from_file)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for entry in record["results"]:
+            if not args.ops or entry["op"] in args.ops:
+                print(format_entry(entry))
+        if args.plot:
+            try:
+                plot_results(record, args.plot, ops=args.ops)
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            print(f"plot: {args.plot}")
+        return 0
+    try:
+        if args.backend:
+            _backend.set_backend(args.backend)
+        plan_for(args.ops)  # unknown op: exit 2 before anything runs
+        backend = _backend.get_backend()
+    except (OpError, _backend.BackendError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if backend != "cuda":
+        print(f"note: backend {backend}: {NO_TIMING_REASON}.", flush=True)
+    record = run(args.ops, small=args.small, seed=args.seed, repeat=args.repeat,
+                 isolate=False if args.no_isolate else None, command=command, progress=not args.no_progress,
+                 verbose=args.verbose)
+    c = record["summary"]
+    print(f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
+    if not args.no_save:
+        path = save(record, args.out)
+        print(f"results: {path}")
+    if args.plot:
+        plot_results(record, args.plot)
+        print(f"plot: {args.plot}")
+    return 1 if c["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""python -m llmcupy.sample: generate text from a checkpoint and a prompt, the trainer's way.
+
+    python -m llmcupy.sample -e gpt2_124M.bin --prompt "ROMEO:" -n 64
+    python -m llmcupy.sample --init d2 -n 16 --backend sim      # a random tiny model
+
+Each new token runs a full forward pass over a (1, T) window and samples the last position's logits
+with llm.c's rule (temperature 1, no top-k, xorshift RNG seeded 1337 by default). The prompt is
+encoded with tiktoken's GPT-2 encoding (``--bpe FILE`` or ``LLMCUPY_GPT2_BPE`` offline); without a
+prompt, generation starts from <|endoftext|> as in the trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from .config import PRESETS, GPT2Config, init_params
+from .model import GPT2, ModelError
+from .runtime import backend as _backend
+from .sampling import XorShiftRNG, sample_mult
+from .tokenizer import TokenizerError, Tokenizer, get_encoding, write_sample_piece
+
+EOT = 50256
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m llmcupy.sample", description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("-e", "--checkpoint", default=None, help="llm.c model .bin (default gpt2_124M.bin)")
+    src.add_argument("--init", choices=sorted(PRESETS), help="a random-init model of this shape")
+    ap.add_argument("--prompt", default="", help="text to continue")
+    ap.add_argument("-n", "--num-tokens", type=int, default=64, help="tokens to generate")
+    ap.add_argument("-t", "--seq-len", type=int, default=None, help="context window (default: the model's)")
+    ap.add_argument("--seed", type=int, default=1337, help="xorshift RNG seed (llm.c: 1337)")
+    ap.add_argument("--bpe", default=None, help="gpt2.tiktoken file for offline tokenisation")
+    ap.add_argument("--backend", choices=_backend.CHOICES, default=None)
+    args = ap.parse_args(argv)
+    try:
+        if args.backend:
+            _backend.set_backend(args.backend)
+        if args.init:
+            cfg = GPT2Config.preset(args.init)
+            params = init_params(cfg, seed=0)
+        else:
+            cfg, params = ckpt.read_model(args.checkpoint or "gpt2_124M.bin")
+        enc = get_encoding(args.bpe)
+        tokenizer = Tokenizer.from_encoding(enc)
+        prompt = enc.encode(args.prompt, allowed_special={"<|endoftext|>"}) if args.prompt else []
+        generate(cfg, params, [EOT] + prompt, args.num_tokens, args.seq_len, args.seed, tokenizer)
+        return 0
+    except (ModelError, ckpt.CheckpointError, FileNotFoundError, TokenizerError, _backend.BackendError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def generate(cfg: GPT2Config, params: np.ndarray, context: list[int], n: int, T: int | None, seed: int,
+             tokenizer: Tokenizer | None) -> list[int]:
+    T = T or cfg.max_seq_len
+    if T > cfg.max_seq_len:
+        raise ModelError(f"-t {T} is larger than the model's context (max_seq_len = {cfg.max_seq_len})")
+    # the forward pass needs T % 4 == 0 for the attention softmax; keep the window a multiple of 4
+    T = max(4, T - T % 4)
+    model = GPT2(cfg, params)
+    rng = XorShiftRNG(seed)
+    tokens = list(context)
+    if tokenizer is not None and len(tokens) > 1:
+        sys.stdout.write(tokenizer.decode(tokens[1:]))
+    out = []
+    for _ in range(n):
+        window = tokens[-T:]
+        batch = np.full((1, T), EOT, dtype=np.int32)
+        batch[0, : len(window)] = window
+        model.forward(batch)
+        logits = _backend.to_numpy(model.logits()[0, len(window) - 1]).astype(np.float32)
+        nxt = sample_mult(logits, rng.random_f32())
+        tokens.append(nxt)
+        out.append(nxt)
+        write_sample_piece(nxt, tokenizer)
+    sys.stdout.write("\n")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
