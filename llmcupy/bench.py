@@ -14,12 +14,18 @@ ops run at their small ``op.sim_sizes`` and nothing is timed: the emulator does 
 so the record says so and holds correctness only.
 
 One JSON file per run goes to ``bench/results/`` (``--out DIR``), named
-``<UTC date>_<device>_<commit>.json``. It records the device, CUDA and CuPy versions, the git commit,
-the UTC date, the exact command line and the backend, then per op and version the sizes, the bound
-and one entry per block size: ``ok``, ``errors`` (max abs / rel error per output), ``ms`` (mean;
-``min_ms``, ``max_ms``), ``gbs`` or ``tflops`` and ``fraction_of_bound``. ``compare`` reads two such
-files: the before/after record of an optimisation. It exits 1 when a version that passed before fails
-after (a correctness regression), else 0.
+``<UTC date>_<device>_<commit>.json``. Top level: ``schema``, ``date`` (UTC), ``command`` (the exact
+command line), ``backend``, ``device``, ``software`` (Python, NumPy, CuPy, CUDA runtime and driver),
+``git`` (``commit``, or "unknown", and ``dirty``), ``timed`` (and ``no_timings``, the reason, in the
+emulator), ``ops`` and ``results``: one entry per op and version with ``ok`` (None: skipped, with
+``skipped``; ``error`` when it crashed), ``sizes``, ``bound``, ``best`` (the fastest passing block size)
+and ``blocks``, one per block size: ``ok``, ``errors`` (per output: max abs / rel error, mismatches),
+``ms`` (mean; ``min_ms``, ``max_ms``), ``gbs`` or ``tflops`` and ``fraction_of_bound``.
+
+``compare`` reads two such files (or ``python -m llmcupy.kernel --json`` lists): the before/after
+record of an optimisation, per op and version the best time before and after, the speed-up and any
+change of verdict. It exits 1 when a version that passed before fails after (a correctness
+regression), else 0.
 """
 
 from __future__ import annotations
@@ -81,6 +87,13 @@ def _software_versions() -> dict:
     except Exception:  # not installed, only on the path
         out["llmcupy"] = "unknown"
     out.update(timing.cuda_versions())  # cuda_runtime, cuda_driver, cupy (empty in the emulator)
+    if "cupy" not in out:
+        try:
+            import cupy
+
+            out["cupy"] = cupy.__version__
+        except Exception:  # not installed, or its CUDA libraries fail to load
+            pass
     return out
 
 
@@ -97,7 +110,9 @@ def plan_for(op_names=None) -> list[tuple[str, int]]:
     """Every (op, version) pair of the given ops (default: the whole catalogue), in catalogue order."""
     from . import ops as registry
 
-    names = registry.names() if not op_names else list(op_names)
+    if isinstance(op_names, str):
+        op_names = [op_names]
+    names = registry.names() if not op_names else list(dict.fromkeys(op_names))
     plan = []
     for name in names:
         op = registry.get(name)  # unknown op: OpError naming the choices
@@ -162,7 +177,7 @@ def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, 
         "command": command or "python -m llmcupy.bench",
         "backend": backend,
         "device": _backend.device_name(),
-        "versions": _software_versions(),
+        "software": _software_versions(),
         "git": git_commit(),
         "host": platform.node(),
         "timed": backend == "cuda",
@@ -205,6 +220,8 @@ def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, 
                 raw = _sweep_one(op_name, number, small, seed, repeat)
         except (OpError, _backend.BackendError) as exc:
             raw = {"ok": False, "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - one version's crash must not lose the whole run
+            raw = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         entry = _version_entry(op_name, number, raw)
         record["results"].append(entry)
         if verbose and "error" not in raw:
@@ -256,7 +273,7 @@ def format_entry(entry: dict) -> str:
 
 
 def result_filename(record: dict) -> str:
-    date = record["date"].replace("-", "").replace(":", "").replace("Z", "Z")
+    date = record["date"].replace("-", "").replace(":", "")  # 20250101T120000Z
     commit = record.get("git", {}).get("commit", "unknown")
     commit = commit[:10] if commit != "unknown" else "nocommit"
     device = "sim" if record.get("backend") == "sim" else _slug(record.get("device", "gpu"))
@@ -283,9 +300,9 @@ def load(path: str | os.PathLike) -> dict:
         backend = next((r.get("backend") for r in data if r.get("backend")), "unknown")
         device = next((r.get("device") for r in data if r.get("device")), "unknown")
         return {"schema": "llmcupy.kernel", "date": "unknown", "command": "unknown", "backend": backend,
-                "device": device, "versions": {}, "git": {"commit": "unknown"}, "timed": backend == "cuda",
+                "device": device, "software": {}, "git": {"commit": "unknown"}, "timed": backend == "cuda",
                 "ops": {}, "results": results}
-    if "results" not in data:
+    if not isinstance(data, dict) or "results" not in data:
         raise ValueError(f"{path}: not a benchmark record (no 'results')")
     return data
 
@@ -344,7 +361,6 @@ def plot_results(record: dict, path: str | os.PathLike | None = None, *, ops=Non
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import LogLocator
 
     by_op = _by_op(record)
     if ops:
@@ -371,7 +387,7 @@ def plot_results(record: dict, path: str | os.PathLike | None = None, *, ops=Non
 
     for i, (op_name, entries) in enumerate(by_op.items()):
         ax = fig.add_subplot(gs[i // cols, i % cols])
-        _plot_op_panel(ax, op_name, entries, timed, LogLocator)
+        _plot_op_panel(ax, op_name, entries, timed)
 
     ax = fig.add_subplot(gs[rows, :])
     if timed:
@@ -383,7 +399,9 @@ def plot_results(record: dict, path: str | os.PathLike | None = None, *, ops=Non
     return fig
 
 
-def _plot_op_panel(ax, op_name: str, entries: list, timed: bool, LogLocator):
+def _plot_op_panel(ax, op_name: str, entries: list, timed: bool):
+    from matplotlib.ticker import LogFormatterSciNotation, LogLocator
+
     axis = _block_axis(entries)
     xpos = {bs: i for i, bs in enumerate(axis)}
     runnable = [e for e in entries if any(b.get("ok") is not None for b in e.get("blocks", []))]
@@ -439,6 +457,9 @@ def _plot_op_panel(ax, op_name: str, entries: list, timed: bool, LogLocator):
             hi *= 10
         ax.set_ylim(lo, hi)
     ax.yaxis.set_major_locator(LogLocator(base=10, numticks=12))
+    # over one or two decades, label the minor ticks too (2e-7, 3e-7, ...): the values are readable
+    ax.yaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(2.1, 1.1)))
+    ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.set_xticks(range(len(axis)))
     ax.set_xticklabels([_block_label(b) for b in axis])
     ax.set_xlim(-0.5, len(axis) - 0.5)
@@ -703,8 +724,8 @@ def _compare_main(argv) -> int:
                                 description="Per op/version deltas between two benchmark records: best ms "
                                             "before and after, speed-up, correctness changes. Exit 1 when a "
                                             "version that passed before fails after.")
-    p.add_argument("before")
-    p.add_argument("after")
+    p.add_argument("before", help="the results JSON before the change")
+    p.add_argument("after", help="the results JSON after the change")
     p.add_argument("--blocks", action="store_true", help="also every block size")
     args = p.parse_args(argv)
     try:
@@ -741,6 +762,10 @@ def main(argv=None) -> int:
         if args.plot:
             try:
                 plot_results(record, args.plot, ops=args.ops)
+            except ImportError as exc:
+                print(f"error: --plot needs matplotlib ({exc}); pip install matplotlib (or the package's [plot] extra)",
+                      file=sys.stderr)
+                return 2
             except ValueError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
@@ -765,7 +790,12 @@ def main(argv=None) -> int:
         path = save(record, args.out)
         print(f"results: {path}")
     if args.plot:
-        plot_results(record, args.plot)
+        try:
+            plot_results(record, args.plot)
+        except ImportError as exc:
+            print(f"error: --plot needs matplotlib ({exc}); pip install matplotlib (or the package's [plot] extra)",
+                  file=sys.stderr)
+            return 2
         print(f"plot: {args.plot}")
     return 1 if c["failed"] else 0
 

@@ -114,7 +114,9 @@ def main(argv=None) -> int:
             op = ops_registry.get(args.op)
             sizes = _parse_sizes(op, extra)
             if args.version is not None and not args.all:
-                op.version(args.version)  # unknown version: exit 2 with the choices
+                version = op.version(args.version)  # unknown version: exit 2 with the choices
+                if args.block_size is not None:
+                    harness.block_sizes_for(version, args.block_size)  # not in the sweep: exit 2
                 plan = [(op.name, int(args.version), sizes)]
             elif args.all:
                 plan = [(op.name, n, sizes) for n in sorted(op.versions)]

@@ -458,13 +458,14 @@ class StepGraph:
                 self.model.train_step_on_device(self.optimizer)
             loss = self._mean_loss()  # synchronises: the warm-up's work is done before the capture
             self.workspace.sealed = True
-            self.warmed_up = True
             try:
                 self.graph = self._capture(cupy, cupy.cuda.runtime.streamCaptureModeThreadLocal)
                 self.capture_mode = "thread-local"
             except Exception as exc:  # noqa: BLE001 - retried in relaxed mode, the reason kept
                 self.graph = self._capture(cupy, cupy.cuda.runtime.streamCaptureModeRelaxed)
                 self.capture_mode = f"relaxed (thread-local capture failed: {type(exc).__name__}: {exc})"
+        # (if both captures raised, the warm-up step is done and a later step() warms up again)
+        self.warmed_up = True
         current.wait_event(self.stream.record())
         return loss
 

@@ -26,6 +26,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import ops as ops_registry
 from .config import PARAM_NAMES, split_params
+from .fileio import FileFormatError
 from .model import GPT2, STEP_OPS, ModelError
 from .runtime import backend as _backend
 from .train import kernel_choice, kernel_flag
@@ -65,10 +66,28 @@ def compare_grads(cfg, grads: np.ndarray, ref: np.ndarray) -> tuple[bool, list]:
     return ok, rows
 
 
+def load_expected_losses(spec: str | None) -> list[float] | None:
+    """``llmc``, or a JSON file holding a list of numbers; checked before any work is done."""
+    if not spec:
+        return None
+    if spec == "llmc":
+        return list(LLMC_EXPECTED_LOSSES)
+    try:
+        with open(spec) as f:
+            expected = json.load(f)
+    except ValueError as exc:  # json.JSONDecodeError
+        raise ckpt.CheckpointError(f"{spec}: not a JSON list of losses ({exc})") from exc
+    if (not isinstance(expected, list) or not expected
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in expected)):
+        raise ckpt.CheckpointError(f"{spec}: expected a non-empty JSON list of numbers (the step losses)")
+    return [float(v) for v in expected]
+
+
 def run_gate(args) -> int:
     if args.backend:
         _backend.set_backend(args.backend)
     kernels = kernel_choice(args)
+    expected = load_expected_losses(args.expected_losses)
     cfg, params = ckpt.read_model(args.checkpoint)
     state = ckpt.read_debug_state(args.debug_state, cfg)
     B, T, V = state.B, state.T, cfg.vocab_size
@@ -116,8 +135,7 @@ def run_gate(args) -> int:
 
     steps_ok = all(np.isfinite(losses)) and all(b < a for a, b in zip(losses, losses[1:]))
     print("step losses decrease: " + ("OK" if steps_ok else "NOT OK"))
-    if args.expected_losses:
-        expected = LLMC_EXPECTED_LOSSES if args.expected_losses == "llmc" else json.load(open(args.expected_losses))
+    if expected is not None:
         for i, (got, want) in enumerate(zip(losses, expected)):
             good = abs(got - want) < LOSS_TOL
             steps_ok &= good
@@ -133,7 +151,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return run_gate(args)
-    except (ops_registry.OpError, ModelError, ckpt.CheckpointError, FileNotFoundError, _backend.BackendError) as exc:
+    except (ops_registry.OpError, ModelError, FileFormatError, FileNotFoundError, _backend.BackendError) as exc:
+        # FileFormatError (CheckpointError included): a bad model, debug-state or losses file
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--benchmark", action="store_true",
                    help="one fixed batch, no validation or sampling: warm-up, then mean/min ms per step and tok/s")
     r.add_argument("--warmup", type=int, default=3, help="--benchmark: untimed steps first")
+    r.add_argument("--cuda-graph", action="store_true",
+                   help="capture the training step (forward, backward, AdamW) once as a CUDA graph and replay it "
+                        "every step; same results (in the emulator: the same step code, run eagerly)")
     r.add_argument("--save-every", type=int, default=0, help="save the training state every N steps")
     r.add_argument("--save-path", default="llmcupy_train_state.npz", help="where --save-every writes")
     r.add_argument("--resume", default=None, help="resume from a training state written by --save-every")
@@ -98,9 +101,10 @@ def kernel_choice(args) -> KernelChoice:
         if op not in STEP_OPS:
             raise ops_registry.OpError(f"--kernel {op}: not an op of the training step; those are: {', '.join(STEP_OPS)}")
         try:
-            choice.set(op, int(value), int(block) if block else None)
+            number, block = int(value), (int(block) if block else None)
         except ValueError:
             raise ops_registry.OpError(f"--kernel {spec!r}: N and BLOCK must be integers") from None
+        choice.set(op, number, block)   # outside the try: its OpError (a ValueError) says what is wrong
     return choice
 
 
@@ -245,6 +249,9 @@ def train(args) -> int:
     print("kernel versions:")
     for op, n, summary in kernels.table():
         print(f"  {op:<20} {n:>3}  {summary}")
+    if args.cuda_graph:
+        print("CUDA graph: the training step is captured at the first step and replayed after it"
+              + (" (CPU emulator: no graphs; the same graph-safe step runs eagerly)" if _backend.is_sim() else ""))
     model.allocate(B, T)
     print(f"allocated {model.num_parameters() * 4 / 2**20:.0f} MiB for model parameters")
     acts = sum(a.size for a in model.acts.values())
@@ -257,6 +264,7 @@ def train(args) -> int:
     logger = Logger(args.log, append=bool(args.resume))
     total_ms = 0.0
     timed_steps = 0
+    graph = None
     try:
         for step in range(start_step, train_num_batches + 1):
             last = step == train_num_batches
@@ -276,11 +284,15 @@ def train(args) -> int:
                 break
             t0 = time.perf_counter()
             x, y = train_loader.next_batch()
-            loss = model.forward(x, y)
-            check_loss(loss, step + 1, "train")   # the number its step line would have
-            model.zero_grad()
-            model.backward()
-            model.update(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, step + 1)
+            if args.cuda_graph:  # the loss is read after the whole step (the update included)
+                loss, graph = graph_step(model, graph, x, y, args, step + 1)
+                check_loss(loss, step + 1, "train")
+            else:
+                loss = model.forward(x, y)
+                check_loss(loss, step + 1, "train")   # the number its step line would have
+                model.zero_grad()
+                model.backward()
+                model.update(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, step + 1)
             _backend.synchronize()
             ms = (time.perf_counter() - t0) * 1e3
             total_ms += ms
@@ -327,19 +339,33 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def graph_step(model: GPT2, graph, x, y, args, t: int):
+    """--cuda-graph: step t (1-based) by the step graph, made and captured at the first call
+    (that step runs eagerly as the capture's warm-up), replayed after. Returns (loss, graph)."""
+    if graph is None:
+        graph = model.step_graph(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, t=t)
+    model.set_batch(x, y)
+    return graph.step(), graph
+
+
 def benchmark(model: GPT2, loader, args) -> int:
     """One fixed batch, no validation or sampling: warm-up steps, then timed steps."""
     B, T = model.B, model.T
     x, y = loader.next_batch()
     steps = args.steps if args.steps is not None else 10
     times = []
+    graph = None
     for i in range(args.warmup + steps):
         t0 = time.perf_counter()
-        loss = model.forward(x, y)
-        check_loss(loss, i + 1, "train")
-        model.zero_grad()
-        model.backward()
-        model.update(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, i + 1)
+        if args.cuda_graph:  # the first step captures (a warm-up step unless --warmup 0), then replays
+            loss, graph = graph_step(model, graph, x, y, args, i + 1)
+            check_loss(loss, i + 1, "train")
+        else:
+            loss = model.forward(x, y)
+            check_loss(loss, i + 1, "train")
+            model.zero_grad()
+            model.backward()
+            model.update(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, i + 1)
         _backend.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
         if i >= args.warmup:
@@ -347,7 +373,9 @@ def benchmark(model: GPT2, loader, args) -> int:
             print(f"step {i - args.warmup + 1:4d}/{steps}: train loss {loss:f} ({ms:f} ms, {int(B * T / (ms / 1e3))} tok/s)")
     mean, best = float(np.mean(times)), float(np.min(times))
     print(f"benchmark: B={B} T={T}, {steps} steps after {args.warmup} warm-up: mean {mean:.3f} ms/step, "
-          f"min {best:.3f} ms/step, {B * T / (mean / 1e3):.0f} tok/s")
+          f"min {best:.3f} ms/step, {B * T / (mean / 1e3):.0f} tok/s"
+          + (" with the CUDA graph" + (" (emulated: eager launches)" if graph.emulated else "")
+             if args.cuda_graph else ""))
     if _backend.is_sim():
         print("(times are the CPU emulator's, not a GPU's)")
     return 0

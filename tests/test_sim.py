@@ -112,7 +112,18 @@ __global__ void counter(float* total, unsigned int* hits) {
     atomicAdd(total, 0.5f);
     atomicAdd(hits, 1u);
 }
+__global__ void wrapping(unsigned int* counters) {
+    atomicInc(counters, 9u);        // counts 0..9 then wraps to 0
+    atomicDec(counters + 1, 9u);
+    atomicMax((int*)counters + 2, (int)threadIdx.x);
+}
 """
+
+
+def test_wrapping_counters_and_integer_atomics(no_hazards):
+    counters = np.zeros(3, np.uint32)
+    module(GRID_CODE).get_function("wrapping")((1,), (25,), (counters,))
+    assert counters[0] == 25 % 10 and counters[1] == (0 - 25) % 10 and counters[2] == 24
 
 
 def test_3d_grid_and_block_indices(no_hazards):

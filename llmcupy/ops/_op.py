@@ -327,9 +327,15 @@ class Op:
                 if name in outputs and like is not None and tuple(outputs[name].shape) != tuple(like.shape):
                     raise OpError(f"{self.name}: out[{name!r}] has shape {tuple(outputs[name].shape)}, "
                                   f"expected {tuple(like.shape)}")
-                if name not in outputs and isinstance(like, _Meta) and graph_safe_run:
+                if name in outputs:
+                    continue
+                if not isinstance(like, _Meta):
+                    outputs[name] = like  # an input updated in place
+                elif graph_safe_run:
                     _NoAllocation(self.name).empty()
-                outputs.setdefault(name, like if not isinstance(like, _Meta) else _backend.xp().empty(like.shape, like.dtype))
+                else:
+                    # (only when missing: setdefault(name, xp.empty(...)) allocated a throwaway buffer per call)
+                    outputs[name] = _backend.xp().empty(like.shape, like.dtype)
         merged = {**arrays, **outputs}
         hooks = [] if graph_safe_run else list(_HOOKS)
         if hooks or _backend.get_backend() == "cuda":

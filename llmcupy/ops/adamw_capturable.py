@@ -63,7 +63,7 @@ def correction_table(beta1, beta2, max_len: int = MAX_TABLE) -> np.ndarray:
 
     L is the first step at which both have rounded to 1.0f: beta^t only decreases with t, and once
     it is below 2^-25, 1 - beta^t rounds to 1.0f in float32, so the last entry holds for every t >= L
-    (the kernel clamps to it). L = 17322 for the trainer's betas (0.9, 0.999).
+    (the kernel clamps to it). L = 17321 for the trainer's betas (0.9, 0.999).
     """
     return _table(_adamw._f32("beta1", beta1), _adamw._f32("beta2", beta2), int(max_len)).copy()
 
@@ -196,7 +196,7 @@ OP = Op(
     validate_fn=validate,
     sizes={"P": 1_048_576},
     sim_sizes={"P": 20_000},
-    # the last shape is past the table's end (t = 20001 > L = 17322): the clamp to c1 = c2 = 1
+    # the last shape is past the table's end (t = 20001 > L = 17321): the clamp to c1 = c2 = 1
     test_shapes=[{"P": 1}, {"P": 513, "weight_decay": 0.1}, {"P": 5000}, {"P": 700, "step": 20000}],
     tolerance={**{k: _adamw.OP.tolerance[k] for k in ("params", "m", "v")}, "hyper": (0.0, 0.0), "step": (0.0, 0.0)},
     tolerance_note=(

@@ -123,10 +123,19 @@ def _launch_v6(a, bs):
     _kernel("layernorm_forward_kernel6")(((n + rows - 1) // rows,), (32, rows), _args(a), shared_mem=smem)
 
 
+def _address(x) -> int:
+    data = getattr(x, "data", None)
+    ptr = getattr(data, "ptr", None)
+    return int(ptr) if ptr is not None else int(x.ctypes.data)
+
+
 def _requires_v6(a, bs):
     c = a["inp"].shape[-1]
     if c % 4:
         return f"C = {c} must be a multiple of 4 (rows are read and written as float4)"
+    for k in ("inp", "weight", "bias"):
+        if _address(a[k]) % 16:
+            return f"{k} must start on a 16-byte boundary (it is read as float4)"
     return None
 
 

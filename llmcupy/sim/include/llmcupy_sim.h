@@ -505,6 +505,18 @@ template <typename T> inline T atomicMin(T* a, T v) { return llmcupy_sim_atomic_
 template <typename T> inline T atomicAnd(T* a, T v) { return llmcupy_sim_atomic_rmw(a, v, 5); }
 template <typename T> inline T atomicOr(T* a, T v) { return llmcupy_sim_atomic_rmw(a, v, 6); }
 template <typename T> inline T atomicXor(T* a, T v) { return llmcupy_sim_atomic_rmw(a, v, 7); }
+// CUDA's wrapping counters: inc stores (old >= limit) ? 0 : old + 1, dec stores
+// (old == 0 || old > limit) ? limit : old - 1; both return old.
+inline unsigned int atomicInc(unsigned int* a, unsigned int limit) {
+    unsigned int old = __atomic_load_n(a, __ATOMIC_SEQ_CST), next;
+    do { next = old >= limit ? 0u : old + 1u; } while (!__atomic_compare_exchange_n(a, &old, next, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    return old;
+}
+inline unsigned int atomicDec(unsigned int* a, unsigned int limit) {
+    unsigned int old = __atomic_load_n(a, __ATOMIC_SEQ_CST), next;
+    do { next = (old == 0u || old > limit) ? limit : old - 1u; } while (!__atomic_compare_exchange_n(a, &old, next, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    return old;
+}
 template <typename T>
 inline T atomicCAS(T* a, T compare, T val) {
     __atomic_compare_exchange(a, &compare, &val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);

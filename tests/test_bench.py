@@ -1,0 +1,303 @@
+"""python -m llmcupy.bench: a run in the emulator, its JSON record and plot, plots and compare of GPU records.
+
+The GPU records here are synthetic (hand-written numbers in the shape the bench writes on a GPU), so
+that plotting and `compare` are tested without a device.
+"""
+
+import copy
+import datetime
+import importlib.util
+import io
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from llmcupy import bench
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                                      reason="plots need matplotlib (pip install matplotlib)")
+
+
+def run(*args, timeout=600, cwd=None):
+    proc = subprocess.run([sys.executable, "-m", "llmcupy.bench", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def assert_png(path, min_bytes=10_000):
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+    assert len(data) > min_bytes, f"{path} is only {len(data)} bytes"
+
+
+# ----------------------------------------------------------------------------------------------
+# synthetic GPU records
+
+
+def _block(bs, ms, kind, ok=True, max_rel=3e-7):
+    b = {"block_size": bs, "ok": ok, "errors": {"out": {"max_abs": max_rel, "max_rel": max_rel, "mismatches": 0 if ok else 7}}}
+    if ok:
+        b.update(ms=ms, min_ms=ms * 0.98, max_ms=ms * 1.04, repeat=50)
+        if kind == "memory":
+            b["gbs"] = 3.29e9 / (ms * 1e-3) / 1e9
+            b["fraction_of_bound"] = b["gbs"] / 2900.0
+        else:
+            b["tflops"] = 2.0e12 / (ms * 1e-3) / 1e12
+            b["fraction_of_bound"] = 4.0 / ms
+    return b
+
+
+def _version(op, n, kind, times, ok=True, fail_at=()):
+    if kind == "memory":
+        bound = {"kind": "memory", "bytes": 3_290_000_000, "copy_gbs": 2900.0}
+        sizes = {"B": 8, "T": 1024, "V": 50257}
+    else:
+        bound = {"kind": "flops", "flops": 2_000_000_000_000, "cublas_ms": 4.0, "cublas_tflops": 500.0}
+        sizes = {"B": 32, "T": 1024, "C": 768, "OC": 3072}
+    blocks = [_block(bs, ms, kind, ok=bs not in fail_at) for bs, ms in times.items()]
+    entry = {"op": op, "version": n, "summary": f"{op} version {n}", "default": n == 2, "ok": ok and not fail_at,
+             "sizes": sizes, "bound": bound, "blocks": blocks}
+    timed = [b for b in blocks if b.get("ms") is not None]
+    if timed:
+        best = min(timed, key=lambda b: b["ms"])
+        entry["best"] = {k: best[k] for k in ("block_size", "ms", "gbs", "tflops", "fraction_of_bound") if k in best}
+    return entry
+
+
+def synthetic_gpu_record(speed=1.0, commit="1111111111111111111111111111111111111111", date="2025-01-01T12:00:00Z",
+                         regress=False, fix=False):
+    """A record as a GPU run writes it: softmax_forward (memory-bound) and matmul_forward (cuBLAS-bound)."""
+    t = lambda *ms: dict(zip((32, 64, 128, 256, 512, 1024), (m * speed for m in ms)))  # noqa: E731
+    results = [
+        _version("softmax_forward", 1, "memory", t(9.0, 8.0, 8.5, 9.5, 10.0, 12.0)),
+        _version("softmax_forward", 2, "memory", t(3.0, 2.0, 1.6, 1.5, 1.7, 2.2),
+                 fail_at=(64,) if regress else ()),
+        _version("softmax_forward", 3, "memory", t(1.4, 1.3, 1.25, 1.2, 1.3, 1.5),
+                 fail_at=() if fix else (1024,)),
+        _version("matmul_forward", 1, "flops", {8: 60.0 * speed, 16: 40.0 * speed, 32: 45.0 * speed}),
+        _version("matmul_forward", 2, "flops", {8: 12.0 * speed, 16: 9.0 * speed, 32: 10.0 * speed}),
+        {"op": "matmul_forward", "version": 3, "summary": "cuBLASLt", "default": False, "ok": None,
+         "skipped": "unavailable: no cuBLASLt binding", "blocks": []},
+    ]
+    return {
+        "schema": bench.SCHEMA, "date": date, "command": "python -m llmcupy.bench --ops softmax_forward matmul_forward",
+        "backend": "cuda", "device": "NVIDIA H100 80GB HBM3",
+        "software": {"python": "3.11.7", "numpy": "1.26.4", "cuda_runtime": 12040, "cuda_driver": 12040,
+                     "cupy": "13.3.0"},
+        "git": {"commit": commit, "dirty": False}, "host": "gpu-box", "timed": True, "sizes": "sizes",
+        "seed": 0, "repeat": 50,
+        "ops": {"softmax_forward": {"summary": "softmax", "default_version": 2, "bound": "memory"},
+                "matmul_forward": {"summary": "matmul", "default_version": 2, "bound": "flops"}},
+        "results": results,
+    }
+
+
+@pytest.fixture
+def before_after(tmp_path):
+    before = tmp_path / "before.json"
+    after = tmp_path / "after.json"
+    before.write_text(json.dumps(synthetic_gpu_record()))
+    after.write_text(json.dumps(synthetic_gpu_record(speed=0.5, commit="2" * 40, date="2025-01-02T12:00:00Z",
+                                                     regress=True, fix=True)))
+    return before, after
+
+
+# ----------------------------------------------------------------------------------------------
+# a run in the emulator
+
+
+@needs_matplotlib
+def test_emulator_run_writes_record_and_plot(tmp_path):
+    out = tmp_path / "results"
+    plot = tmp_path / "sweep.png"
+    rc, stdout, stderr = run("--ops", "gelu_forward", "--backend", "sim", "--out", str(out), "--plot", str(plot))
+    assert rc == 0, stdout + stderr
+    assert "does not model GPU time" in stdout and "recorded no timings" in stdout
+    assert "gelu_forward v1: PASS at 6 block sizes" in stdout
+    assert "2 passed, 0 failed, 0 skipped" in stdout
+    assert "bench" in stderr  # the tqdm progress bar
+
+    files = list(out.glob("*.json"))
+    assert len(files) == 1 and "_sim_" in files[0].name
+    rec = json.loads(files[0].read_text())
+    assert rec["schema"] == bench.SCHEMA
+    for key in ("date", "command", "backend", "device", "software", "git", "timed", "no_timings", "ops", "results"):
+        assert key in rec, key
+    assert rec["backend"] == "sim" and rec["timed"] is False
+    assert rec["command"] == (f"python -m llmcupy.bench --ops gelu_forward --backend sim --out {out} "
+                              f"--plot {plot}")
+    datetime.datetime.fromisoformat(rec["date"].replace("Z", "+00:00"))
+    assert re.fullmatch(r"[0-9a-f]{40}|unknown", rec["git"]["commit"])
+    assert "python" in rec["software"] and "numpy" in rec["software"]
+    assert [(r["op"], r["version"]) for r in rec["results"]] == [("gelu_forward", 1), ("gelu_forward", 2)]
+    for r in rec["results"]:
+        assert r["ok"] is True and r["sizes"] == {"B": 2, "T": 8, "C": 64}
+        assert [b["block_size"] for b in r["blocks"]] == [32, 64, 128, 256, 512, 1024]
+        for b in r["blocks"]:
+            assert b["ok"] is True
+            assert set(b["errors"]["out"]) >= {"max_abs", "max_rel", "mismatches"}
+            assert "ms" not in b and "fraction_of_bound" not in b  # no timings in the emulator
+    assert_png(plot)
+
+    # the file lists, and plots again from disk
+    rc, stdout, _ = run("--list-results", "--out", str(out))
+    assert rc == 0 and files[0].name in stdout and "2 passed" in stdout and "correctness only" in stdout
+    replot = tmp_path / "again.png"
+    rc, stdout, _ = run("--from", str(files[0]), "--plot", str(replot))
+    assert rc == 0 and "gelu_forward v2*: PASS" in stdout
+    assert_png(replot)
+
+
+def test_unknown_op_is_a_usage_error(tmp_path):
+    rc, stdout, stderr = run("--ops", "softmaxx", "--backend", "sim", "--out", str(tmp_path))
+    assert rc == 2
+    assert "unknown op 'softmaxx'" in stderr
+    assert not list(tmp_path.glob("*.json"))
+
+
+@needs_matplotlib
+def test_failed_version_exits_1_and_is_recorded(tmp_path, monkeypatch, capsys):
+    """A version that fails validation (or crashes) is recorded, plotted, and fails the run."""
+    real = bench._sweep_one
+
+    def fake(op_name, number, small, seed, repeat):
+        result = real(op_name, number, small, seed, repeat)
+        if number == 2:
+            result["blocks"][1]["ok"] = False
+            result["blocks"][1]["checks"][0].update(ok=False, mismatches=3)
+            result["ok"] = False
+        return result
+
+    monkeypatch.setattr(bench, "_sweep_one", fake)
+    plot = tmp_path / "p.png"
+    rc = bench.main(["--ops", "gelu_forward", "--no-isolate", "--no-progress", "--out", str(tmp_path),
+                     "--plot", str(plot)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "gelu_forward v2*: FAIL at 6 block sizes" in out and "(failed at 64)" in out
+    assert "1 passed, 1 failed, 0 skipped" in out
+    rec = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert [r["ok"] for r in rec["results"]] == [True, False]
+    assert_png(plot)
+
+
+def test_crashing_version_is_an_error_entry(monkeypatch):
+    from llmcupy.ops import OpError
+
+    def boom(op_name, number, small, seed, repeat):
+        raise OpError("the kernel refused")
+
+    monkeypatch.setattr(bench, "_sweep_one", boom)
+    rec = bench.run(["gelu_forward"], isolate=False, progress=False, log=io.StringIO())
+    assert [r["error"] for r in rec["results"]] == ["the kernel refused"] * 2
+    assert rec["summary"] == {"passed": 0, "failed": 2, "skipped": 0}
+    assert bench.format_entry(rec["results"][0]) == "gelu_forward v1: ERROR the kernel refused"
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU records: plot and compare
+
+
+@needs_matplotlib
+def test_plot_of_a_gpu_record(tmp_path, before_after):
+    before, _ = before_after
+    plot = tmp_path / "gpu.png"
+    rc, stdout, stderr = run("--from", str(before), "--plot", str(plot))
+    assert rc == 0, stdout + stderr
+    assert "softmax_forward v3: FAIL" in stdout
+    assert "softmax_forward v2*: PASS at 6 block sizes, max rel err 3.0e-07; best 1.5000 ms @ 256, 2193 GB/s, 76% of bound" in stdout
+    assert "matmul_forward v2*: PASS at 3 block sizes, max rel err 3.0e-07; best 9.0000 ms @ 16, 222.22 TFLOP/s, 44% of bound" in stdout
+    assert "matmul_forward v3: SKIP (unavailable: no cuBLASLt binding)" in stdout
+    assert_png(plot)
+
+
+@needs_matplotlib
+def test_plot_results_api_returns_a_figure(tmp_path):
+    rec = synthetic_gpu_record()
+    fig = bench.plot_results(rec, ops=["matmul_forward"])
+    titles = [ax.get_title() for ax in fig.axes]
+    assert any(t.startswith("matmul_forward") for t in titles)
+    assert any("best version against its upper bound" in t for t in titles)
+    assert not any(t.startswith("softmax_forward") for t in titles)
+    with pytest.raises(ValueError, match="nothing to plot"):
+        bench.plot_results(rec, ops=["nope"])
+
+
+@needs_matplotlib
+def test_emulator_plot_is_titled_correctness_only():
+    rec = synthetic_gpu_record()
+    rec.update(backend="sim", device="CPU emulator (sim)", timed=False)
+    for r in rec["results"]:
+        r.pop("best", None)
+        for b in r["blocks"]:
+            for k in ("ms", "min_ms", "max_ms", "gbs", "tflops", "fraction_of_bound"):
+                b.pop(k, None)
+    fig = bench.plot_results(rec)
+    assert fig._suptitle.get_text().startswith(bench.EMULATOR_TITLE)
+    assert any(ax.get_ylabel() == "max relative error (log)" for ax in fig.axes)
+
+
+def test_compare_prints_deltas_and_flags_regressions(before_after):
+    before, after = before_after
+    rc, stdout, stderr = run("compare", str(before), str(after))
+    assert rc == 1, stdout + stderr  # softmax_forward v2 passed before and fails after
+    lines = {tuple(l.split()[:2]): l for l in stdout.splitlines() if l.startswith(("softmax_forward", "matmul_forward"))}
+    v1 = lines[("softmax_forward", "1")]
+    assert re.search(r"8\.0000\s+\(64\)\s+4\.0000\s+\(64\)\s+2\.00x\s+PASS$", v1), v1
+    assert "PASS -> FAIL  REGRESSION" in lines[("softmax_forward", "2")]
+    assert "FAIL -> PASS  fixed" in lines[("softmax_forward", "3")]
+    assert re.search(r"40\.0000\s+\(16\)\s+20\.0000\s+\(16\)\s+2\.00x\s+PASS$", lines[("matmul_forward", "1")])
+    assert lines[("matmul_forward", "3")].rstrip().endswith("SKIP")
+    assert "commit 1111111111" in stdout and "commit 2222222222" in stdout
+    assert "3 versions passing and timed in both: geometric-mean speed-up 2.00x" in stdout
+    assert "REGRESSED" in stdout
+
+    rc, stdout, _ = run("compare", str(before), str(before), "--blocks")
+    assert rc == 0
+    assert "1.00x" in stdout and "REGRESS" not in stdout
+    assert re.search(r"9\.0000\s+\(32\)\s+9\.0000\s+\(32\)\s+1\.00x\s+PASS", stdout)  # a per-block row
+
+
+def test_compare_reports_versions_in_one_run_only_and_device_changes(tmp_path):
+    a = synthetic_gpu_record()
+    b = copy.deepcopy(a)
+    b["device"] = "NVIDIA A100-SXM4-80GB"
+    b["results"] = [r for r in b["results"] if r["op"] == "softmax_forward"]
+    text, regressed = bench.compare(a, b)
+    assert not regressed
+    assert "different devices" in text
+    assert re.search(r"matmul_forward\s+1 .*only in before \(PASS\)", text)
+
+
+def test_compare_of_emulator_records_has_no_speedups(tmp_path):
+    rec = synthetic_gpu_record()
+    for r in rec["results"]:
+        r.pop("best", None)
+    text, regressed = bench.compare(rec, rec)
+    assert not regressed
+    assert "no version has times in both runs" in text
+
+
+def test_compare_bad_file_is_a_usage_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    rc, _, stderr = run("compare", str(bad), str(bad))
+    assert rc == 2 and "not a benchmark record" in stderr
+
+
+def test_load_accepts_the_kernel_cli_json(tmp_path):
+    """`python -m llmcupy.kernel --json` writes a list of sweeps; bench reads it too."""
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps([{"op": "softmax_forward", "version": 5, "summary": "online", "backend": "cuda",
+                                 "device": "NVIDIA H100", "ok": True, "blocks": [
+                                     {"block_size": 256, "ok": True, "mean_ms": 1.0, "min_ms": 0.9, "max_ms": 1.1,
+                                      "gbs": 3000.0, "fraction_of_bound": 0.9,
+                                      "checks": [{"name": "out", "ok": True, "max_abs": 1e-7, "max_rel": 1e-7,
+                                                  "mismatches": 0}]}]}]))
+    rec = bench.load(path)
+    assert rec["timed"] and rec["device"] == "NVIDIA H100"
+    assert rec["results"][0]["best"] == {"block_size": 256, "ms": 1.0, "gbs": 3000.0, "fraction_of_bound": 0.9}

@@ -1,0 +1,95 @@
+"""The example notebooks run top to bottom (in the emulator unless LLMCUPY_BACKEND says otherwise).
+
+Each notebook is executed with nbclient in a fresh ``python3`` kernel. The training notebook reads its
+data from the shared CI data folder (``<repo>/../shared/data``: the TinyShakespeare text and GPT-2's
+``gpt2.tiktoken``), passed through the environment variables the notebook documents; without that
+folder it is skipped. The notebooks are stored without outputs.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="the notebook tests need nbformat (pip install nbformat)")
+nbclient = pytest.importorskip("nbclient", reason="the notebook tests need nbclient (pip install nbclient)")
+pytest.importorskip("ipykernel", reason="the notebook tests need a python3 kernel (pip install ipykernel)")
+pytest.importorskip("matplotlib", reason="the notebooks plot with matplotlib (pip install matplotlib)")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+NOTEBOOKS = ["explore_kernels.ipynb", "train_and_plot.ipynb"]
+CELL_TIMEOUT = 600
+
+
+def execute(name: str, tmp_path: Path, monkeypatch, **env) -> "nbformat.NotebookNode":
+    """Runs examples/<name> in a fresh kernel (cwd examples/, env passed down); returns it with outputs."""
+    # the kernel is a child process: it sees this process's environment
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("LLMCUPY_NB_WORKDIR", str(tmp_path / "work"))
+    for k, v in env.items():
+        monkeypatch.setenv(k, str(v))
+    nb = nbformat.read(EXAMPLES / name, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
+                                     resources={"metadata": {"path": str(EXAMPLES)}})
+    client.execute()
+    nbformat.write(nb, tmp_path / name)  # executed copy, for a look when a test fails
+    return nb
+
+
+def stdout_of(nb) -> str:
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
+                   if o.output_type == "stream")
+
+
+def images_of(nb) -> int:
+    return sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebooks_are_stored_without_outputs(name):
+    nb = nbformat.read(EXAMPLES / name, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata.kernelspec.name == "python3"
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, \
+                f"{name}: clear the outputs before committing (jupyter nbconvert --clear-output --inplace)"
+
+
+def test_explore_kernels(tmp_path, monkeypatch):
+    # a timed GPU record for the notebook's "runs recorded on a GPU" cell
+    from test_bench import synthetic_gpu_record
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "gpu.json").write_text(json.dumps(synthetic_gpu_record()))
+    nb = execute("explore_kernels.ipynb", tmp_path, monkeypatch, LLMCUPY_BENCH_RESULTS=results)
+    out = stdout_of(nb)
+    assert "softmax_forward: row-wise softmax" in out           # the catalogue listing
+    assert "v7 (block 256): out: max abs" in out and "FAIL" not in out
+    assert "kernels_cu/softmax_forward.cu:" in out              # the source
+    assert "softmax_forward_kernel7" in out                     # compile report (or its skip line)
+    assert "compilations ok" in out or "skipped: NVRTC is not available" in out
+    assert "gpu.json: NVIDIA H100 80GB HBM3" in out
+    assert images_of(nb) == 2                                   # the emulator sweep and the GPU record
+    assert (tmp_path / "work" / "sweep_softmax_forward.png").stat().st_size > 10_000
+
+
+def test_train_and_plot(tmp_path, monkeypatch):
+    text = SHARED_DATA / "tinyshakespeare.txt"
+    bpe = SHARED_DATA / "gpt2.tiktoken"
+    if not (text.is_file() and bpe.is_file()):
+        pytest.skip(f"the shared data ({text.name}, {bpe.name}) is not in {SHARED_DATA}")
+    nb = execute("train_and_plot.ipynb", tmp_path, monkeypatch, LLMCUPY_TINYSHAKESPEARE=text,
+                 LLMCUPY_GPT2_BPE=bpe, LLMCUPY_NB_STEPS=8)
+    out = stdout_of(nb)
+    assert "wrote 305,260 tokens" in out
+    assert "step    8/8: train loss" in out
+    assert "generating:" in out
+    log = (tmp_path / "work" / "train_d2.log").read_text().split()
+    assert "s:0" in log and any(w.startswith("trl:") for w in log) and any(w.startswith("tel:") for w in log)
+    assert images_of(nb) == 1
+    assert (tmp_path / "work" / "train_d2_loss.png").stat().st_size > 5_000
