@@ -59,9 +59,10 @@ def _pad(v: int, multiple: int = 128) -> int:
 
 
 PRESETS = {
-    # Small models for the emulator: the real GPT-2 vocabulary, narrow and shallow.
+    # Small models for the emulator: the real GPT-2 vocabulary, narrow and shallow. d2 and d4 have
+    # C = 128, so every matmul (OC = 3C, C, 4C, Vp) also suits matmul_forward version 4's 128-wide tiles.
     "d1": GPT2Config(max_seq_len=256, num_layers=1, num_heads=2, channels=64),
-    "d2": GPT2Config(max_seq_len=256, num_layers=2, num_heads=4, channels=64),
+    "d2": GPT2Config(max_seq_len=256, num_layers=2, num_heads=4, channels=128),
     "d4": GPT2Config(max_seq_len=512, num_layers=4, num_heads=4, channels=128),
     # GPT-2 124M, 350M, 774M, 1558M
     "d12": GPT2Config(num_layers=12, num_heads=12, channels=768),

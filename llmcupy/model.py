@@ -108,7 +108,8 @@ class GPT2:
         self.config = config
         self.kernels = kernels or KernelChoice()
         self.xp = _backend.xp()
-        self.params = _backend.asarray(params)
+        # a copy on both backends: update() must not change the caller's array
+        self.params = self.xp.array(params, dtype=np.float32, copy=True)
         self.p = split_params(self.params, config)
         self.grads = None
         self.g = None
@@ -136,6 +137,8 @@ class GPT2:
         try:
             # zeros, not empty: att's upper triangle and the padded logit columns must hold zeros
             self.acts = {k: xp.zeros(s, np.float32) for k, s in activation_shapes(cfg, B, T).items()}
+            # every position's loss weighs 1/(B*T) in the mean (classifier versions take it as an array)
+            self.dlosses = xp.full((B, T), 1.0 / (B * T), dtype=np.float32)
             self.tokens = xp.zeros((B, T), np.int32)
             self.targets = xp.zeros((B, T), np.int32)
         except Exception as exc:  # cupy.cuda.memory.OutOfMemoryError
@@ -243,7 +246,7 @@ class GPT2:
         self.call("matmul_forward", {"inp": a["lnf"], "weight": p["wte"], "bias": None}, out={"out": a["logits"]})
         if self.has_targets:
             # softmax + loss + dlogits, in place: the logits become dlogits (llm.c's fused classifier)
-            self.call("classifier_fused", {"logits": a["logits"], "targets": self.targets, "dlosses": None, "V": V},
+            self.call("classifier_fused", {"logits": a["logits"], "targets": self.targets, "dlosses": self.dlosses, "V": V},
                       out={"losses": a["losses"], "dlogits": a["logits"]})
 
     def logits(self):

@@ -148,7 +148,10 @@ def run_gate(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1 (got {args.steps}): step 0 checks the loss and gradients")
     try:
         return run_gate(args)
     except (ops_registry.OpError, ModelError, FileFormatError, FileNotFoundError, _backend.BackendError) as exc:

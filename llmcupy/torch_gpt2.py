@@ -97,12 +97,12 @@ def adamw_losses(params: np.ndarray, cfg: GPT2Config, x, y, steps=10, lr=1e-4, b
 
 
 def main(argv=None) -> int:
-    from . import checkpoint
+    from .config import PRESETS
 
     ap = argparse.ArgumentParser(prog="python -m llmcupy.torch_gpt2",
                                  description="Write the correctness gate's inputs from PyTorch (FP32, CPU).")
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--init", default="d2", help="a preset (d1, d2, d4, d12, ...) for a random-init model")
+    src.add_argument("--init", default="d2", choices=list(PRESETS), help="a preset for a random-init model")
     src.add_argument("--model", help="an llm.c model .bin to start from instead")
     ap.add_argument("--B", type=int, default=4)
     ap.add_argument("--T", type=int, default=64)
@@ -113,6 +113,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out-losses", help="also write the losses of 10 torch.optim.AdamW steps (the gate's "
                     "settings) as JSON, for test_gpt2 --expected-losses")
     args = ap.parse_args(argv)
+    if args.B < 1 or args.T < 1:
+        ap.error(f"--B and --T must be positive (got {args.B}, {args.T})")
+    from .fileio import FileFormatError
+
+    try:
+        return _write_gate_inputs(args)
+    except (FileFormatError, FileNotFoundError) as exc:   # a bad --model or --data file
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _write_gate_inputs(args) -> int:
+    from . import checkpoint
 
     if args.model:
         cfg, params = checkpoint.read_model(args.model)
@@ -129,6 +142,10 @@ def main(argv=None) -> int:
         tokens = read_tokens(args.data)[:n].astype(np.int32)
         if tokens.size < n:
             print(f"error: {args.data} has {tokens.size} tokens, the batch needs {n}", file=sys.stderr)
+            return 2
+        if tokens.max() >= cfg.vocab_size:
+            print(f"error: {args.data} holds token id {int(tokens.max())}, outside the model's vocabulary "
+                  f"[0, {cfg.vocab_size})", file=sys.stderr)
             return 2
     else:
         tokens = np.random.default_rng(args.seed).integers(0, cfg.vocab_size, n).astype(np.int32)

@@ -197,6 +197,8 @@ def train(args) -> int:
     B, T = args.batch_size, args.seq_len
     if B < 1 or T < 1:
         raise SystemExit(f"error: -b and -t must be positive (got {B}, {T})")
+    if args.steps is not None and args.steps < 0:
+        raise SystemExit(f"error: --steps must not be negative (got {args.steps})")
     kernels = kernel_choice(args)
     cfg, params, source = load_model(args)
     if T > cfg.max_seq_len:
@@ -231,6 +233,9 @@ def train(args) -> int:
         if state.m is not None:
             model.m, model.v = _backend.asarray(state.m).copy(), _backend.asarray(state.v).copy()
         start_step = state.step
+        if start_step > train_num_batches:
+            raise SystemExit(f"error: {args.resume} is at step {start_step}, past this run's last step "
+                             f"{train_num_batches}; give a larger --steps")
         source = f"{source}, resumed from {args.resume} at step {start_step}"
 
     print_table([

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import functools
 import io
-import shutil
 from contextlib import redirect_stderr, redirect_stdout
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -279,10 +277,6 @@ def test_model_refuses_too_long_sequences_and_bad_token_ids():
         GPT2(cfg, np.zeros(10, np.float32))
 
 
-@pytest.mark.xfail(condition=_backend.is_sim(), strict=False,
-                   reason="model.py: GPT2() keeps the caller's NumPy array as its parameters on the sim "
-                          "backend (backend.asarray is a view there), so update() changes the caller's array; "
-                          "on cuda it is a copy")
 def test_model_does_not_modify_the_callers_parameters():
     cfg = GPT2Config(max_seq_len=8, num_layers=1, num_heads=2, channels=8, vocab_size=100)
     params = init_params(cfg)
@@ -388,6 +382,9 @@ def test_resume_refuses_a_state_of_another_model(token_files, tmp_path, monkeypa
     assert rc == 2 and "d1.npz" in err, err
     rc, _, err, _ = _run_train(common + ["--steps", 2, "--resume", tmp_path / "missing.npz"], monkeypatch)
     assert rc == 2 and "missing.npz" in err, err
+    # a state past the run's last step
+    rc, _, err, _ = _run_train(common + ["--steps", 0, "--resume", tmp_path / "d1.npz"], monkeypatch)
+    assert rc == 2 and "is at step 1, past this run's last step 0" in err, err
 
 
 def test_nan_loss_stops_and_keeps_the_last_state(token_files, tmp_path, monkeypatch):

@@ -74,7 +74,7 @@ def ts_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_train_args(ts_data):
-    """The data flags plus a one-layer model small enough for quick runs (d1: C=64, B=1, T=16)."""
+    """The -i / -j flags for the prepared Tiny Shakespeare files."""
     return ["-i", ts_data / "tiny_shakespeare_train.bin", "-j", ts_data / "tiny_shakespeare_val.bin"]
 
 
@@ -146,8 +146,8 @@ def test_matmul_kernel_4(small_train_args, tmp_path):
 
 
 def test_matmul_kernel_4_refuses_shapes_it_cannot_run(small_train_args):
-    # d2 has C = 64: the QKV matmul's OC = 192 is not a multiple of version 4's 128-wide tiles
-    rc, _, err = _train(["--init", "d2", "-b", 4, "-t", 32, "--steps", 1, "-v", 0, "-s", 0,
+    # d1 has C = 64: the QKV matmul's OC = 192 is not a multiple of version 4's 128-wide tiles
+    rc, _, err = _train(["--init", "d1", "-b", 4, "-t", 32, "--steps", 1, "-v", 0, "-s", 0,
                          "--matmul-kernel", 4] + small_train_args)
     assert rc == 2
     assert "matmul_forward version 4" in err and "OC = 192 must be a multiple of 128" in err, err
@@ -248,7 +248,7 @@ def test_gate_passes(gate_files):
 def test_gate_fails_for_another_model(gate_files, tmp_path):
     # the state's batch and references, with other weights: logits, loss and gradients all differ
     other = tmp_path / "other.bin"
-    cfg, params = ckpt.read_model(gate_files["model"])
+    cfg, _ = ckpt.read_model(gate_files["model"])
     ckpt.write_model(other, cfg, init_params(cfg, seed=99))
     rc, out, err = _gate(["--checkpoint", other, "--debug-state", gate_files["state"], "--steps", 2])
     assert rc == 1, out + err
@@ -292,3 +292,22 @@ def test_gate_refuses_bad_files(gate_files, tmp_path, which, how):
     assert rc == 2, out + err
     assert err.startswith("error: ") and str(files[which]) in err and expect in err, err
     assert "overall okay" not in out          # refused before running anything
+
+
+def test_gate_tools_refuse_bad_arguments(tmp_path, small_train_args):
+    from llmcupy import test_gpt2, torch_gpt2
+
+    out = ["--out-model", tmp_path / "m.bin", "--out-state", tmp_path / "s.bin"]
+    rc, _, err = _call(torch_gpt2.main, ["--model", tmp_path / "nope.bin"] + out)
+    assert rc == 2 and "nope.bin" in err, err
+    rc, _, err = _call(torch_gpt2.main, ["--init", "d1", "--B", 0] + out)
+    assert rc == 2 and "--B and --T must be positive" in err, err
+    rc, _, err = _call(torch_gpt2.main, ["--init", "d3"] + out)
+    assert rc == 2 and "invalid choice" in err, err
+    rc, _, err = _call(torch_gpt2.main, ["--init", "d1", "--T", 512] + out)
+    assert rc == 2 and "larger than the model's context" in err, err
+    assert not (tmp_path / "m.bin").exists()
+    rc, _, err = _call(test_gpt2.main, ["--steps", 0])
+    assert rc == 2 and "--steps must be at least 1" in err, err
+    rc, _, err = _call(test_gpt2.main, ["--checkpoint", tmp_path / "nope.bin"])
+    assert rc == 2 and "nope.bin" in err, err
