@@ -763,7 +763,7 @@ def main(argv=None) -> int:
             try:
                 plot_results(record, args.plot, ops=args.ops)
             except ImportError as exc:
-                print(f"error: --plot needs matplotlib ({exc}); pip install matplotlib (or the package's [plot] extra)",
+                print(f"error: --plot needs matplotlib ({exc}); pip install matplotlib (a dependency of llmcupy: reinstall the package)",
                       file=sys.stderr)
                 return 2
             except ValueError as exc:
@@ -793,7 +793,7 @@ def main(argv=None) -> int:
         try:
             plot_results(record, args.plot)
         except ImportError as exc:
-            print(f"error: --plot needs matplotlib ({exc}); pip install matplotlib (or the package's [plot] extra)",
+            print(f"error: --plot needs matplotlib ({exc}); pip install matplotlib (a dependency of llmcupy: reinstall the package)",
                   file=sys.stderr)
             return 2
         print(f"plot: {args.plot}")

@@ -494,3 +494,31 @@ def check_float32(op_name: str, **arrays) -> None:
             continue
         if getattr(a, "dtype", None) != np.float32:
             raise OpError(f"{op_name}: {k} must be float32, got {getattr(a, 'dtype', type(a).__name__)}")
+
+
+def address(x) -> int:
+    """The address of an array's first element: a CuPy array's device pointer, a NumPy array's host address.
+
+    For alignment checks: a float4 (128-bit) load or store needs a 16-byte aligned address, and a
+    view such as ``buf[1:]`` starts 4 bytes past its base.
+    """
+    ptr = getattr(getattr(x, "data", None), "ptr", None)  # CuPy: x.data is a MemoryPointer
+    return int(ptr) if ptr is not None else int(x.ctypes.data)
+
+
+def misaligned(arrays: dict, names, align: int = 16, use: str = "float4 loads/stores") -> str | None:
+    """For ``requires()``: None if every array in ``names`` starts on an ``align``-byte boundary.
+
+    Otherwise the sentence "<name> must be 16-byte aligned for float4 loads/stores" for each
+    misaligned one, joined with "; ". Names missing from ``arrays`` or set to None are skipped;
+    ``use`` says what needs the alignment.
+    """
+    bad = [k for k in names if arrays.get(k) is not None and address(arrays[k]) % align]
+    return "; ".join(f"{k} must be {align}-byte aligned for {use}" for k in bad) or None
+
+
+def kernel_of(op_name: str, kernel_name: str):
+    """The kernel ``kernel_name`` of op ``op_name``'s .cu file (compiled on first use), ready to launch."""
+    from . import get  # imported here: the registry imports the op modules, which import this one
+
+    return get(op_name).kernel(kernel_name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import Bound, Op, Version, check_float32, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, need
 from .encoder_forward import check_tokens
 
 SOURCE = "encoder_backward.cu"
@@ -58,18 +58,12 @@ def allocate(xp, a):
     return {"dwte": a["dwte"], "dwpe": a["dwpe"]}  # accumulated in place
 
 
-def _kernel(name):
-    from . import get
-
-    return get("encoder_backward").kernel(name)
-
-
 def _launch(name, threads):
     def launch(a, bs):
         B, T, C = a["dout"].shape
         grid = max(1, -(-threads(B, T, C) // bs))
-        _kernel(name)((grid,), (bs,), (a["dwte"], a["dwpe"], a["dout"], a["tokens"], np.int32(B), np.int32(T),
-                                        np.int32(C)))
+        kernel = kernel_of("encoder_backward", name)
+        kernel((grid,), (bs,), (a["dwte"], a["dwpe"], a["dout"], a["tokens"], np.int32(B), np.int32(T), np.int32(C)))
 
     return launch
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import Bound, Op, OpError, Version, check_float32, host_checks_enabled, need
+from ._op import Bound, Op, OpError, Version, check_float32, host_checks_enabled, kernel_of, misaligned, need
 
 SOURCE = "encoder_forward.cu"
 _INT_MAX = 2**31 - 1
@@ -69,24 +69,13 @@ def allocate(xp, a):
     return {"out": out}
 
 
-def _address(x):
-    ptr = getattr(getattr(x, "data", None), "ptr", None)  # CuPy
-    return int(ptr) if ptr is not None else int(x.ctypes.data)
-
-
-def _kernel(name):
-    from . import get
-
-    return get("encoder_forward").kernel(name)
-
-
 def _launch(name, threads):
     def launch(a, bs):
         B, T = a["tokens"].shape
         C = a["wte"].shape[1]
         grid = max(1, -(-threads(B, T, C) // bs))
-        _kernel(name)((grid,), (bs,), (a["out"], a["tokens"], a["wte"], a["wpe"], np.int32(B), np.int32(T),
-                                        np.int32(C)))
+        kernel = kernel_of("encoder_forward", name)
+        kernel((grid,), (bs,), (a["out"], a["tokens"], a["wte"], a["wpe"], np.int32(B), np.int32(T), np.int32(C)))
 
     return launch
 
@@ -95,10 +84,7 @@ def _requires_packed(a, bs):
     C = a["wte"].shape[1]
     if C % 4:
         return f"C = {C} must be a multiple of 4 (a float4 pack must not cross a row)"
-    for k in ("wte", "wpe", "out"):
-        if a.get(k) is not None and _address(a[k]) % 16:
-            return f"{k} must be 16-byte aligned for float4 loads/stores"
-    return None
+    return misaligned(a, ("wte", "wpe", "out"))
 
 
 OP = Op(

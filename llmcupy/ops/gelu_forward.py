@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._elementwise import elementwise_launch, float4_problem
 from ._op import Bound, Op, Version, check_float32, need
 
 SOURCE = "gelu_forward.cu"
@@ -39,34 +40,13 @@ def allocate(xp, a):
     return {"out": out if out is not None else xp.empty(a["inp"].shape, dtype=xp.float32)}
 
 
-def _address(x):
-    ptr = getattr(getattr(x, "data", None), "ptr", None)  # CuPy
-    return int(ptr) if ptr is not None else int(x.ctypes.data)
-
-
-def _kernel(name):
-    from . import get
-
-    return get("gelu_forward").kernel(name)
-
-
 def _launch(name, per_thread):
-    def launch(a, bs):
-        n = a["inp"].size
-        grid = max(1, -(-n // (bs * per_thread)))
-        _kernel(name)((grid,), (bs,), (a["out"], a["inp"], np.int32(n)))
-
-    return launch
+    # kernel arguments (out, inp, N); per_thread = 1 (one element) or 4 (one float4 pack)
+    return elementwise_launch("gelu_forward", name, per_thread, out="out", inputs=("inp",))
 
 
 def _requires_packed(a, bs):
-    n = a["inp"].size
-    if n % 4:
-        return f"N = {n} elements must be a multiple of 4 (one float4 pack per thread, only its first index is checked)"
-    for k in ("inp", "out"):
-        if a.get(k) is not None and _address(a[k]) % 16:
-            return f"{k} must be 16-byte aligned for float4 loads/stores"
-    return None
+    return float4_problem(a, out="out", inputs=("inp",))
 
 
 OP = Op(

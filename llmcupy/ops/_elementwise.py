@@ -1,0 +1,34 @@
+"""Launch and constraint helpers shared by the elementwise op modules (gelu_forward, gelu_backward,
+residual_forward). Not an op itself: modules whose name starts with ``_`` are not registered.
+
+Their kernels take ``(out, in_1, ..., in_k, N)``: version 1 runs one thread per element, version 2
+one thread per float4 pack of 4 elements (N % 4 == 0, 16-byte aligned arrays).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._op import kernel_of, misaligned
+
+
+def elementwise_launch(op_name: str, kernel_name: str, per_thread: int, out: str, inputs: tuple):
+    """A Version launch: kernel(out, *inputs, N) on a 1-D grid of ceil(N / (block * per_thread)) blocks.
+
+    N is the element count of the first input; ``per_thread`` the elements one thread handles.
+    """
+
+    def launch(a, bs):
+        n = a[inputs[0]].size
+        grid = max(1, -(-n // (bs * per_thread)))
+        kernel_of(op_name, kernel_name)((grid,), (bs,), (a[out], *(a[k] for k in inputs), np.int32(n)))
+
+    return launch
+
+
+def float4_problem(a, out: str, inputs: tuple) -> str | None:
+    """requires() of a float4 version: N % 4 == 0 and every array 16-byte aligned, else a sentence."""
+    n = a[inputs[0]].size
+    if n % 4:
+        return f"N = {n} elements must be a multiple of 4 (one float4 pack per thread, only its first index is checked)"
+    return misaligned(a, (*inputs, out))
