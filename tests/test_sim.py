@@ -366,3 +366,14 @@ def test_launch_in_a_forked_child_after_the_parent_launched():
     with sim.settings(workers=2):
         module(GRID_CODE).get_function("counter")((8,), (32,), (total, np.zeros(1, np.uint32)))
     assert run_isolated(_launch_twice_in_child, GRID_CODE) == 128.0
+
+
+def test_raw_kernel_has_cupys_signature(no_hazards):
+    code = 'extern "C" __global__ void axpy(float* y, const float* x, float a, int n) {\n' \
+           '    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] += a * x[i];\n}\n'
+    k = llmcupy.RawKernel(code, "axpy", target="sim")
+    x = np.arange(100, dtype=np.float32)
+    y = np.ones(100, np.float32)
+    k((4,), (32,), (y, x, np.float32(2.0), np.int32(100)))
+    assert (y == 1 + 2 * x).all()
+    assert "axpy(float* y, const float* x, float a, int n)" in repr(k)

@@ -38,7 +38,7 @@ import math
 import numpy as np
 
 from ._attention import check_packed_qkv, elementwise, packed_qkv, split_qkv
-from ._op import Bound, Op, Version, scratch
+from ._op import Bound, Op, Version, kernel_of, scratch
 from .attention_permute import launch_permute
 from .attention_unpermute import launch_unpermute
 
@@ -91,9 +91,7 @@ def _xp():
 
 
 def _kernel(name):
-    from . import get
-
-    return get("attention_forward").kernel(name)
+    return kernel_of("attention_forward", name)
 
 
 def _preatt(a, B, NH, T):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import ALL_BLOCK_SIZES, Bound, Op, OpError, Version, check_float32, need
+from ._op import ALL_BLOCK_SIZES, Bound, Op, OpError, Version, address, check_float32, kernel_of, need
 from .crossentropy_forward import check_targets
 
 SOURCE = "classifier_fused.cu"
@@ -123,9 +123,7 @@ def _args(a):
 
 
 def _kernel(name):
-    from . import get
-
-    return get(NAME).kernel(name)
+    return kernel_of(NAME, name)
 
 
 def _launch_v1(a, bs):
@@ -141,12 +139,6 @@ def _block_per_row(name):
     return launch
 
 
-def _address(arr) -> int:
-    data = getattr(arr, "data", None)
-    ptr = getattr(data, "ptr", None)
-    return int(ptr) if ptr is not None else int(arr.ctypes.data)
-
-
 def _requires_v1(a, bs):
     return None if a["dlosses"] is not None else "needs the dlosses array (versions 2-5 accept None = 1/(B*T))"
 
@@ -155,7 +147,7 @@ def _requires_packets(a, bs):
     P = int(a["logits"].shape[-1])
     if P % 4:
         return f"128-bit loads need the row stride P % 4 == 0, got P = {P} (use version 3)"
-    if _address(a["logits"]) % 16:
+    if address(a["logits"]) % 16:
         return "128-bit loads need a 16-byte aligned logits buffer (use version 3)"
     return None
 

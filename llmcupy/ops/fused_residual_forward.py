@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, misaligned, need
 
 SOURCE = "fused_residual_forward.cu"
 _INT_MAX = 2**31 - 1
@@ -72,15 +72,8 @@ def _nc(a):
     return a["residual"].size // C, C
 
 
-def _address(x):
-    ptr = getattr(getattr(x, "data", None), "ptr", None)  # CuPy
-    return int(ptr) if ptr is not None else int(x.ctypes.data)
-
-
 def _kernel(name):
-    from . import get
-
-    return get("fused_residual_forward").kernel(name)
+    return kernel_of("fused_residual_forward", name)
 
 
 def _args(a):
@@ -154,9 +147,8 @@ def _requires_packed(smem_bytes=None):
         N, C = _nc(a)
         if C % 4:
             return f"C = {C} must be a multiple of 4 (float4 packs)"
-        for k in ("residual", "inp", "weight", "bias", "residual_out", "normed"):
-            if a.get(k) is not None and _address(a[k]) % 16:
-                return f"{k} must be 16-byte aligned for float4 loads/stores"
+        if alignment := misaligned(a, ("residual", "inp", "weight", "bias", "residual_out", "normed")):
+            return alignment
         if smem_bytes is not None:
             need_bytes = smem_bytes(C, bs)
             _, limit = _device_limits()

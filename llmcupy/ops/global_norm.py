@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, need
 
 SOURCE = "global_norm.cu"
 NAME = "global_norm"
@@ -76,9 +76,7 @@ def allocate(xp, a):
 
 
 def _kernel(name):
-    from . import get
-
-    return get(NAME).kernel(name)
+    return kernel_of(NAME, name)
 
 
 def _launch_atomic(name):

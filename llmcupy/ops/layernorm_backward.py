@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, need, scratch
+from ._op import Bound, Op, Version, check_float32, kernel_of, misaligned, need, scratch
 
 SOURCE = "layernorm_backward.cu"
 EPS = 1e-5
@@ -94,9 +94,7 @@ def _num_sms() -> int:
 
 
 def _kernel(name):
-    from . import get
-
-    return get("layernorm_backward").kernel(name)
+    return kernel_of("layernorm_backward", name)
 
 
 def _tail(a):
@@ -186,20 +184,11 @@ def _launch_v10(a, bs):
                                            shared_mem=(2 * cr + 2 * 4 * (bs - 32) + 1) * 4)
 
 
-def _address(x) -> int:
-    data = getattr(x, "data", None)
-    ptr = getattr(data, "ptr", None)
-    return int(ptr) if ptr is not None else int(x.ctypes.data)
-
-
 def _requires_float4(a, bs):
     c = a["inp"].shape[-1]
     if c % 4:
         return f"C = {c} must be a multiple of 4 (rows are read and written as float4)"
-    for k in ("dinp", "dout", "inp", "weight"):
-        if _address(a[k]) % 16:
-            return f"{k} must start on a 16-byte boundary (it is read as float4)"
-    return None
+    return misaligned(a, ("dinp", "dout", "inp", "weight"))
 
 
 OP = Op(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, misaligned, need
 
 SOURCE = "layernorm_forward.cu"
 EPS = 1e-5
@@ -63,9 +63,7 @@ def _args(a):
 
 
 def _kernel(name):
-    from . import get
-
-    return get("layernorm_forward").kernel(name)
+    return kernel_of("layernorm_forward", name)
 
 
 def _launch_v1(a, bs):
@@ -123,20 +121,11 @@ def _launch_v6(a, bs):
     _kernel("layernorm_forward_kernel6")(((n + rows - 1) // rows,), (32, rows), _args(a), shared_mem=smem)
 
 
-def _address(x) -> int:
-    data = getattr(x, "data", None)
-    ptr = getattr(data, "ptr", None)
-    return int(ptr) if ptr is not None else int(x.ctypes.data)
-
-
 def _requires_v6(a, bs):
     c = a["inp"].shape[-1]
     if c % 4:
         return f"C = {c} must be a multiple of 4 (rows are read and written as float4)"
-    for k in ("inp", "weight", "bias"):
-        if _address(a[k]) % 16:
-            return f"{k} must start on a 16-byte boundary (it is read as float4)"
-    return None
+    return misaligned(a, ("inp", "weight", "bias"), use="float4 loads")
 
 
 OP = Op(

@@ -11,7 +11,7 @@ import functools
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, misaligned, need
 
 SOURCE = "matmul_backward_bias.cu"
 BLOCK_SIZES = (32, 64, 128, 256, 512, 768, 1024)  # llm.c's sweep, 768 included
@@ -52,9 +52,7 @@ def _dims(a):
 
 
 def _kernel(name):
-    from . import get
-
-    return get("matmul_backward_bias").kernel(name)
+    return kernel_of("matmul_backward_bias", name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,10 +156,6 @@ def _launch_v9(a, bs):
                                                        (a["dbias"], aux, np.int32(grid_y), np.int32(oc)))
 
 
-def _address(x):
-    return x.data.ptr if hasattr(x.data, "ptr") else x.ctypes.data
-
-
 def _requires_oc32(a, bs):
     _, oc = _dims(a)
     return None if oc % 32 == 0 else f"OC = {oc} must be a multiple of 32 (a block owns 32 whole columns)"
@@ -172,9 +166,8 @@ def _requires_packets(a, bs):
     problems = []
     if oc % 4:
         problems.append(f"OC = {oc} must be a multiple of 4 (float4 packets of columns)")
-    for name in ("dout", "dbias"):
-        if _address(a[name]) % 16:
-            problems.append(f"{name} must be 16-byte aligned for float4 access")
+    if alignment := misaligned(a, ("dout", "dbias"), use="float4 access"):
+        problems.append(alignment)
     return "; ".join(problems) or None
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, misaligned, need
 
 SOURCE = "matmul_forward.cu"
 SQRT_BLOCK_SIZES = (4, 8, 16, 32)
@@ -59,9 +59,7 @@ def _dims(a):
 
 
 def _kernel(name):
-    from . import get
-
-    return get("matmul_forward").kernel(name)
+    return kernel_of("matmul_forward", name)
 
 
 def _launch_v1(a, s):
@@ -89,10 +87,6 @@ def _launch_v4(a, s):
                                       (a["out"], a["inp"], a["weight"], a["bias"], np.int32(c), np.int32(oc)))
 
 
-def _address(x):
-    return x.data.ptr if hasattr(x.data, "ptr") else x.ctypes.data
-
-
 def _requires_v4(a, s):
     bt, c, oc = _dims(a)
     problems = []
@@ -102,9 +96,8 @@ def _requires_v4(a, s):
         problems.append(f"OC = {oc} must be a multiple of 128")
     if c % 32:
         problems.append(f"C = {c} must be a multiple of 32")
-    for name in ("inp", "weight", "bias"):
-        if a.get(name) is not None and _address(a[name]) % 16:
-            problems.append(f"{name} must be 16-byte aligned for float4 loads")
+    if alignment := misaligned(a, ("inp", "weight", "bias"), use="float4 loads"):
+        problems.append(alignment)
     if problems:
         return ("the 128 x 128 tile kernel has no bounds checks: " + "; ".join(problems)
                 + " (use version 1 or 2 for other shapes)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, need
+from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, need
 
 SOURCE = "softmax_forward.cu"
 
@@ -46,9 +46,7 @@ def _args(a):
 
 
 def _kernel(name):
-    from . import get
-
-    return get("softmax_forward").kernel(name)
+    return kernel_of("softmax_forward", name)
 
 
 def _thread_per_row(name):

@@ -35,9 +35,20 @@ def _dims(value, what: str, kernel: str) -> tuple[int, int, int]:
 
 
 class RawKernel:
-    """One kernel of a :class:`RawModule`; call it as ``kernel(grid, block, args, shared_mem=0)``."""
+    """One kernel, called as ``kernel(grid, block, args, shared_mem=0)``.
 
-    def __init__(self, module: "RawModule", name: str):
+    Built by :meth:`RawModule.get_function`, or directly with ``cupy.RawKernel``'s signature:
+    ``llmcupy.RawKernel(code, name, options=())``.
+    """
+
+    def __init__(self, module, name: str, options=(), backend: str = "nvrtc", *, translate_cucomplex: bool = False,
+                 enable_cooperative_groups: bool = False, jitify: bool = False, target: str | None = None):
+        if isinstance(module, str):
+            # cupy.RawKernel(code, name, options=...): one kernel from source, same signature as CuPy's
+            module = RawModule(code=module, options=options, backend=backend,
+                               translate_cucomplex=translate_cucomplex,
+                               enable_cooperative_groups=enable_cooperative_groups, jitify=jitify,
+                               name_expressions=[name], target=target)
         self.module = module
         self.name = name
         self.backend = module.backend
