@@ -316,8 +316,11 @@ class GPT2:
 
     def _allocate_moments(self) -> None:
         if self.m is None:
-            self.m = self.xp.zeros_like(self.params)
-            self.v = self.xp.zeros_like(self.params)
+            try:
+                self.m = self.xp.zeros_like(self.params)
+                self.v = self.xp.zeros_like(self.params)
+            except Exception as exc:  # cupy's OutOfMemoryError
+                raise _out_of_memory(exc, "AdamW moments m and v", self.B, self.T) from exc
 
     def update(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, t: int) -> None:
         """AdamW with llm.c's rule (weight decay on every parameter), step t (1-based)."""

@@ -404,6 +404,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if "OutOfMemory" not in type(exc).__name__:
+            raise
+        # a scratch buffer inside an op (the model's own buffers already say which they are)
+        print(f"error: out of GPU memory during a step ({exc}); try a smaller batch (-b) or sequence "
+              "length (-t)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

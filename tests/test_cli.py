@@ -62,3 +62,16 @@ def test_all_versions_of_one_op():
 def test_bad_usage_exits_2_with_the_choices(args, message):
     rc, out, err = run(*args)
     assert rc == 2 and message in err, (rc, out, err)
+
+
+def test_compile_report_without_a_gpu():
+    pytest.importorskip("llmcupy.nvrtc")
+    from llmcupy import nvrtc
+
+    try:
+        nvrtc.find_nvrtc()
+    except Exception as exc:  # noqa: BLE001 - NVRTC comes with the test extra; say why if it is missing
+        pytest.skip(f"NVRTC not installed: {exc}")
+    rc, out, err = run("--compile-report", "softmax_forward", "--arch", "80")
+    assert rc == 0, out + err
+    assert "softmax_forward_kernel7" in out and "sm_80" in out and "1/1 compilations ok" in out

@@ -1,5 +1,5 @@
-"""Launch and constraint helpers shared by the elementwise op modules (gelu_forward, gelu_backward,
-residual_forward). Not an op itself: modules whose name starts with ``_`` are not registered.
+"""Validation, launch and constraint helpers shared by the elementwise op modules (gelu_forward,
+gelu_backward, residual_forward). Not an op itself: modules whose name starts with ``_`` are not registered.
 
 Their kernels take ``(out, in_1, ..., in_k, N)``: version 1 runs one thread per element, version 2
 one thread per float4 pack of 4 elements (N % 4 == 0, 16-byte aligned arrays).
@@ -9,7 +9,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import kernel_of, misaligned
+from ._op import check_float32, kernel_of, misaligned, need
+
+_INT_MAX = 2**31 - 1
+
+
+def check_elementwise(op_name: str, a, out: str, inputs: tuple) -> None:
+    """validate(): float32 arrays of one shape (``out`` too when given), at most 2^31 - 1 elements."""
+    check_float32(op_name, **{k: a.get(k) for k in (*inputs, out)})
+    first = a[inputs[0]]
+    for k in inputs[1:]:
+        need(a[k].shape == first.shape,
+             f"{op_name}: {inputs[0]} and {k} must have the same shape, got {first.shape} and {a[k].shape}")
+    need(first.size <= _INT_MAX, f"{op_name}: {first.size} elements exceed the kernels' int indexing")
+    if a.get(out) is not None:
+        need(a[out].shape == first.shape,
+             f"{op_name}: {out} must have {inputs[0]}'s shape {first.shape}, got {a[out].shape}")
 
 
 def elementwise_launch(op_name: str, kernel_name: str, per_thread: int, out: str, inputs: tuple):

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from ._op import Bound, Op, OpError, Version, check_float32, need
+from ._op import Bound, Op, OpError, Version, check_float32, kernel_of, need
 
 SOURCE = "adamw.cu"
 NAME = "adamw"
@@ -121,12 +121,10 @@ def _sizes(a):
 
 def _launch(kernel_name):
     def launch(a, bs):
-        from . import get
-
         n = int(a["params"].size)
         lr, b1, b2, eps, wd = (_f32(k, a[k]) for k in SCALARS)
         c1, c2 = bias_corrections(b1, b2, a["t"])
-        kernel = get(NAME).kernel(kernel_name)
+        kernel = kernel_of(NAME, kernel_name)
         kernel(((n + bs - 1) // bs,), (bs,),
                (a["params"], a["grads"], a["m"], a["v"], np.int64(n), lr, b1, b2, c1, c2, eps, wd))
 

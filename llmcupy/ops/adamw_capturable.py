@@ -26,7 +26,7 @@ import numpy as np
 
 from ..runtime import backend as _backend
 from . import adamw as _adamw
-from ._op import Bound, Op, OpError, Version, check_float32, need
+from ._op import Bound, Op, OpError, Version, check_float32, kernel_of, need
 
 SOURCE = "adamw.cu"
 NAME = "adamw_capturable"
@@ -165,14 +165,11 @@ def _sizes(a):
 
 def _launch(kernel_name):
     def launch(a, bs):
-        from . import get
-
-        op = get(NAME)
         n = int(a["params"].size)
         table_len = int(a["corrections"].shape[1])
-        op.kernel("adamw_step_kernel")((1,), (1,), (a["hyper"], a["step"], a["corrections"], np.int32(table_len)))
-        op.kernel(kernel_name)(((n + bs - 1) // bs,), (bs,),
-                               (a["params"], a["grads"], a["m"], a["v"], np.int64(n), a["hyper"]))
+        kernel_of(NAME, "adamw_step_kernel")((1,), (1,), (a["hyper"], a["step"], a["corrections"], np.int32(table_len)))
+        kernel_of(NAME, kernel_name)(((n + bs - 1) // bs,), (bs,),
+                                     (a["params"], a["grads"], a["m"], a["v"], np.int64(n), a["hyper"]))
 
     return launch
 

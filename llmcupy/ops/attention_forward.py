@@ -37,6 +37,7 @@ import math
 
 import numpy as np
 
+from ..runtime import xp as _xp
 from ._attention import check_packed_qkv, elementwise, packed_qkv, split_qkv
 from ._op import Bound, Op, Version, kernel_of, scratch
 from .attention_permute import launch_permute
@@ -82,12 +83,6 @@ def allocate(xp, a):
     return {"out": xp.empty((B, T, C), dtype=np.float32),
             "att": xp.empty((B, NH, T, T), dtype=np.float32),
             "qkvr": xp.empty((3, B, NH, T, C // NH), dtype=np.float32)}
-
-
-def _xp():
-    from ..runtime import xp
-
-    return xp()
 
 
 def _kernel(name):
@@ -154,12 +149,10 @@ def _gemm_attention(a, bs, softmax):
 
 
 def _softmax_v3(preatt, att, B, T, NH, HS, bs):
-    from . import get
-
     elementwise(_kernel("attention_scale_kernel3"), B * NH * T * T, bs,
                 (preatt, np.float32(1.0 / math.sqrt(HS)), np.int32(B), np.int32(NH), np.int32(T)))
     n = B * NH * T
-    get("softmax_forward").kernel("softmax_forward_kernel4")(
+    kernel_of("softmax_forward", "softmax_forward_kernel4")(
         (n,), (SOFTMAX_THREADS,), (att, preatt, np.int32(n), np.int32(T)),
         shared_mem=4 * 2 * (SOFTMAX_THREADS // 32))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._attention import check_packed_qkv, elementwise, packed_qkv, split_qkv
-from ._op import ALL_BLOCK_SIZES, Bound, Op, Version
+from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, kernel_of
 
 SOURCE = "permute.cu"
 FP32_EPS = float(np.finfo(np.float32).eps)
@@ -41,11 +41,9 @@ def allocate(xp, a):
 
 def launch_permute(qkvr, inp, NH: int, bs: int) -> None:
     """The trainer's permute kernel: fills qkvr (3, B, NH, T, HS) from inp (B, T, 3C)."""
-    from . import get
-
     B, T, C3 = inp.shape
     HS = C3 // 3 // NH
-    elementwise(get("attention_permute").kernel("attention_permute_kernel1"), B * NH * T * HS, bs,
+    elementwise(kernel_of("attention_permute", "attention_permute_kernel1"), B * NH * T * HS, bs,
                 (qkvr[0], qkvr[1], qkvr[2], inp, np.int32(B), np.int32(T), np.int32(NH), np.int32(HS)))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._attention import elementwise
-from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, need
+from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, need
 from .attention_permute import (ATTENTION_SIZES, FP32_EPS, LAYOUT_SIM_SIZES, LAYOUT_TEST_SHAPES,
                                 LAYOUT_TOLERANCE_NOTE, layout_sizes)
 
@@ -41,10 +41,8 @@ def allocate(xp, a):
 
 def launch_permute_backward(dinp, dqkvr, bs: int) -> None:
     """dinp (B, T, 3C) from dq, dk, dv = dqkvr[0], dqkvr[1], dqkvr[2], each (B, NH, T, HS)."""
-    from . import get
-
     _, B, NH, T, HS = dqkvr.shape
-    elementwise(get("attention_permute_backward").kernel("attention_permute_backward_kernel1"),
+    elementwise(kernel_of("attention_permute_backward", "attention_permute_backward_kernel1"),
                 B * NH * T * HS, bs,
                 (dinp, dqkvr[0], dqkvr[1], dqkvr[2], np.int32(B), np.int32(T), np.int32(NH), np.int32(HS)))
 

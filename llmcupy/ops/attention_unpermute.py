@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._attention import elementwise
-from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, need
+from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, need
 from .attention_permute import (ATTENTION_SIZES, FP32_EPS, LAYOUT_SIM_SIZES, LAYOUT_TEST_SHAPES,
                                 LAYOUT_TOLERANCE_NOTE, layout_sizes)
 
@@ -37,10 +37,8 @@ def allocate(xp, a):
 
 def launch_unpermute(out, inp, bs: int) -> None:
     """The trainer's unpermute kernel: out (B, T, C) from inp (B, NH, T, HS)."""
-    from . import get
-
     B, NH, T, HS = inp.shape
-    elementwise(get("attention_unpermute").kernel("attention_unpermute_kernel1"), B * NH * T * HS, bs,
+    elementwise(kernel_of("attention_unpermute", "attention_unpermute_kernel1"), B * NH * T * HS, bs,
                 (out, inp, np.int32(B), np.int32(T), np.int32(NH), np.int32(HS)))
 
 

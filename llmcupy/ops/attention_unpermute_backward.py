@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._attention import as_int, elementwise
-from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, need
+from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, need
 from .attention_permute import (ATTENTION_SIZES, FP32_EPS, LAYOUT_SIM_SIZES, LAYOUT_TEST_SHAPES,
                                 LAYOUT_TOLERANCE_NOTE, layout_sizes)
 
@@ -47,10 +47,8 @@ def allocate(xp, a):
 
 def launch_unpermute_backward(dinp, dout, bs: int) -> None:
     """dinp (B, NH, T, HS) = dout (B, T, C) regrouped by head."""
-    from . import get
-
     B, NH, T, HS = dinp.shape
-    elementwise(get("attention_unpermute_backward").kernel("attention_unpermute_backward_kernel1"),
+    elementwise(kernel_of("attention_unpermute_backward", "attention_unpermute_backward_kernel1"),
                 B * NH * T * HS, bs, (dinp, dout, np.int32(B), np.int32(T), np.int32(NH), np.int32(HS)))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import ALL_BLOCK_SIZES, Bound, Op, OpError, Version, check_float32, host_checks_enabled, need
+from ._op import ALL_BLOCK_SIZES, Bound, Op, OpError, Version, check_float32, host_checks_enabled, kernel_of, need
 
 SOURCE = "crossentropy_forward.cu"
 NAME = "crossentropy_forward"
@@ -61,23 +61,22 @@ def allocate(xp, a):
     return {"losses": xp.empty(a["targets"].shape, dtype=np.float32)}
 
 
-def _sizes(a):
+def row_sizes(a):
+    """Shared by the loss ops: N rows (positions) of V probabilities, from probs (..., V)."""
     probs = a["probs"]
     return {"N": int(np.prod(probs.shape[:-1])), "V": int(probs.shape[-1])}
 
 
 def _launch_v1(a, bs):
-    from . import get
-
-    s = _sizes(a)
-    kernel = get(NAME).kernel("crossentropy_forward_kernel1")
+    s = row_sizes(a)
+    kernel = kernel_of(NAME, "crossentropy_forward_kernel1")
     # the kernel sees the positions as B = 1 row of T = N positions: only the product matters
     kernel(((s["N"] + bs - 1) // bs,), (bs,),
            (a["losses"], a["probs"], a["targets"], np.int32(1), np.int32(s["N"]), np.int32(s["V"])))
 
 
 def _requires_v1(a, bs):
-    n = int(np.prod(a["probs"].shape[:-1]))
+    n = row_sizes(a)["N"]
     if n >= 2**31:
         return f"B*T = {n} positions overflow the kernel's 32-bit thread index"
     return None
@@ -108,7 +107,7 @@ OP = Op(
         "value; the fast-math logf has an absolute error of about 2^-21 (5e-7) near p = 1 and a few ulp "
         "elsewhere, so the loss is within a few ulp of -ln(p) and well inside the bound."
     ),
-    sizes_of=_sizes,
+    sizes_of=row_sizes,
     # per position: one target id read, one probability gathered, one loss written
     bound=Bound("memory", bytes=lambda s: 12 * s["N"]),
     notes="Latency-bound: one scattered 4-byte read per row of V floats; the fused classifier replaces it.",

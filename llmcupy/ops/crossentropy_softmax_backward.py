@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, need
-from .crossentropy_forward import check_targets
+from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, need
+from .crossentropy_forward import check_targets, row_sizes
 
 SOURCE = "crossentropy_softmax_backward.cu"
 NAME = "crossentropy_softmax_backward"
@@ -57,17 +57,10 @@ def allocate(xp, a):
     return {"dlogits": a["dlogits"]}  # accumulated in place
 
 
-def _sizes(a):
-    probs = a["probs"]
-    return {"N": int(np.prod(probs.shape[:-1])), "V": int(probs.shape[-1])}
-
-
 def _launch_v1(a, bs):
-    from . import get
-
-    s = _sizes(a)
+    s = row_sizes(a)
     total = s["N"] * s["V"]
-    kernel = get(NAME).kernel("crossentropy_softmax_backward_kernel1")
+    kernel = kernel_of(NAME, "crossentropy_softmax_backward_kernel1")
     # the kernel sees the rows as B = 1 batch of T = N positions: only the product matters
     kernel(((total + bs - 1) // bs,), (bs,),
            (a["dlogits"], a["dlosses"], a["probs"], a["targets"], np.int32(1), np.int32(s["N"]),
@@ -75,7 +68,8 @@ def _launch_v1(a, bs):
 
 
 def _requires_v1(a, bs):
-    n, v = int(np.prod(a["probs"].shape[:-1])), int(a["probs"].shape[-1])
+    s = row_sizes(a)
+    n, v = s["N"], s["V"]
     if n >= 2**31:
         return f"B*T = {n} rows overflow the kernel's 32-bit row count"
     if (n * v + bs - 1) // bs >= 2**31:
@@ -108,7 +102,7 @@ OP = Op(
         "on values of magnitude <= 2; a fused multiply-add changes the result by at most one rounding "
         "(~2.4e-7), far inside 1e-5."
     ),
-    sizes_of=_sizes,
+    sizes_of=row_sizes,
     # probs read, dlogits read and written, plus one target id and one dloss per row
     bound=Bound("memory", bytes=lambda s: 12 * s["N"] * s["V"] + 8 * s["N"]),
 )

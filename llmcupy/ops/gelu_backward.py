@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._elementwise import elementwise_launch, float4_problem
-from ._op import Bound, Op, Version, check_float32, need
+from ._elementwise import check_elementwise, elementwise_launch, float4_problem
+from ._op import Bound, Op, Version
 
 SOURCE = "gelu_backward.cu"
-_INT_MAX = 2**31 - 1
 
 
 def gelu_grad64(x):
@@ -39,14 +38,7 @@ def make_inputs(rng, B, T, C):
 
 
 def validate(a):
-    check_float32("gelu_backward", inp=a["inp"], dout=a["dout"], dinp=a.get("dinp"))
-    need(a["inp"].shape == a["dout"].shape,
-         f"gelu_backward: inp and dout must have the same shape, got {a['inp'].shape} and {a['dout'].shape}")
-    need(a["inp"].size <= _INT_MAX, f"gelu_backward: {a['inp'].size} elements exceed the kernels' int indexing")
-    dinp = a.get("dinp")
-    if dinp is not None:
-        need(dinp.shape == a["inp"].shape,
-             f"gelu_backward: dinp must have inp's shape {a['inp'].shape}, got {dinp.shape}")
+    check_elementwise("gelu_backward", a, out="dinp", inputs=("inp", "dout"))
 
 
 def allocate(xp, a):

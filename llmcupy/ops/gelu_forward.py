@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._elementwise import elementwise_launch, float4_problem
-from ._op import Bound, Op, Version, check_float32, need
+from ._elementwise import check_elementwise, elementwise_launch, float4_problem
+from ._op import Bound, Op, Version
 
 SOURCE = "gelu_forward.cu"
-_INT_MAX = 2**31 - 1
 
 
 def reference(inp):
@@ -28,11 +27,7 @@ def make_inputs(rng, B, T, C):
 
 
 def validate(a):
-    check_float32("gelu_forward", inp=a["inp"], out=a.get("out"))
-    need(a["inp"].size <= _INT_MAX, f"gelu_forward: {a['inp'].size} elements exceed the kernels' int indexing")
-    out = a.get("out")
-    if out is not None:
-        need(out.shape == a["inp"].shape, f"gelu_forward: out must have inp's shape {a['inp'].shape}, got {out.shape}")
+    check_elementwise("gelu_forward", a, out="out", inputs=("inp",))
 
 
 def allocate(xp, a):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, need, scratch
+from ._op import Bound, Op, Version, check_float32, kernel_of, need, scratch
 
 SOURCE = "matmul_backward.cu"
 
@@ -73,12 +73,6 @@ def _dims(a):
     return a["inp"].size // c, c, oc
 
 
-def _kernel(name):
-    from . import get
-
-    return get("matmul_backward").kernel(name)
-
-
 def _launch_v1(a, bs):
     xp = _backend.xp()
     bt, c, oc = _dims(a)
@@ -91,8 +85,8 @@ def _launch_v1(a, bs):
     dweight_part = xp.matmul(dout2d.T, a["inp"].reshape(bt, c), out=scratch("matmul_backward", "dweight", (oc, c)))
     a["dweight"] += dweight_part
     if a["dbias"] is not None:
-        _kernel("matmul_backward_bias_kernel1")((oc,), (bs,), (a["dbias"], a["dout"], np.int32(bt), np.int32(oc)),
-                                                shared_mem=4 * bs)
+        kernel_of("matmul_backward", "matmul_backward_bias_kernel1")(
+            (oc,), (bs,), (a["dbias"], a["dout"], np.int32(bt), np.int32(oc)), shared_mem=4 * bs)
 
 
 def _power_of_two(a, bs):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, need
+from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, need
 
 SOURCE = "permute.cu"
 
@@ -34,11 +34,9 @@ def allocate(xp, a):
 
 
 def _launch_v1(a, bs):
-    from . import get
-
     d1, d2, d3, d4 = a["inp"].shape
     n = d1 * d2 * d3 * d4
-    get("permute").kernel("permute_kernel1")(
+    kernel_of("permute", "permute_kernel1")(
         ((n + bs - 1) // bs,), (bs,), (a["out"], a["inp"], np.int32(d1), np.int32(d2), np.int32(d3), np.int32(d4))
     )
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._elementwise import elementwise_launch, float4_problem
-from ._op import Bound, Op, Version, check_float32, need
+from ._elementwise import check_elementwise, elementwise_launch, float4_problem
+from ._op import Bound, Op, Version
 
 SOURCE = "residual_forward.cu"
-_INT_MAX = 2**31 - 1
 
 
 def reference(inp1, inp2):
@@ -29,14 +28,7 @@ def make_inputs(rng, B, T, C):
 
 
 def validate(a):
-    check_float32("residual_forward", inp1=a["inp1"], inp2=a["inp2"], out=a.get("out"))
-    need(a["inp1"].shape == a["inp2"].shape,
-         f"residual_forward: inp1 and inp2 must have the same shape, got {a['inp1'].shape} and {a['inp2'].shape}")
-    need(a["inp1"].size <= _INT_MAX, f"residual_forward: {a['inp1'].size} elements exceed the kernels' int indexing")
-    out = a.get("out")
-    if out is not None:
-        need(out.shape == a["inp1"].shape,
-             f"residual_forward: out must have the inputs' shape {a['inp1'].shape}, got {out.shape}")
+    check_elementwise("residual_forward", a, out="out", inputs=("inp1", "inp2"))
 
 
 def allocate(xp, a):

@@ -13,8 +13,9 @@ import math
 
 import numpy as np
 
+from ..runtime import xp as _xp
 from ._attention import check_packed_qkv, packed_qkv, split_qkv
-from ._op import Bound, Op, Version
+from ._op import Bound, Op, Version, kernel_of
 from .attention_permute import launch_permute
 
 SOURCE = "trimat_forward.cu"
@@ -49,12 +50,6 @@ def allocate(xp, a):
     return {"out": xp.empty((B, NH, T, T), dtype=np.float32)}
 
 
-def _xp():
-    from ..runtime import xp
-
-    return xp()
-
-
 def _launch_v0(a, bs):
     xp = _xp()
     B, T, C, NH = _dims(a)
@@ -68,11 +63,9 @@ def _launch_v0(a, bs):
 
 def _custom(number):
     def launch(a, bs):
-        from . import get
-
         B, T, C, NH = _dims(a)
         grid = (T // TILE, T // TILE, B * NH)
-        get("trimat_forward").kernel(f"trimat_forward_kernel{number}")(
+        kernel_of("trimat_forward", f"trimat_forward_kernel{number}")(
             grid, THREADS,
             (a["out"], a["inp"], np.int32(T), np.int32(C), np.int32(NH), np.float32(1.0 / math.sqrt(C // NH))))
 
