@@ -420,3 +420,19 @@ def test_diverging_parameters_are_not_saved(token_files, tmp_path, monkeypatch):
     assert np.isfinite(seen[0][2])
     assert "parameters are not finite after step 1" in err, err
     assert not path.exists()
+
+
+class OutOfMemoryError(Exception):
+    """Stands in for cupy.cuda.memory.OutOfMemoryError (matched by name, as the model does)."""
+
+
+def test_out_of_memory_names_the_buffer_and_suggests_a_smaller_batch(monkeypatch):
+    cfg = GPT2Config(max_seq_len=16, num_layers=1, num_heads=2, channels=8, vocab_size=100)
+    model = GPT2(cfg, init_params(cfg))
+
+    def no_memory(*args, **kwargs):
+        raise OutOfMemoryError("out of memory allocating 1,234,567,890 bytes")
+
+    monkeypatch.setattr(model.xp, "zeros", no_memory)
+    with pytest.raises(ModelError, match=r"out of memory allocating the activations for B=2, T=8 .*smaller batch \(-b\)"):
+        model.allocate(2, 8)
