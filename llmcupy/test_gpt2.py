@@ -8,7 +8,8 @@ Runs the debug state's batch through the model with TF32 off and compares:
 2. the step-0 loss: |diff| < 1e-2;
 3. every gradient tensor: max |diff| <= 1e-2 (llm.c's absolute tolerance) and <= 1e-2 * max|ref|
    + 1e-6 (so that it also means something for small models whose gradients are tiny);
-4. ten AdamW steps on the same batch (lr 1e-4, weight decay 0.01): the losses must decrease, and
+4. ten AdamW steps on the same batch (lr 1e-4, weight decay 0.01): the losses must fall (the last
+   below the first; not every step: a random-init GPT-2 124M overshoots once in PyTorch too), and
    match ``--expected-losses`` within 1e-2 when given (``llmc`` = the values llm.c hard-codes for
    GPT-2 124M with its starter-pack debug state, or a JSON list such as ``torch_gpt2`` writes).
 Prints ``overall okay: 1`` and exits 0 only if all of these hold.
@@ -51,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(kernel_flag(op), dest=f"kernel_{op}", type=int, metavar="N", help=f"{op} version")
     p.add_argument("--kernel", action="append", default=[], metavar="OP=N[:BLOCK]")
     return p
+
+
+def losses_fall(losses) -> bool:
+    """All finite and the last below the first (single steps may overshoot)."""
+    return bool(np.isfinite(losses).all()) and (len(losses) < 2 or losses[-1] < losses[0])
 
 
 def compare_grads(cfg, grads: np.ndarray, ref: np.ndarray) -> tuple[bool, list]:
@@ -133,8 +139,10 @@ def run_gate(args) -> int:
         losses.append(loss)
         print(f"step {step}: loss {loss:f} (took {ms:f} ms)")
 
-    steps_ok = all(np.isfinite(losses)) and all(b < a for a, b in zip(losses, losses[1:]))
-    print("step losses decrease: " + ("OK" if steps_ok else "NOT OK"))
+    # Training on one batch must make progress. Not every step has to: on a random-init GPT-2 124M,
+    # PyTorch's AdamW itself goes 8.04 -> 9.67 at step 3 before falling to 4.47 by step 9.
+    steps_ok = losses_fall(losses)
+    print("step losses decrease: " + ("OK" if steps_ok else "NOT OK") + " (last below first)")
     if expected is not None:
         for i, (got, want) in enumerate(zip(losses, expected)):
             good = abs(got - want) < LOSS_TOL

@@ -311,3 +311,12 @@ def test_gate_tools_refuse_bad_arguments(tmp_path, small_train_args):
     assert rc == 2 and "--steps must be at least 1" in err, err
     rc, _, err = _call(test_gpt2.main, ["--checkpoint", tmp_path / "nope.bin"])
     assert rc == 2 and "nope.bin" in err, err
+
+
+def test_gate_loss_rule_allows_an_overshoot_but_not_divergence():
+    from llmcupy.test_gpt2 import losses_fall
+
+    # PyTorch's own losses for a random-init GPT-2 124M at B=4, T=64 (torch_gpt2, seed 0): step 3 overshoots
+    assert losses_fall([10.99, 9.09, 8.04, 9.67, 7.47, 6.75, 6.11, 5.06, 4.57, 4.47])
+    assert not losses_fall([10.9, 10.5, 11.2])
+    assert not losses_fall([10.9, float("nan"), 9.0])
