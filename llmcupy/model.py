@@ -160,8 +160,10 @@ class GPT2:
     # -- kernels --------------------------------------------------------------------------------
 
     def call(self, op: str, arrays: dict, out: dict | None = None) -> dict:
+        # set_batch checked every token and target id on the host, so the ops need not read them
+        # back from the device again (a host synchronisation per launch on a GPU)
         o = ops_registry.get(op)
-        return o.run(self.kernels.version(op), arrays, self.kernels.block_size(op), out)
+        return o.run(self.kernels.version(op), arrays, self.kernels.block_size(op), out, host_checks=False)
 
     # -- forward --------------------------------------------------------------------------------
 
