@@ -35,3 +35,15 @@ def no_hazards():
     counts = sim.hazards()
     bad = {k: v for k, v in counts.items() if k != "launches" and v}
     assert not bad, f"emulator hazards: {bad}"
+
+
+@pytest.fixture(autouse=True)
+def tf32_off():
+    """Every test starts and ends with TF32 off: the FP32 tolerances assume exact FP32 GEMMs, and an
+    in-process trainer run (``--tf32`` defaults to 1) must not leave it on for the tests after it.
+    A test that wants TF32 scopes it with ``with llmcupy.runtime.blas.tf32(True): ...``."""
+    from llmcupy.runtime import blas
+
+    assert not blas.tf32_enabled(), "TF32 was left on before this test"
+    yield
+    assert not blas.tf32_enabled(), "this test left TF32 on (use `with blas.tf32(...)`, which restores it)"
