@@ -11,7 +11,7 @@ softmax-backward kernel (step 5):
   1. permute: q, k, v (B, NH, T, HS) from inp (our op takes the packed qkv activations; llm.c's
      backward receives the forward's already permuted copy);
   2. unpermute-backward: dY (B, NH, T, HS) from dout (B, T, C), one thread per element;
-  3. datt = dY V^T                      (batched GEMM, xp.matmul)
+  3. datt = dY V^T                      (strided-batched GEMM, llmcupy.runtime.blas)
   4. dV   = att^T dY                    (batched GEMM; reads all of att: its upper triangle must be 0)
   5. dpreatt[t, t3] = scale * att[t, t3] * (datt[t, t3] - sum_{t2<=t} att[t, t2] * datt[t, t2])
      for t3 <= t, the softmax Jacobian contracted with datt  (the versioned kernel below)

@@ -25,7 +25,7 @@ version 2: minimal FlashAttention-1: q, k, v permuted to (B, NH, T, HS); grid (B
            produces no att; the op's output contract includes att (the backward needs it), so a
            second kernel materialises att from the saved statistics, att = exp(s - m) / l, the
            way FlashAttention's backward recomputes probabilities.
-version 3: permute, cuBLAS (xp.matmul) strided-batched preatt = Q K^T (unscaled), an elementwise
+version 3: permute, cuBLAS (llmcupy.runtime.blas) strided-batched preatt = Q K^T (unscaled), an elementwise
            kernel that scales on/below the diagonal and writes -inf above it, a row softmax with the
            softmax_forward version 4 design (block of 256 per row of T, warp shuffles, separate
            shared slots for max and sum: llm.c's shared-slot race fixed), y = att V by cuBLAS,

@@ -8,8 +8,8 @@ inp (B*T, C) and weight (OC, C), all row-major FP32:
 
 Versions (same numbers as llm.c's dev/cuda/matmul_backward.cu):
 
-version 1: the two GEMMs are cuBLAS SGEMMs with beta = 1 (issued from Python through xp.matmul and an
-           add: a .cu file cannot call cuBLAS); the bias gradient is matmul_backward_bias_kernel1
+version 1: the two GEMMs are cuBLAS SGEMMs with beta = 1 (issued from Python through
+           llmcupy.runtime.blas: a .cu file cannot call cuBLAS); the bias gradient is matmul_backward_bias_kernel1
            below: one block per output channel (512 threads in llm.c), each thread sums the rows
            tid, tid + blockDim.x, ... of its column in a double, then a halving tree in shared memory
            (block size a power of two) and thread 0 overwrites dbias[o]. A block reads its column at

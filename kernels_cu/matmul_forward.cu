@@ -10,11 +10,12 @@ Versions (same numbers as llm.c's dev/cuda/matmul_forward.cu):
 version 1: naive, one thread per output on an s x s block ("sqrt block size" s): x walks the B*T
            rows, y walks OC; each thread does a length-C dot product straight from global memory.
            Neighbouring threads read different rows, so nothing coalesces.
-version 2: cuBLAS SGEMM for inp @ weight^T (issued from Python through xp.matmul: a .cu file cannot
-           call cuBLAS), then matmul_forward_bias_kernel2 below adds the bias in a separate
-           grid-stride element-wise pass of s*s threads per block. Skipped when bias is NULL.
-version 3: cuBLASLt with the bias fused into the GEMM epilogue. Listed but not run: CuPy exposes no
-           cuBLASLt binding with bias epilogues, and a .cu file cannot call host libraries.
+version 2: cuBLAS SGEMM for inp @ weight^T (issued from Python through llmcupy.runtime.blas: a .cu
+           file cannot call cuBLAS), then matmul_forward_bias_kernel2 below adds the bias in a
+           separate grid-stride element-wise pass of s*s threads per block. Skipped when bias is NULL.
+version 3: cuBLASLt with the bias fused into the GEMM epilogue (CUBLASLT_EPILOGUE_BIAS), issued from
+           Python through llmcupy.runtime.blas; no kernel in this file. In the emulator the same
+           call runs through NumPy.
 version 4: hand-written register-blocked SIMT GEMM (no tensor cores). A 16 x 16 block owns a 128 x 128
            tile of out, each thread an 8 x 8 sub-tile of 64 accumulators in registers, initialised
            from the bias with float4 loads (zeros when bias is NULL). C is walked in chunks of 32:

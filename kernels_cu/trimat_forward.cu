@@ -8,10 +8,9 @@ of cuBLAS's full T x T product.
 Versions (same numbers as llm.c's dev/cuda/trimat_forward.cu):
 
 version 0: the cuBLAS baseline, no kernel in this file: the attention permute kernel
-           (kernels_cu/permute.cu) into a (3, B, NH, T, HS) scratch, q scaled in place, then one
-           strided-batched GEMM out = q k^T over the FULL T x T (xp.matmul). llm.c folds the scale
-           into the GEMM's alpha; CuPy's matmul has none, so q is scaled first (B*T*C multiplies,
-           exact when HS is a power of 4, e.g. 1/8 at HS = 64). FP32 unless CUPY_TF32=1.
+           (kernels_cu/permute.cu) into a (3, B, NH, T, HS) scratch, then one strided-batched GEMM
+           out = scale * q k^T over the FULL T x T (llmcupy.runtime.blas, k read transposed in
+           place), the scale folded into the GEMM's alpha as llm.c does. FP32 unless TF32 is on.
 
 Versions 1-4 share one launch: grid (T/128, T/128, B*NH), blocks of 16x16 = 256 threads
 (__launch_bounds__(256, 2)). Block (x, y) owns the 128x128 tile of query rows 128x.. and key

@@ -6,14 +6,15 @@ number of heads (a Python int). Outputs: ``dinp`` (B, T, 3C), and the scratch gr
 harness compares: ``datt`` (B, NH, T, T, full matrix) and ``dpreatt`` (B, NH, T, T, gradient with
 respect to the *unscaled* scores q.k, zero above the diagonal).
 
-Every version shares one driver (permute, unpermute-backward, four batched GEMMs through
-``xp.matmul``, permute-backward) and differs only in the softmax-backward kernel.
+Every version shares one driver (permute, unpermute-backward, four strided-batched GEMMs through
+``runtime.blas`` with transposes as flags, permute-backward) and differs only in the softmax-backward kernel.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..runtime import blas
 from ._op import ALL_BLOCK_SIZES, Bound, Op, OpError, Version, check_float32, need, scratch
 from ..runtime.module import load_kernel_file
 
@@ -140,9 +141,6 @@ def _driver(softmax_backward):
     """The whole backward; ``softmax_backward(a, bs, dims)`` launches the versioned kernel."""
 
     def launch(a, bs):
-        from ..runtime.backend import xp as get_xp
-
-        xp = get_xp()
         B, T, C, NH, HS = _dims(a)
         n = B * NH * T * HS
         i32 = np.int32
@@ -157,15 +155,16 @@ def _driver(softmax_backward):
                      (q, k, v, a["inp"], i32(B), i32(T), i32(NH), i32(HS)))
         _elementwise("attention_backward_unpermute_kernel", bs, n,
                      (dy, a["dout"], i32(B), i32(T), i32(NH), i32(HS)))
-        xp.matmul(dy, v.swapaxes(-1, -2), out=a["datt"])        # datt = dY V^T
-        xp.matmul(a["att"].swapaxes(-1, -2), dy, out=dv)        # dV = att^T dY
+        # strided-batched SGEMMs over the B*NH heads, transposed operands read in place (no copies)
+        blas.gemm(dy, v, a["datt"], trans_b=True)               # datt = dY V^T
+        blas.gemm(a["att"], dy, dv, trans_a=True)               # dV = att^T dY
         # The kernels write dpreatt's lower triangle only and the dQ/dK GEMMs read the whole
         # matrix, so the upper triangle must be zero. llm.c relies on fresh allocations being
         # zero; CuPy's pool (and a caller's out= buffer) hands back used memory: zero it here.
         a["dpreatt"].fill(0)
         softmax_backward(a, bs, (B, T, C, NH, HS))              # dpreatt (lower triangle)
-        xp.matmul(a["dpreatt"], k, out=dq)                      # dQ = dpreatt K
-        xp.matmul(a["dpreatt"].swapaxes(-1, -2), q, out=dk)     # dK = dpreatt^T Q
+        blas.gemm(a["dpreatt"], k, dq)                          # dQ = dpreatt K
+        blas.gemm(a["dpreatt"], q, dk, trans_a=True)            # dK = dpreatt^T Q
         _elementwise("attention_backward_permute_backward_kernel", bs, n,
                      (a["dinp"], dq, dk, dv, i32(B), i32(T), i32(NH), i32(HS)))
 

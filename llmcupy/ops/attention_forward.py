@@ -37,6 +37,7 @@ import math
 
 import numpy as np
 
+from ..runtime import blas
 from ..runtime import xp as _xp
 from ._attention import check_packed_qkv, elementwise, packed_qkv, split_qkv
 from ._op import Bound, Op, Version, kernel_of, scratch
@@ -134,17 +135,17 @@ def _launch_v2(a, bs):
 
 def _gemm_attention(a, bs, softmax):
     """Versions 3 and 4: permute, preatt = Q K^T (cuBLAS), softmax(preatt) -> att, y = att V, unpermute."""
-    xp = _xp()
     B, T, C, NH = _dims(a)
     HS = C // NH
     qkvr = a["qkvr"]
     launch_permute(qkvr, a["inp"], NH, bs)
     q, k, v = qkvr[0], qkvr[1], qkvr[2]
     preatt = _preatt(a, B, NH, T)
-    xp.matmul(q, k.swapaxes(-1, -2), out=preatt)  # strided-batched SGEMM, unscaled
+    # strided-batched SGEMMs over the B*NH heads; K is read transposed in place (no K^T copy)
+    blas.gemm(q, k, preatt, trans_b=True)  # unscaled Q K^T
     softmax(preatt, a["att"], B, T, NH, HS, bs)
     y = scratch("attention_forward", "y", (B, NH, T, HS))
-    xp.matmul(a["att"], v, out=y)                 # dense: reads att's zero upper triangle
+    blas.gemm(a["att"], v, y)              # dense: reads att's zero upper triangle
     launch_unpermute(a["out"], y, bs)
 
 

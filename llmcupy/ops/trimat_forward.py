@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from ..runtime import blas
 from ..runtime import xp as _xp
 from ._attention import check_packed_qkv, packed_qkv, split_qkv
 from ._op import Bound, Op, Version, kernel_of
@@ -57,8 +58,8 @@ def _launch_v0(a, bs):
     qkvr = xp.empty((3, B, NH, T, HS), dtype=np.float32)
     launch_permute(qkvr, a["inp"], NH, bs)
     q, k = qkvr[0], qkvr[1]
-    xp.multiply(q, np.float32(1.0 / math.sqrt(HS)), out=q)  # cuBLAS would take it as alpha
-    xp.matmul(q, k.swapaxes(-1, -2), out=a["out"])          # the full T x T
+    # the full T x T, the scale as cuBLAS's alpha, K read transposed in place
+    blas.gemm(q, k, a["out"], trans_b=True, alpha=1.0 / math.sqrt(HS))
 
 
 def _custom(number):
