@@ -18,6 +18,7 @@ from .config import GPT2Config, num_parameters, split_params
 from .ops import phase
 from .ops._op import Workspace, graph_safe
 from .runtime import backend as _backend
+from .runtime import blas
 
 # The ops one training step uses, in the order they first run, and the CLI flag of each.
 STEP_OPS = (
@@ -487,6 +488,9 @@ class StepGraph:
             return mem
 
         stream = self.stream
+        # cuBLAS's handle onto the capturing stream now: binding a stream resets cuBLAS's workspace,
+        # which may not happen inside the capture (the warm-up already ran on this stream)
+        blas.bind_stream(stream)
         with cupy.cuda.using_allocator(keeping_allocator), graph_safe(self.workspace):
             stream.begin_capture(mode)
             try:
@@ -500,6 +504,12 @@ class StepGraph:
             graph = stream.end_capture()
         self.capture_allocations = kept
         return graph
+
+    @property
+    def capture_bytes(self) -> int:
+        """Device bytes allocated during the capture and held for the graph's life (0 when the
+        step allocates nothing in capture, as it should: every buffer is the model's or the workspace's)."""
+        return sum(int(m.mem.size) if hasattr(m, "mem") else 0 for m in self.capture_allocations)
 
     def replay(self) -> float:
         """One step by replaying the graph (eagerly in the emulator); returns the mean loss."""

@@ -290,22 +290,48 @@ def test_a_replay_allocates_nothing():
         tracemalloc.reset_peak()
         graph.replay()
         _, replay_peak = tracemalloc.get_traced_memory()
-        model.set_batch(x, y)
         base2, _ = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        model.forward(x, y)
-        model.zero_grad()
-        model.backward()
-        model.update(*HP, 3)
-        _, eager_peak = tracemalloc.get_traced_memory()
+        control = np.ones((B * T, SMALL.padded_vocab_size), np.float32)  # one LM-head-sized temporary
+        _, control_peak = tracemalloc.get_traced_memory()
+        del control
     finally:
         tracemalloc.stop()
-    # The eager step allocates the LM head's temporaries (a (B*T, Vp) and a (Vp, C) float32 array:
-    # >= 3 MiB), so the measurement sees allocations. A replay allocates no array: what remains is
-    # the emulator's per-launch bookkeeping (0-d scalar arrays, ctypes argument lists; ~30 KiB),
-    # far below the smallest activation-sized temporary of this model that the GEMMs would need.
-    assert eager_peak - base2 > 3 * 2**20
+    # The control shows the measurement sees an array the size of the LM head's logits (B*T x Vp
+    # float32: 3.2 MB), the smallest temporary a GEMM of the head would need. A replay allocates no
+    # array: what remains is the emulator's per-launch bookkeeping (0-d scalar arrays, ctypes
+    # argument lists; ~30 KiB), and runtime.blas keeps its NumPy product buffers across calls as
+    # cuBLAS keeps its workspace.
+    assert control_peak - base2 > 3 * 2**20
     assert replay_peak - base < 256 * 2**10, f"a replay allocated {replay_peak - base} bytes"
+
+
+def test_graph_step_issues_every_gemm_through_runtime_blas(monkeypatch):
+    # CuPy refuses cuBLAS calls during stream capture, so a captured step must never reach
+    # xp.matmul (numpy.matmul here: the emulator's xp). The emulator's blas binds NumPy's matmul at
+    # import, so patching the module attribute catches exactly the ops' own calls.
+    from llmcupy.runtime import blas
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("xp.matmul called in a graph-safe step (CuPy's cuBLAS cannot be captured)")
+
+    B, T = 1, 8
+    (x, y), = _batches(SMALL, B, T, 1)
+    model = GPT2(SMALL, init_params(SMALL, seed=1))
+    model.allocate(B, T)
+    graph = model.step_graph(*HP)
+    model.set_batch(x, y)
+    record = []
+    monkeypatch.setattr(np, "matmul", refuse)
+    monkeypatch.setattr(blas, "RECORD", record)
+    graph.step()
+    graph.replay()
+    # per step and layer: 4 dense layers forward, 2 attention GEMMs forward, 2 GEMMs per dense layer
+    # backward and 4 attention GEMMs backward; the LM head's forward and its 2 backward GEMMs
+    per_step = SMALL.num_layers * (4 + 2 + 4 * 2 + 4) + 1 + 2
+    assert len(record) == 2 * per_step
+    batched = [c for c, _ in record if c.batch > 1]
+    assert len(batched) == 2 * SMALL.num_layers * 6 and all(c.batch == B * SMALL.num_heads for c in batched)
 
 
 def test_step_graph_needs_targets_and_a_capture_first():
@@ -448,7 +474,7 @@ def test_gpu_step_graph_replays_match_eager(cuda):
     assert graph.captured and not graph.emulated and graph.replays == 5 and graph.t == 6
     exact = losses == eager_losses and _bytes(model.params) == _bytes(eager.params)
     print(f"\ncapture mode: {graph.capture_mode}; CuPy allocations during capture: "
-          f"{len(graph.capture_allocations)} ({sum(m.mem.size for m in graph.capture_allocations)} bytes); "
+          f"{len(graph.capture_allocations)} ({graph.capture_bytes} bytes); "
           f"workspace: {len(graph.workspace)} buffers, {graph.workspace.nbytes} bytes; bit-identical: {exact}")
     print("eager losses:", eager_losses)
     print("graph losses:", losses)
@@ -459,6 +485,22 @@ def test_gpu_step_graph_replays_match_eager(cuda):
     # single elements may differ by up to a few lr per step; all but a few must agree closely.
     diff = np.abs(llmcupy.to_numpy(model.params) - llmcupy.to_numpy(eager.params))
     assert diff.max() <= 8 * HP[0] * len(losses) and np.mean(diff > 1e-6) < 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_capture_is_thread_local_and_allocates_nothing(cuda):
+    # With every GEMM on our own cuBLAS handle (bound to the stream before the capture) and every
+    # temporary in the workspace, the strict mode captures and nothing is allocated inside it: an
+    # allocation in relaxed mode would be held for the graph's life (GBs at B=4, T=1024).
+    cfg = GPT2Config(max_seq_len=64, num_layers=2, num_heads=4, channels=128)
+    (x, y), = _batches(cfg, 2, 64, 1, seed=6)
+    model = GPT2(cfg, init_params(cfg, seed=1))
+    graph = model.step_graph(*HP, t=1)
+    model.set_batch(x, y)
+    graph.step()
+    assert graph.captured
+    assert graph.capture_mode == "thread-local", graph.capture_mode
+    assert graph.capture_bytes == 0 and graph.capture_allocations == []
 
 
 @pytest.mark.gpu
