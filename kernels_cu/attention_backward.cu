@@ -64,7 +64,12 @@ version 8: version 7 with 4 rows per block, blocks taking rows from the end (t0 
 Fastest per llm.c: version 8 (a few percent ahead of 7); it is the trainer's kernel (256 threads).
 */
 
+// cooperative groups only in the files that use them: the header costs ~1 s of NVRTC per file
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 #include "common.cuh"
+
+namespace cg = cooperative_groups;
 
 // ----------------------------------------------------------------------------------------------
 // driver kernels shared by every version: one thread per element of (B, NH, T, HS)

@@ -51,7 +51,12 @@ kernels_cu/permute.cu (ops attention_permute / attention_unpermute), launched fr
 Fastest FP32 version per llm.c: 4 (3 is about 20x faster than 1; 2 is about 3x slower than 1).
 */
 
+// cooperative groups only in the files that use them: the header costs ~1 s of NVRTC per file
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 #include "common.cuh"
+
+namespace cg = cooperative_groups;
 
 // ----------------------------------------------------------------------------------------------
 // version 1: three naive kernels on the packed input

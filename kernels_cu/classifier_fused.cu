@@ -54,7 +54,12 @@ version 5: the tuned 128-bit version: compile-time switches "write dlogits" (on)
 The file gives no timings; version 5 is presented as the fix of version 4's cache thrashing.
 */
 
+// cooperative groups only in the files that use them: the header costs ~1 s of NVRTC per file
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 #include "common.cuh"
+
+namespace cg = cooperative_groups;
 
 // Online softmax normaliser: fold one value into a thread's running (max, sum) pair. A thread
 // with no elements yet holds (-FLT_MAX, 0): the first fold multiplies 0 by exp(-huge) = 0, and

@@ -32,7 +32,12 @@ version 4: deterministic, two kernels, no atomics: block b writes its sum (the v
 Versions 1-3 only accumulate into out[0]: their launcher zeroes it before every launch.
 */
 
+// cooperative groups only in the files that use them: the header costs ~1 s of NVRTC per file
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 #include "common.cuh"
+
+namespace cg = cooperative_groups;
 
 // Every thread's share of the sum of squares, over a grid-stride loop (64-bit indices).
 __device__ __forceinline__ float global_norm_thread_sum(const float* data, size_t count) {

@@ -63,7 +63,12 @@ Fastest per llm.c: each version is presented as an improvement on the one before
 the mainline trainer adopted (block 512). The fp32 trainer uses version 2 with block 512.
 */
 
+// cooperative groups only in the files that use them: the header costs ~1 s of NVRTC per file
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 #include "common.cuh"
+
+namespace cg = cooperative_groups;
 
 // Minimum resident 1024-thread blocks per SM for version 8: 2 where an SM holds 2048 threads.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ >= 900)

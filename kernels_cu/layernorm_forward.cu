@@ -37,7 +37,12 @@ version 6: one warp per row, block = (32, block/32) so threadIdx.y picks the row
 Fastest per llm.c: version 6 (adopted by the bf16 mainline, block 256), with 3 as its fallback.
 */
 
+// cooperative groups only in the files that use them: the header costs ~1 s of NVRTC per file
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 #include "common.cuh"
+
+namespace cg = cooperative_groups;
 
 #define LN_EPS 1e-5f
 

@@ -47,7 +47,12 @@ Fastest per llm.c's file: the versions are chronological, each removing a bottle
 before; version 9 is the last (and deterministic).
 */
 
+// cooperative groups only in the files that use them: the header costs ~1 s of NVRTC per file
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 #include "common.cuh"
+
+namespace cg = cooperative_groups;
 
 // ----------------------------------------------------------------------------------------------
 // version 1: one block per output channel, shared-memory tree (power-of-two block size)

@@ -29,7 +29,12 @@ version 8: online softmax, one warp per row with raw shuffles: the (max, sum) pa
 Fastest per llm.c's header: version 4 among the classic designs, version 7 for very large C.
 */
 
+// cooperative groups only in the files that use them: the header costs ~1 s of NVRTC per file
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 #include "common.cuh"
+
+namespace cg = cooperative_groups;
 
 // ----------------------------------------------------------------------------------------------
 // version 1: one thread per row, three passes

@@ -196,9 +196,14 @@ def cuda_include_dirs() -> list[Path]:
     roots = _package_roots()
     dirs: list[Path] = []
 
-    # cuda_runtime.h, cooperative_groups.h: the runtime wheel (CUDA 12 or 13 layout) or a toolkit.
+    # cuda_runtime.h, cooperative_groups.h: $LLMCUPY_CUDA_INCLUDE (e.g. an older runtime wheel's
+    # include folder, for the oldest-headers check), the runtime wheel (CUDA 12 or 13 layout) or a toolkit.
+    override = os.environ.get("LLMCUPY_CUDA_INCLUDE")
+    if override and not (Path(override) / "cooperative_groups.h").is_file():
+        raise NvrtcNotFound(f"LLMCUPY_CUDA_INCLUDE={override} holds no cooperative_groups.h")
     runtime = _first_dir(
-        [r / "nvidia" / "cuda_runtime" / "include" for r in roots]
+        ([Path(override)] if override else [])
+        + [r / "nvidia" / "cuda_runtime" / "include" for r in roots]
         + [Path(p) for r in roots for p in sorted(glob.glob(str(r / "nvidia" / "cu*" / "include")))]
         + [t / "include" for t in _toolkit_roots()]
     )

@@ -7,6 +7,10 @@ tests skip, except on CI (``CI`` or ``LLMCUPY_REQUIRE_NVRTC`` set), where they f
 """
 
 import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +44,55 @@ def test_kernel_file_compiles(have_nvrtc, filename, arch):
     assert expected <= compiled, f"missing from the cubin: {sorted(expected - compiled)}"
     for k in res.kernels:
         assert k.registers is not None and k.registers > 0, k
+
+
+# ----------------------------------------------------------------------------------------------
+# the oldest NVRTC and headers we claim (the test extra's floor), as well as the newest above
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _floor_in_pyproject() -> str:
+    text = (ROOT / "pyproject.toml").read_text()
+    m = re.search(r'"nvidia-cuda-nvrtc-cu12>=([0-9.]+)"', text)
+    assert m, "the test extra must pin a floor for nvidia-cuda-nvrtc-cu12"
+    return m.group(1)
+
+
+def test_ci_checks_the_floor_of_the_test_extra():
+    # the version CI downloads for the oldest-headers check is the one pyproject.toml claims
+    m = re.search(r"^OLDEST_CUDA=([0-9.]+)$", (ROOT / ".ci" / "run").read_text(), re.M)
+    assert m, ".ci/run must set OLDEST_CUDA"
+    floor = _floor_in_pyproject()
+    assert m.group(1).split(".")[:2] == floor.split(".")[:2], (m.group(1), floor)
+    assert f'"nvidia-cuda-runtime-cu12>={floor}"' in (ROOT / "pyproject.toml").read_text()
+
+
+@pytest.fixture(scope="module")
+def oldest_cuda():
+    """$LLMCUPY_OLDEST_CUDA: a folder holding nvidia/cuda_nvrtc and nvidia/cuda_runtime unpacked from
+    the floor's wheels (``.ci/run`` makes it). Skipped without it, except on CI."""
+    root = os.environ.get("LLMCUPY_OLDEST_CUDA")
+    if not root:
+        if os.environ.get("CI") or os.environ.get("LLMCUPY_REQUIRE_NVRTC"):
+            pytest.fail("CI must compile against the oldest supported NVRTC: set LLMCUPY_OLDEST_CUDA (.ci/run does)")
+        pytest.skip("LLMCUPY_OLDEST_CUDA is not set (.ci/run unpacks the oldest NVRTC and headers there)")
+    lib = Path(root) / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
+    include = Path(root) / "nvidia" / "cuda_runtime" / "include"
+    assert lib.is_file() and (include / "cooperative_groups.h").is_file(), f"incomplete {root}"
+    return lib, include
+
+
+def test_kernel_files_compile_with_the_oldest_supported_nvrtc(oldest_cuda):
+    # In a child process: a second libnvrtc.so.12 cannot be loaded next to the newest one. One
+    # architecture is enough: what differs between CUDA versions here is the headers, not codegen.
+    lib, include = oldest_cuda
+    env = dict(os.environ, LLMCUPY_NVRTC=str(lib), LLMCUPY_CUDA_INCLUDE=str(include), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "llmcupy.nvrtc", "-v", "--arch", "80"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    floor = ".".join(_floor_in_pyproject().split(".")[:2])
+    assert f"NVRTC {floor} from {lib}" in proc.stdout, proc.stdout[:2000] + proc.stderr
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
 # ----------------------------------------------------------------------------------------------
