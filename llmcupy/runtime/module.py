@@ -12,6 +12,8 @@ in the emulator by changing one import.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from ..sim import compiler as sim_compiler
@@ -125,10 +127,19 @@ class RawModule:
         if self.backend == "cuda":
             import cupy
 
+            # Without name expressions CuPy looks a kernel up by its plain name, but a kernel that is
+            # not extern "C" is in the cubin only under its C++ mangled name (_Z5scalePfPKffi for
+            # `scale`): name every __global__ function of the source, plus the user's expressions.
+            expressions = sim_compiler.global_kernel_names(code)
+            expressions += [e for e in self.name_expressions if e not in expressions]
+            self.cuda_name_expressions = expressions
+            kwargs = {}
+            if jitify:  # CuPy warns on every module given jitify=..., and v15 drops the argument
+                kwargs["jitify"] = True
             self._cupy_module = cupy.RawModule(
                 code=code, options=self.options, backend=backend, translate_cucomplex=translate_cucomplex,
                 enable_cooperative_groups=enable_cooperative_groups,
-                name_expressions=self.name_expressions or None, jitify=jitify,
+                name_expressions=expressions or None, **kwargs,
             )
         elif self.backend == "sim":
             names = sim_compiler.global_kernel_names(code)
@@ -196,7 +207,10 @@ def load_kernel_file(filename: str, name_expressions=()) -> RawModule:
         directory = kernels_dir()
         code = (directory / filename).read_text()
         names = sim_compiler.global_kernel_names(code) + [n for n in name_expressions]
-        mod = RawModule(code=code, options=DEFAULT_OPTIONS + (f"-I{directory}",), name_expressions=names,
-                        filename=filename, target=backend)
+        # CuPy's compile cache key covers the source and the options, not files found through -I:
+        # the hash of common.cuh as a define makes an edited common.cuh a new key (not a stale cubin)
+        common = hashlib.sha256((directory / "common.cuh").read_bytes()).hexdigest()[:16]
+        options = DEFAULT_OPTIONS + (f"-I{directory}", f"-DLLMCUPY_COMMON_CUH={common}")
+        mod = RawModule(code=code, options=options, name_expressions=names, filename=filename, target=backend)
         _FILE_MODULES[key] = mod
     return mod
