@@ -333,6 +333,22 @@ class GPT2:
                                 "beta1": beta1, "beta2": beta2, "eps": eps, "weight_decay": weight_decay,
                                 "t": t})
 
+    def train_step(self, tokens, targets, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                   t: int) -> float:
+        """One eager training step (forward, zero_grad, backward, AdamW step t) on this batch; returns the
+        mean loss, read on the host once, after the update. Reading it between forward and backward
+        (``forward()`` does) would drain the GPU's queue mid-step, so backward's launches would start
+        with the GPU idle; the caller's NaN check sees the same number afterwards."""
+        self.set_batch(tokens, targets)
+        if not self.has_targets:
+            raise ModelError("a training step needs targets")
+        self.forward_on_device()
+        self.zero_grad()
+        self.backward()
+        self.update(lr, beta1, beta2, eps, weight_decay, t)
+        self.mean_loss = float(self.acts["losses"].mean())  # the step's one host read
+        return self.mean_loss
+
     def update_on_device(self, state) -> None:
         """The same AdamW update with its scalars and step in device memory (``state``: an
         ``adamw_capturable.AdamWDeviceState``): op adamw_capturable at the version chosen for adamw,

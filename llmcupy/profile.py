@@ -9,8 +9,10 @@ Takes the trainer's flags (``python -m llmcupy.train``); runs ``--warmup`` untim
 then ``--steps`` profiled steps (default 1) on one fixed batch, as ``--benchmark`` does. Every op
 launch is observed through the ops' profiler hook (``llmcupy.ops.add_hook``):
 
-* on a GPU, a CUDA event is recorded on the stream before and after the launch; the step ends with a
-  synchronise, then the elapsed times are read. An op's time spans everything it launches, the cuBLAS
+* on a GPU, a CUDA event is recorded on the stream right before the op's first kernel (or cuBLAS
+  call) is enqueued and after its last (``runtime.module.LAUNCH_OBSERVERS``), so the Python dispatch
+  before the first launch is not charged to the op; the step ends with a synchronise, then the
+  elapsed times are read. An op's time spans everything it launches, the cuBLAS
   GEMMs it calls included (matmul_forward/backward, attention). The table gives, per (op, version,
   phase): calls, ms, % of the step, achieved GB/s (memory-bound ops) or TFLOP/s (GEMM-shaped ops)
   from the op's ``bound`` evaluated on the actual arrays, and the fraction of the upper bound: the
@@ -39,6 +41,8 @@ from . import checkpoint as ckpt
 from . import ops as ops_registry
 from .model import GPT2, ModelError
 from .runtime import backend as _backend
+from .runtime import blas
+from .runtime.module import LAUNCH_OBSERVERS
 from .train import build_parser as build_train_parser
 from .train import check_loss, kernel_choice, load_model
 
@@ -79,6 +83,7 @@ class Recorder:
         self.gpu = gpu
         self.records: list[dict] = []
         self.depth = 0
+        self.current = None  # the outermost op's record while it launches (GPU)
 
     def __call__(self, op, version, block_size, arrays):
         if self.depth:
@@ -94,12 +99,21 @@ class Recorder:
             if self.gpu:
                 import cupy
 
-                start = cupy.cuda.Event()
-                start.record()
-                yield
-                end = cupy.cuda.Event()
-                end.record()
-                rec["events"] = (start, end)
+                # Events around the op's launches only: the start event is recorded just before its
+                # first kernel or cuBLAS call is enqueued, the end event after its last (see
+                # before/after), so the Python dispatch before the first launch is not the op's.
+                # An op that launched nothing through llmcupy (CuPy calls only) is timed whole.
+                outer = cupy.cuda.Event()
+                outer.record()
+                self.current = rec
+                try:
+                    yield
+                finally:
+                    self.current = None
+                if "first" not in rec:
+                    rec["last"] = cupy.cuda.Event()
+                    rec["last"].record()
+                rec["events"] = (rec.pop("first", outer), rec.pop("last"))
             else:
                 t0 = time.perf_counter()
                 yield
@@ -107,6 +121,24 @@ class Recorder:
         finally:
             self.depth -= 1
         self.records.append(rec)
+
+    def before(self) -> None:
+        """A launch observer (runtime.module.LAUNCH_OBSERVERS): the op's first launch starts its window."""
+        rec = self.current
+        if rec is not None and "first" not in rec:
+            import cupy
+
+            rec["first"] = cupy.cuda.Event()
+            rec["first"].record()
+
+    def after(self) -> None:
+        rec = self.current
+        if rec is not None:
+            import cupy
+
+            if "last" not in rec:
+                rec["last"] = cupy.cuda.Event()
+            rec["last"].record()  # re-recorded after each launch: the window ends after the last
 
     def resolve(self) -> None:
         """After a synchronise: the elapsed time of every GPU record."""
@@ -147,9 +179,10 @@ def cublas_tflops(B: int, T: int, C: int) -> dict:
     rng = np.random.default_rng(0)
     a = cupy.asarray(rng.uniform(-1, 1, (BT, C)).astype(np.float32))
     w = cupy.asarray(rng.uniform(-1, 1, (OC, C)).astype(np.float32))
-    t = timing.benchmark_ms(lambda: cupy.matmul(a, w.T), repeat=20, warmup=3)["min_ms"]
+    out = cupy.empty((BT, OC), dtype=cupy.float32)
+    t = timing.benchmark_ms(lambda: blas.gemm(a, w, out, trans_b=True), repeat=20, warmup=3)["min_ms"]
     flops = 2 * BT * C * OC
-    del a, w
+    del a, w, out
     return {"gemm": f"({BT} x {C}) @ ({C} x {OC})", "ms": t, "flops": flops, "tflops": flops / (t * 1e-3) / 1e12}
 
 
@@ -325,6 +358,12 @@ def _batch(args, cfg, B: int, T: int):
 
 
 def profile(args) -> dict:
+    """The profile run; TF32 (``--tf32``) is on for this run only."""
+    with contextlib.ExitStack() as scope:
+        return _profile(args, scope)
+
+
+def _profile(args, scope: contextlib.ExitStack) -> dict:
     if args.backend:
         _backend.set_backend(args.backend)
     B, T = args.batch_size, args.seq_len
@@ -336,7 +375,7 @@ def profile(args) -> dict:
     cfg, params, source = load_model(args)
     if T > cfg.max_seq_len:
         raise SystemExit(f"error: -t {T} is larger than the model's context (max_seq_len = {cfg.max_seq_len})")
-    tf32 = _backend.set_tf32(bool(args.tf32))
+    tf32 = scope.enter_context(blas.tf32(bool(args.tf32)))
     gpu = _backend.get_backend() == "cuda"
     x, y, data = _batch(args, cfg, B, T)
 
@@ -354,11 +393,8 @@ def profile(args) -> dict:
 
     def step() -> float:
         t[0] += 1
-        loss = model.forward(x, y)
+        loss = model.train_step(x, y, args.lr, 0.9, 0.999, 1e-8, args.weight_decay, t[0])  # one read, at the end
         check_loss(loss, t[0], "train")
-        model.zero_grad()
-        model.backward()
-        model.update(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, t[0])
         return loss
 
     for _ in range(args.warmup):
@@ -374,6 +410,7 @@ def profile(args) -> dict:
     recorder = Recorder(gpu)
     step_times, losses = [], []
     ops_registry.add_hook(recorder)
+    LAUNCH_OBSERVERS.append(recorder)
     try:
         for _ in range(args.steps):
             _backend.synchronize()
@@ -384,6 +421,7 @@ def profile(args) -> dict:
             recorder.resolve()
     finally:
         ops_registry.remove_hook(recorder)
+        LAUNCH_OBSERVERS.remove(recorder)
 
     unprofiled = None
     if gpu:  # the profiler's events cost a little host time: the same steps without them, for reference

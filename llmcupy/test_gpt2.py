@@ -30,6 +30,7 @@ from .config import PARAM_NAMES, split_params
 from .fileio import FileFormatError
 from .model import GPT2, STEP_OPS, ModelError
 from .runtime import backend as _backend
+from .runtime import blas
 from .train import kernel_choice, kernel_flag
 
 LLMC_EXPECTED_LOSSES = [5.270007133483887, 4.059706687927246, 3.3751230239868164, 2.8007826805114746,
@@ -99,7 +100,8 @@ def run_gate(args) -> int:
     B, T, V = state.B, state.T, cfg.vocab_size
     if T > cfg.max_seq_len:
         raise ModelError(f"the debug state's T={T} is larger than the model's context {cfg.max_seq_len}")
-    _backend.set_tf32(False)  # the gate compares exact FP32
+    if blas.tf32_enabled():  # the gate compares exact FP32; TF32 is only on inside a blas.tf32(True) scope
+        raise ModelError("the correctness gate needs TF32 off; run it outside a blas.tf32(True) scope")
     print(f"[GPT-2] max_seq_len {cfg.max_seq_len}, vocab {V} (padded {cfg.padded_vocab_size}), layers "
           f"{cfg.num_layers}, heads {cfg.num_heads}, channels {cfg.channels}; batch B={B}, T={T}; "
           f"backend {_backend.get_backend()}")

@@ -13,6 +13,7 @@ Prints the configuration and the version of every op, then per step
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import signal
@@ -26,6 +27,7 @@ from . import ops as ops_registry
 from .config import GPT2Config, PRESETS, init_params
 from .fileio import FileFormatError
 from .model import GPT2, STEP_OPS, KernelChoice, ModelError
+from .runtime import blas
 from .runtime import backend as _backend
 
 DEFAULT_TRAIN = "data/tinyshakespeare/tiny_shakespeare_train.bin"
@@ -192,6 +194,12 @@ def check_loss(loss: float, step: int, what: str) -> None:
 
 
 def train(args) -> int:
+    """One run of the trainer; TF32 (``--tf32``) is on for this run only and restored on return."""
+    with contextlib.ExitStack() as scope:
+        return _train(args, scope)
+
+
+def _train(args, scope: contextlib.ExitStack) -> int:
     if args.backend:
         _backend.set_backend(args.backend)
     B, T = args.batch_size, args.seq_len
@@ -203,7 +211,7 @@ def train(args) -> int:
     cfg, params, source = load_model(args)
     if T > cfg.max_seq_len:
         raise SystemExit(f"error: -t {T} is larger than the model's context (max_seq_len = {cfg.max_seq_len})")
-    tf32 = _backend.set_tf32(bool(args.tf32))
+    tf32 = scope.enter_context(blas.tf32(bool(args.tf32)))  # scoped: a later test or run starts with it off
 
     from .data import DataLoader
     from .sampling import XorShiftRNG
@@ -292,12 +300,9 @@ def train(args) -> int:
             if args.cuda_graph:  # the loss is read after the whole step (the update included)
                 loss, graph = graph_step(model, graph, x, y, args, step + 1)
                 check_loss(loss, step + 1, "train")
-            else:
-                loss = model.forward(x, y)
+            else:  # the loss is read once, after the update: no synchronisation inside the step
+                loss = model.train_step(x, y, args.lr, 0.9, 0.999, 1e-8, args.weight_decay, step + 1)
                 check_loss(loss, step + 1, "train")   # the number its step line would have
-                model.zero_grad()
-                model.backward()
-                model.update(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, step + 1)
             _backend.synchronize()
             ms = (time.perf_counter() - t0) * 1e3
             total_ms += ms
@@ -366,11 +371,8 @@ def benchmark(model: GPT2, loader, args) -> int:
             loss, graph = graph_step(model, graph, x, y, args, i + 1)
             check_loss(loss, i + 1, "train")
         else:
-            loss = model.forward(x, y)
+            loss = model.train_step(x, y, args.lr, 0.9, 0.999, 1e-8, args.weight_decay, i + 1)
             check_loss(loss, i + 1, "train")
-            model.zero_grad()
-            model.backward()
-            model.update(args.lr, 0.9, 0.999, 1e-8, args.weight_decay, i + 1)
         _backend.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
         if i >= args.warmup:

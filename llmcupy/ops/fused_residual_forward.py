@@ -90,14 +90,9 @@ def _device_limits():
     """
     if _backend.is_sim():
         return 512, 227 * 1024
-    try:
-        import cupy
-
-        attrs = cupy.cuda.Device().attributes
-        return (attrs["MultiProcessorCount"] * attrs["MaxThreadsPerMultiProcessor"],
-                attrs.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
-    except Exception:  # pragma: no cover - attribute names differ in an old CuPy
-        return 132 * 2048, 48 * 1024
+    # cached per device (Device().attributes queried every attribute on every launch)
+    attr = _backend.device_attribute
+    return attr("MultiProcessorCount") * attr("MaxThreadsPerMultiProcessor"), attr("MaxSharedMemoryPerBlockOptin")
 
 
 def _launch_v1(a, bs):

@@ -87,10 +87,7 @@ def _rounded_c(c):
 def _num_sms() -> int:
     if _backend.is_sim():
         return SIM_NUM_SMS
-    import cupy
-
-    dev = cupy.cuda.Device().id
-    return int(cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMultiProcessorCount, dev))
+    return _backend.device_attribute("MultiProcessorCount")  # cached: no query per launch
 
 
 def _kernel(name):

@@ -101,10 +101,7 @@ def _max_dynamic_shared() -> int:
     """The per-block opt-in shared memory limit of the device (the emulator's on ``sim``)."""
     if _backend.is_sim():
         return SIM_MAX_DYNAMIC_SHARED
-    import cupy
-
-    dev = cupy.cuda.Device().id
-    return int(cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
+    return _backend.device_attribute("MaxSharedMemoryPerBlockOptin")  # cached: no query per launch
 
 
 def _v6_shared_bytes(c, bs):

@@ -120,6 +120,26 @@ def device_name() -> str:
     return "CPU emulator (sim)"
 
 
+_ATTRIBUTES: dict = {}
+
+
+def device_attribute(name: str) -> int:
+    """A CUDA device attribute of the current device by its cudaDevAttr name without the prefix
+    (``"MultiProcessorCount"``, ``"MaxThreadsPerMultiProcessor"``, ``"MaxSharedMemoryPerBlockOptin"``),
+    queried once per device and cached: launchers that size grids from the device call this on every
+    launch, and a query per launch (getDeviceProperties especially: ~1 ms) would dominate small kernels."""
+    if get_backend() != "cuda":
+        raise BackendError(f"device_attribute({name!r}): the emulator has no CUDA device")
+    import cupy
+
+    key = (cupy.cuda.Device().id, name)
+    value = _ATTRIBUTES.get(key)
+    if value is None:
+        rt = cupy.cuda.runtime
+        value = _ATTRIBUTES[key] = int(rt.deviceGetAttribute(getattr(rt, "cudaDevAttr" + name), key[0]))
+    return value
+
+
 def compute_capability() -> int | None:
     """e.g. 90 for an H100; None in the emulator."""
     if get_backend() != "cuda":
@@ -130,19 +150,11 @@ def compute_capability() -> int | None:
 
 
 def set_tf32(enabled: bool) -> bool:
-    """Lets cuBLAS use TF32 tensor cores for FP32 matmuls (as llm.c does on sm_80+).
+    """Process-wide TF32 switch, never restored: prefer the scoped ``runtime.blas.tf32(...)``, which
+    the trainer and the profiler use. Returns whether TF32 is now in use (never in the emulator or
+    below compute capability 8.0)."""
+    from . import blas
 
-    Returns whether TF32 is now in use: never in the emulator or below compute capability 8.0.
-    """
-    if get_backend() != "cuda":
-        return False
-    cc = compute_capability() or 0
-    enabled = bool(enabled) and cc >= 80
-    from cupy._core import _routines_linalg as linalg
-
-    mode = linalg.COMPUTE_TYPE_TF32 if enabled else linalg.COMPUTE_TYPE_DEFAULT
-    try:
-        linalg.set_compute_type(np.dtype(np.float32), mode)
-    except TypeError:  # older CuPy: one global compute type
-        linalg.set_compute_type(mode)
-    return enabled
+    scope = blas.tf32(enabled)
+    used = scope.__enter__()  # deliberately left open: this is the unscoped form
+    return used

@@ -152,6 +152,11 @@ def _cupy_compute_type(enabled: bool | None):
     return previous
 
 
+def _tf32_capable() -> bool:
+    """TF32 tensor cores exist: a GPU of compute capability 8.0 or newer (never the emulator)."""
+    return _backend.get_backend() == "cuda" and (_backend.compute_capability() or 0) >= 80
+
+
 @contextlib.contextmanager
 def tf32(enabled: bool):
     """``with tf32(True): ...``: TF32 for FP32 GEMMs inside (on sm_80+ only), the previous setting after.
@@ -159,7 +164,7 @@ def tf32(enabled: bool):
     Yields whether TF32 is in use. Scoped, so a trainer run in-process cannot leave it on for what
     runs next (a test with FP32 tolerances, say).
     """
-    use = bool(enabled) and _backend.get_backend() == "cuda" and (_backend.compute_capability() or 0) >= 80
+    use = bool(enabled) and _tf32_capable()
     previous = _TF32[0]
     previous_cupy = None
     if _backend.get_backend() == "cuda":
@@ -200,7 +205,13 @@ def gemm(a, b, out, *, trans_a: bool = False, trans_b: bool = False, alpha: floa
     if call.m == 0 or call.n == 0 or call.batch == 0:
         return
     if _backend.get_backend() == "cuda":
+        from .module import LAUNCH_OBSERVERS, notify_launch
+
+        if LAUNCH_OBSERVERS:
+            notify_launch("before")
         _cuda().run(call, a, b, out, float(alpha), float(beta), bias)
+        if LAUNCH_OBSERVERS:
+            notify_launch("after")
     else:
         _numpy_gemm(call, a, b, out, float(alpha), float(beta), bias)
 

@@ -1,0 +1,143 @@
+"""The timing method (llmcupy.runtime.timing.measure) on the emulator's code path, and the cached
+device attributes the launchers size grids from. On a GPU the same steps use CUDA events, a delay
+kernel and an L2-sized memset (the ``gpu`` tests at the end)."""
+
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from llmcupy.runtime import backend, timing
+
+
+class LoggingClock(timing.HostClock):
+    """The host clock, logging each step of the method in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.log = []
+
+    def flush_l2(self):
+        super().flush_l2()
+        self.log.append("flush")
+
+    def delay(self, ms):
+        super().delay(ms)
+        self.log.append("delay")
+
+    def record(self):
+        self.log.append("event")
+        return super().record()
+
+
+def test_each_sample_is_flush_delay_event_fn_event():
+    clock = LoggingClock()
+    calls = []
+
+    def fn():
+        calls.append(1)
+        clock.log.append("fn")
+
+    r = timing.measure(fn, clock, repeat=4, warmup=2)
+    assert len(calls) == 2 + 4
+    assert clock.log[:2] == ["fn", "fn"]  # warm-up: no events
+    assert clock.log[2:] == ["flush", "delay", "event", "fn", "event"] * 4
+    assert r["repeat"] == 4 and r["l2_flushed"] and r["retried"] == 0
+    assert r["min_ms"] <= r["mean_ms"] <= r["max_ms"]
+    assert "not GPU time" in r["timing"]
+
+
+def test_no_flush_when_asked():
+    clock = LoggingClock()
+    timing.measure(lambda: None, clock, repeat=3, warmup=1, flush_l2=False)
+    assert "flush" not in clock.log and clock.flushes == 0
+
+
+def test_delay_covers_twice_the_host_dispatch_time():
+    # fn takes ~2 ms of host time to "dispatch": the spin queued before the start event must be
+    # longer, so that the GPU is still busy when the launch arrives
+    clock = timing.HostClock()
+
+    def fn():
+        time.sleep(0.002)
+
+    r = timing.measure(fn, clock, repeat=2, warmup=2)
+    assert r["host_dispatch_ms"] >= 2.0
+    assert clock.delays[0] >= 2 * r["host_dispatch_ms"] + timing.MIN_DELAY_MS - 1e-9
+    assert r["min_ms"] >= 2.0  # the window holds fn (host clock: its sleep)
+
+
+def test_a_sample_whose_enqueue_outlasts_the_delay_is_measured_again():
+    # the warm-up is fast, then one sample's dispatch is slow: that sample is redone with a longer spin
+    clock = timing.HostClock()
+    state = {"n": 0}
+
+    def fn():
+        state["n"] += 1
+        if state["n"] == 4:  # the first timed sample after 3 warm-ups
+            time.sleep(0.01)
+
+    r = timing.measure(fn, clock, repeat=3, warmup=3)
+    assert r["retried"] == 1
+    assert state["n"] == 3 + 3 + 1
+    assert clock.delays[1] > clock.delays[0] and clock.delays[1] >= 2 * 10.0 * 0.9
+    assert r["max_ms"] < 10.0  # the slow attempt was discarded, not averaged in
+
+
+def test_benchmark_refuses_the_emulator():
+    with pytest.raises(timing.NoGPUTiming, match="does not model GPU time"):
+        timing.benchmark_ms(lambda: None)
+
+
+def test_device_attributes_are_queried_once(monkeypatch):
+    # launchers ask for the SM count etc. on every launch; the device is asked once per attribute
+    queries = []
+
+    def get_attribute(attr, dev):
+        queries.append((attr, dev))
+        return {1: 132, 2: 2048, 3: 232448}[attr]
+
+    runtime = types.SimpleNamespace(deviceGetAttribute=get_attribute, cudaDevAttrMultiProcessorCount=1,
+                                    cudaDevAttrMaxThreadsPerMultiProcessor=2,
+                                    cudaDevAttrMaxSharedMemoryPerBlockOptin=3)
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime, Device=lambda: types.SimpleNamespace(id=0)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(backend, "get_backend", lambda: "cuda")
+    monkeypatch.setattr(backend, "_ATTRIBUTES", {})
+    from llmcupy.ops import fused_residual_forward, layernorm_backward, matmul_backward_bias
+
+    for _ in range(5):
+        assert matmul_backward_bias._resident_threads("cuda") == 132 * 2048
+        assert layernorm_backward._num_sms() == 132
+    assert sorted(queries) == [(1, 0), (2, 0)]
+    with monkeypatch.context() as m:
+        m.setattr(backend, "is_sim", lambda: False)
+        assert fused_residual_forward._device_limits() == (132 * 2048, 232448)
+    assert len(queries) == 3
+
+
+@pytest.mark.gpu
+def test_gpu_timing_excludes_host_dispatch():
+    # a launch preceded by 2 ms of host work: the delay kernel keeps the GPU busy meanwhile, so the
+    # measured window is the tiny kernel alone, far below the host time
+    import cupy
+
+    backend.set_backend("cuda")
+    x = cupy.zeros(1024, cupy.float32)
+
+    def fn():
+        time.sleep(0.002)
+        x.fill(1)
+
+    r = timing.benchmark_ms(fn, repeat=5)
+    assert r["host_dispatch_ms"] >= 2.0 and r["max_ms"] < 1.0, r
+
+
+@pytest.mark.gpu
+def test_gpu_copy_bound_is_the_best_of_memcpy_and_a_copy_kernel():
+    backend.set_backend("cuda")
+    c = timing.copy_bandwidth(1 << 26)
+    assert set(c["all_gbs"]) == {"cudaMemcpyAsync", "float4 copy kernel"}
+    assert c["gbs"] == max(c["all_gbs"].values()) and c["method"] in c["all_gbs"]
