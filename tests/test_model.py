@@ -23,6 +23,7 @@ would still be off by >= 1e-2 relative.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 from contextlib import redirect_stderr, redirect_stdout
@@ -402,10 +403,79 @@ def test_nan_loss_stops_and_keeps_the_last_state(token_files, tmp_path, monkeypa
     assert rc != 0
     assert seen and np.isnan(seen[-1][2])
     assert "train loss is nan at step 3" in err, err      # the third step, as the step lines count
-    assert "step    3/4" not in out                       # no step line, no update, no save
+    assert "step    3/4" not in out                       # no step line, no save (the loss is read after the update)
     assert good.read_bytes() == before, "the last saved state was overwritten"
     log = (tmp_path / "log.txt").read_text()
     assert "s:2 trl" not in log
+
+
+def test_tf32_is_restored_after_train_main(token_files, monkeypatch):
+    # --tf32 1 (the default) holds for the run only: a test after an in-process run starts with it
+    # off. The emulator has no tensor cores, so the setting is forced "capable" here and its value
+    # observed at every GEMM of the run.
+    from llmcupy.runtime import blas
+
+    monkeypatch.setattr(blas, "_tf32_capable", lambda: True)
+    during = []
+    numpy_gemm = blas._numpy_gemm
+    monkeypatch.setattr(blas, "_numpy_gemm", lambda *a: (during.append(blas.tf32_enabled()), numpy_gemm(*a)))
+    for flag, expected in ((1, True), (0, False)):
+        during.clear()
+        rc, out, err, _ = _run_train(_common_args(token_files) + ["-v", 0, "-s", 0, "--steps", 1, "--tf32", flag],
+                                     monkeypatch)
+        assert rc == 0, err
+        assert during and set(during) == {expected}
+        assert f"TF32" in out and not blas.tf32_enabled()
+
+
+class _CountingLosses(np.ndarray):
+    """The model's per-token loss buffer, logging every host read of its values into LOG."""
+
+    LOG: list = []
+
+    def _read(self, name):
+        _CountingLosses.LOG.append("read loss")
+
+    def mean(self, *args, **kwargs):
+        self._read("mean")
+        return np.asarray(self).mean(*args, **kwargs)
+
+    def __float__(self):
+        self._read("float")
+        return float(np.asarray(self))
+
+    def get(self):
+        self._read("get")
+        return np.asarray(self).copy()
+
+
+def test_the_eager_step_reads_the_loss_once_after_the_backward():
+    # A read of the loss between forward and backward would drain the GPU queue mid-step. The ops'
+    # launches are logged through the profiler hook, the loss buffer's host reads by its class.
+    from llmcupy.ops import _op
+
+    cfg = GPT2Config(max_seq_len=16, num_layers=1, num_heads=2, channels=32, vocab_size=64)
+    model = GPT2(cfg, init_params(cfg, seed=3))
+    model.allocate(1, 8)
+    model.acts["losses"] = model.acts["losses"].view(_CountingLosses)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.vocab_size, (1, 9)).astype(np.int32)
+    log = _CountingLosses.LOG
+    log.clear()
+
+    def hook(op, version, block_size, arrays):
+        log.append(f"{_op.current_phase()}:{op.name}")
+        return contextlib.nullcontext()
+
+    _op.add_hook(hook)
+    try:
+        loss = model.train_step(tokens[:, :-1], tokens[:, 1:], 1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
+    finally:
+        _op.remove_hook(hook)
+    assert log.count("read loss") == 1, log
+    assert log[-1] == "read loss"  # after every launch: forward, backward and the update
+    assert any(e.startswith("backward blocks:") for e in log) and any(e.startswith("optimizer:") for e in log)
+    assert np.isfinite(loss) and loss == model.mean_loss
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # lr as an FP32 scalar
