@@ -160,12 +160,20 @@ def format_sweep(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run_isolated(fn, *args, **kwargs):
-    """Runs ``fn`` in a forked child so that a kernel crashing the emulator fails only itself.
+def run_isolated(fn, *args, start: str = "fork", **kwargs):
+    """Runs ``fn`` in a child process so that a kernel crashing the emulator, or a device fault that
+    poisons a CUDA context, fails only itself.
 
     Returns ``fn``'s (JSON-serialisable) result, or a dict with ``ok=False`` and ``error`` when the
-    child died or raised. Without fork (not POSIX) it simply calls ``fn``.
+    child died or raised. ``start="fork"`` (the emulator: cheap, the compiled libraries are shared)
+    forks; without fork (not POSIX) it simply calls ``fn``. ``start="spawn"`` starts a fresh
+    interpreter (the cuda backend: a CUDA context cannot be used in a child forked after CUDA
+    was initialised); ``fn`` and its arguments must then be picklable (a module-level function).
     """
+    if start == "spawn":
+        return _run_spawned(fn, args, kwargs)
+    if start != "fork":
+        raise ValueError(f"run_isolated: start must be 'fork' or 'spawn', got {start!r}")
     if not hasattr(os, "fork"):
         return fn(*args, **kwargs)
     read_fd, write_fd = os.pipe()
@@ -197,3 +205,44 @@ def run_isolated(fn, *args, **kwargs):
     if os.WIFSIGNALED(status):
         return {"ok": False, "error": f"the emulator process died with signal {os.WTERMSIG(status)} (see stderr)"}
     return {"ok": False, "error": f"the child exited with status {os.WEXITSTATUS(status)}"}
+
+
+def _child_main(conn, fn, args, kwargs) -> None:
+    """The spawned child: runs fn, sends {"value": ...} or {"error": ...} as JSON, exits."""
+    code = 0
+    try:
+        payload = {"value": fn(*args, **kwargs)}
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+        payload = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
+        code = 1
+    conn.send(json.dumps(payload, default=str))
+    conn.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run_spawned(fn, args, kwargs):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    proc = ctx.Process(target=_child_main, args=(send, fn, args, kwargs), daemon=True)
+    proc.start()
+    send.close()  # the child holds the only writer: EOF once it is gone
+    data = None
+    try:
+        data = receive.recv()
+    except EOFError:  # died before sending (a segfault, a device fault that aborted it, ...)
+        pass
+    proc.join()
+    if data:
+        payload = json.loads(data)
+        if "value" in payload:
+            return payload["value"]
+        return {"ok": False, "error": payload["error"]}
+    if proc.exitcode is not None and proc.exitcode < 0:
+        return {"ok": False, "error": f"the child process died with signal {-proc.exitcode} (see stderr)"}
+    return {"ok": False, "error": f"the child exited with status {proc.exitcode} without a result"}

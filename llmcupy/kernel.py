@@ -89,6 +89,16 @@ def _run_one(op_name: str, number: int, sizes: dict, args) -> dict:
     return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
 
 
+def isolation(versions: int, backend: str) -> str | None:
+    """How a run of several versions isolates each one in a child process, so that one bad kernel
+    fails its own line instead of the run: ``fork`` in the emulator (a crash kills only the child),
+    ``spawn`` on a GPU (an illegal address poisons the CUDA context for every later launch in that
+    process, and a process forked after CUDA's initialisation cannot use CUDA). None for one version."""
+    if versions <= 1:
+        return None
+    return "spawn" if backend == "cuda" else "fork"
+
+
 def main(argv=None) -> int:
     args, extra = _parser().parse_known_args(argv)
     try:
@@ -130,14 +140,12 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    # In the emulator a whole-catalogue run isolates each version in a child process, so a kernel
-    # that crashes the emulator fails its own line instead of the run.
-    isolate = len(plan) > 1 and _backend.is_sim()
+    isolate = isolation(len(plan), _backend.get_backend())
     results, failed = [], 0
     for op_name, number, sizes in plan:
         try:
             if isolate:
-                result = harness.run_isolated(_run_one, op_name, number, sizes, args)
+                result = harness.run_isolated(_run_one, op_name, number, sizes, args, start=isolate)
             else:
                 result = _run_one(op_name, number, sizes, args)
         except (OpError, _backend.BackendError) as exc:

@@ -335,6 +335,38 @@ def test_a_crashing_kernel_fails_alone():
     assert result["ok"] is False and "signal 11" in result["error"]
 
 
+def test_a_crashing_kernel_fails_alone_in_a_spawned_child():
+    # the cuda backend's isolation (a device fault poisons the CUDA context; CUDA cannot be used
+    # in a child forked after its initialisation) starts a fresh interpreter instead of forking
+    result = run_isolated(_crash, start="spawn")
+    assert result["ok"] is False and "signal 11" in result["error"]
+    assert run_isolated(_launch_twice_in_child, GRID_CODE, start="spawn") == 128.0
+
+
+def _run_one_with_a_planted_crash(op_name, number, sizes, args):
+    from llmcupy import kernel
+
+    if (op_name, number) == ("gelu_forward", 1):
+        _crash()  # a deliberately faulting kernel in place of version 1
+    return kernel._run_one(op_name, number, sizes, args)
+
+
+def test_kernel_all_reports_a_dead_child_as_that_versions_failure(monkeypatch, capsys):
+    # the GPU path's bookkeeping, on the emulator: children are spawned (as on a GPU), the planted
+    # crash fails version 1 alone, version 2 still runs and passes, the exit status is 1
+    from llmcupy import kernel
+
+    assert kernel.isolation(2, "cuda") == "spawn" and kernel.isolation(2, "sim") == "fork"
+    assert kernel.isolation(1, "cuda") is None
+    monkeypatch.setattr(kernel, "_run_one", _run_one_with_a_planted_crash)
+    monkeypatch.setattr(kernel, "isolation", lambda n, backend: "spawn")
+    rc = kernel.main(["gelu_forward", "--all", "--backend", "sim"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "gelu_forward version 1: ERROR the child process died with signal 11" in out
+    assert "1 passed, 1 failed, 0 skipped" in out
+
+
 def test_asan_mode_reports_out_of_bounds_global_access(tmp_path):
     libasan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     if not os.path.isabs(libasan) or not os.path.exists(libasan):
