@@ -362,17 +362,30 @@ class Op:
         arrays = self._bind(args, kwargs, numpy=False)
         torch_in = any(_is_torch(a) for a in arrays.values())
         if torch_in:
+            copied = [k for k, a in arrays.items() if _is_torch(a) and not a.is_contiguous()]
             arrays = {k: (_from_torch(self.name, k, a) if _is_torch(a) else a) for k, a in arrays.items()}
+            if copied:
+                self._refuse_copied_in_place(copied, arrays)
         result = self._unpack(self.run(version, arrays, block_size, out))
         if torch_in:
             import torch
 
             if isinstance(result, tuple):
-                return tuple(torch.from_dlpack(r) for r in result)
+                return tuple(None if r is None else torch.from_dlpack(r) for r in result)  # dbias=None
             return torch.from_dlpack(result)
         return result
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _refuse_copied_in_place(self, copied, arrays) -> None:
+        """A non-contiguous tensor reaches the kernel as a contiguous copy: an op that updates that
+        input in place would update the copy and leave the caller's tensor unchanged."""
+        aliased = {id(v) for v in self.allocate_fn(_ShapeOnly(), arrays).values() if not isinstance(v, _Meta)}
+        for k in copied:
+            if id(arrays[k]) in aliased:
+                raise OpError(f"{self.name}: input {k!r} is updated in place, but the PyTorch tensor is not "
+                              "contiguous, so the kernel would update a copy; pass a contiguous tensor "
+                              "(t = t.contiguous()) and use that one")
 
     def _bind(self, args, kwargs, numpy: bool) -> dict:
         if len(args) > len(self.inputs):
