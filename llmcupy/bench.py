@@ -9,9 +9,10 @@
 Each run validates every available version of each op against its NumPy reference at every block size
 of the version's sweep, at the spec's benchmark sizes (``op.sizes``). On a GPU each block size is also
 timed (``runtime.timing``: events around one launch queued behind a spin kernel, L2 flushed) and
-related to the op's upper bound: the measured device copy bandwidth for memory-bound ops, cuBLAS on the same shapes for GEMM-shaped ones. In the emulator the
-ops run at their small ``op.sim_sizes`` and nothing is timed: the emulator does not model GPU time,
-so the record says so and holds correctness only.
+related to the op's upper bound: the measured device copy bandwidth for memory-bound ops, cuBLAS on
+the same shapes for GEMM-shaped ones. In the emulator the ops run at their small ``op.sim_sizes``
+and nothing is timed: the emulator does not model GPU time, so the record says so and holds
+correctness only.
 
 One JSON file per run goes to ``bench/results/`` (``--out DIR``), named
 ``<UTC date>_<device>_<commit>.json``. Top level: ``schema``, ``date`` (UTC), ``command`` (the exact
