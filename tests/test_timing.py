@@ -141,3 +141,14 @@ def test_gpu_copy_bound_is_the_best_of_memcpy_and_a_copy_kernel():
     c = timing.copy_bandwidth(1 << 26)
     assert set(c["all_gbs"]) == {"cudaMemcpyAsync", "float4 copy kernel"}
     assert c["gbs"] == max(c["all_gbs"].values()) and c["method"] in c["all_gbs"]
+
+
+@pytest.mark.parametrize("version, warned", [("14.0.1", True), ("13.6.0", True), ("14.2.0", False), ("15.0.0a1", False)])
+def test_old_cupy_is_named_once(monkeypatch, capsys, version, warned):
+    # before 14.2 CuPy's disk cache skips modules with name expressions: every start recompiles
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(__version__=version))
+    monkeypatch.setattr(backend, "_cupy_checked", False)
+    backend._check_cupy_version()
+    backend._check_cupy_version()
+    err = capsys.readouterr().err
+    assert err.count("install cupy>=14.2") == (1 if warned else 0)

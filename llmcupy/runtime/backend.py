@@ -16,6 +16,7 @@ CHOICES = ("auto", "cuda", "sim")
 
 _backend: str | None = None
 _announced = False
+_cupy_checked = False
 
 
 class BackendError(RuntimeError):
@@ -65,13 +66,34 @@ def _resolve(name: str) -> str:
     if name == "cuda":
         if reason:
             raise BackendError(f"backend 'cuda' was requested but {reason}. Use --backend sim for the CPU emulator.")
+        _check_cupy_version()
         return "cuda"
     if reason is None:
+        _check_cupy_version()
         return "cuda"
     if not _announced:
         print(f"llmcupy: {reason}; running kernels in the CPU emulator (backend 'sim').", file=sys.stderr)
         _announced = True
     return "sim"
+
+
+def _check_cupy_version() -> None:
+    """Says once that a CuPy older than 14.2 recompiles every kernel at every start: before 14.2
+    CuPy skips its disk cache for modules with name expressions, which every catalogue file has
+    (~20 s of NVRTC for a training step's kernels)."""
+    global _cupy_checked
+    if _cupy_checked:
+        return
+    _cupy_checked = True
+    import cupy
+
+    try:
+        major, minor = (int(p) for p in cupy.__version__.split(".")[:2])
+    except ValueError:
+        return
+    if (major, minor) < (14, 2):
+        print(f"llmcupy: CuPy {cupy.__version__} does not cache kernels compiled with name expressions on disk, "
+              "so every start recompiles them; install cupy>=14.2 (pip install -e '.[cuda12]')", file=sys.stderr)
 
 
 def is_sim() -> bool:
