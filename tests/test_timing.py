@@ -152,3 +152,31 @@ def test_old_cupy_is_named_once(monkeypatch, capsys, version, warned):
     backend._check_cupy_version()
     err = capsys.readouterr().err
     assert err.count("install cupy>=14.2") == (1 if warned else 0)
+
+
+def test_startup_runs_cold_then_warm_with_the_same_fresh_caches(tmp_path, monkeypatch, capsys):
+    import json
+    import os
+
+    from llmcupy import startup
+
+    seen = []
+
+    def run(argv, env):
+        seen.append((argv, env["CUPY_CACHE_DIR"], env["LLMCUPY_CACHE_DIR"], os.path.exists(env["CUPY_CACHE_DIR"])))
+        os.makedirs(env["CUPY_CACHE_DIR"], exist_ok=True)  # what a run's compiles do
+        return {"seconds": 5.0 if len(seen) == 1 else 1.5, "returncode": 0, "tail": ""}
+
+    result = startup.measure(["--init", "d2", "-b", "1"], run=run)
+    (argv1, cupy1, sim1, existed1), (argv2, cupy2, sim2, existed2) = seen
+    assert argv1 == argv2 and argv1[1:3] == ["-m", "llmcupy.train"] and "--benchmark" in argv1
+    assert argv1[-4:] == ["--init", "d2", "-b", "1"]
+    assert (cupy1, sim1) == (cupy2, sim2) and not existed1 and existed2  # cold: empty; warm: the cold run's
+    assert not os.path.exists(cupy1)  # the temporary caches are removed afterwards
+    assert result["cold"]["seconds"] == 5.0 and result["warm"]["seconds"] == 1.5
+
+    monkeypatch.setattr(startup, "measure", lambda flags: result)
+    assert startup.main(["--out", str(tmp_path), "--init", "d2"]) == 0
+    record = json.loads(next(tmp_path.glob("startup-*.json")).read_text())
+    assert record["compile_seconds"] == 3.5 and record["backend"] == "sim" and "not a GPU" in record["note"]
+    assert "cold start: 5.00 s" in capsys.readouterr().out
