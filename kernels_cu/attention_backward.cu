@@ -16,7 +16,8 @@ softmax-backward kernel (step 5):
   5. dpreatt[t, t3] = scale * att[t, t3] * (datt[t, t3] - sum_{t2<=t} att[t, t2] * datt[t, t2])
      for t3 <= t, the softmax Jacobian contracted with datt  (the versioned kernel below)
   6. dQ = dpreatt K,  dK = dpreatt^T Q  (batched GEMMs; read all of dpreatt: its upper triangle
-     must be 0, so the op allocates dpreatt zeroed: CuPy's pool hands back used memory)
+     must be 0, so the driver zeroes a dpreatt buffer the first time it sees it: CuPy's pool
+     hands back used memory, and no version writes above the diagonal afterwards)
   7. permute-backward: dinp (B, T, 3, NH, HS) from dQ, dK, dV, one thread per (b, h, t, d).
 The dev file's GEMMs use beta = 1 and its permutes accumulate into zeroed buffers; ours overwrite
 (beta = 0, plain stores) as the fp32 trainer does: the same result for freshly zeroed buffers.
