@@ -180,3 +180,39 @@ def test_startup_runs_cold_then_warm_with_the_same_fresh_caches(tmp_path, monkey
     record = json.loads(next(tmp_path.glob("startup-*.json")).read_text())
     assert record["compile_seconds"] == 3.5 and record["backend"] == "sim" and "not a GPU" in record["note"]
     assert "cold start: 5.00 s" in capsys.readouterr().out
+
+
+def test_profiler_events_bracket_the_launches_only(monkeypatch):
+    # the start event is recorded at the op's first kernel/cuBLAS launch, the end event after its
+    # last, so host work before the first launch (argument checks, grid sizing) is not the op's
+    import llmcupy
+    from llmcupy import profile
+
+    order = []
+
+    class Event:
+        def __init__(self):
+            self.at = None
+
+        def record(self):
+            order.append(self)
+            self.at = len(order)
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    rec = profile.Recorder(gpu=True)
+    op = llmcupy.ops["gelu_forward"]
+    arrays = {"inp": np.zeros((2, 4), np.float32), "out": np.zeros((2, 4), np.float32)}
+    with rec(op, 1, 128, arrays):
+        order.append("host work")             # Python dispatch before the first launch
+        rec.before(); order.append("kernel 1"); rec.after()
+        with rec(op, 1, 128, arrays):         # a nested op's launches belong to the outer op
+            rec.before(); order.append("kernel 2"); rec.after()
+        order.append("host work after")
+    (r,) = rec.records
+    start, end = r["events"]  # .at: the position of an event's last record in `order` (1-based)
+    assert order[start.at] == "kernel 1" and order[end.at - 2] == "kernel 2"
+    with rec(op, 1, 128, arrays):             # no launch observed (CuPy calls only): the whole op
+        order.append("cupy work")
+    start, end = rec.records[-1]["events"]
+    assert start.at - 1 < order.index("cupy work") < end.at - 1
