@@ -163,3 +163,26 @@ def test_gemm_is_capturable_in_thread_local_mode():
         stream.synchronize()
     np.testing.assert_allclose(out.get(), np.einsum("bik,bjk->bij", a.get().astype(np.float64), b.get()), atol=1e-3)
     np.testing.assert_allclose(y.get(), x.get().astype(np.float64) @ x.get().T + bias.get(), atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_tf32_reaches_the_batched_gemms_on_gpu():
+    # CuPy's batched matmul ignored the TF32 setting; ours passes the compute type to every call.
+    # TF32 keeps 10 mantissa bits: a length-256 dot product of values in [-1, 1] is off by ~1e-3
+    # relative, 100x FP32's rounding, so the two settings give measurably different errors.
+    import cupy
+
+    if (backend.compute_capability() or 0) < 80:
+        pytest.skip("TF32 needs compute capability 8.0 or newer")
+    rng = np.random.default_rng(6)
+    a = rng.uniform(-1, 1, size=(8, 64, 256)).astype(np.float32)
+    b = rng.uniform(-1, 1, size=(8, 64, 256)).astype(np.float32)
+    exact = np.einsum("bik,bjk->bij", a.astype(np.float64), b.astype(np.float64))
+    d_a, d_b = cupy.asarray(a), cupy.asarray(b)
+    errors = {}
+    for use in (False, True):
+        out = cupy.empty((8, 64, 64), cupy.float32)
+        with blas.tf32(use):
+            blas.gemm(d_a, d_b, out, trans_b=True)
+        errors[use] = float(np.abs(out.get() - exact).max())
+    assert errors[True] > 10 * errors[False], errors
