@@ -18,6 +18,7 @@ Prints ``overall okay: 1`` and exits 0 only if all of these hold.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -91,6 +92,11 @@ def load_expected_losses(spec: str | None) -> list[float] | None:
 
 
 def run_gate(args) -> int:
+    with contextlib.ExitStack() as scope:
+        return _run_gate(args, scope)
+
+
+def _run_gate(args, scope: contextlib.ExitStack) -> int:
     if args.backend:
         _backend.set_backend(args.backend)
     kernels = kernel_choice(args)
@@ -100,8 +106,7 @@ def run_gate(args) -> int:
     B, T, V = state.B, state.T, cfg.vocab_size
     if T > cfg.max_seq_len:
         raise ModelError(f"the debug state's T={T} is larger than the model's context {cfg.max_seq_len}")
-    if blas.tf32_enabled():  # the gate compares exact FP32; TF32 is only on inside a blas.tf32(True) scope
-        raise ModelError("the correctness gate needs TF32 off; run it outside a blas.tf32(True) scope")
+    scope.enter_context(blas.tf32(False))  # the gate compares exact FP32 (restored after the gate)
     print(f"[GPT-2] max_seq_len {cfg.max_seq_len}, vocab {V} (padded {cfg.padded_vocab_size}), layers "
           f"{cfg.num_layers}, heads {cfg.num_heads}, channels {cfg.channels}; batch B={B}, T={T}; "
           f"backend {_backend.get_backend()}")
