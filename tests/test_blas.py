@@ -11,6 +11,14 @@ from llmcupy.runtime import backend, blas
 ATOL = 1e-4
 
 
+@pytest.fixture
+def cuda():
+    """The cuda backend for one test, the emulator again after it (the suite's default)."""
+    backend.set_backend("cuda")
+    yield
+    backend.set_backend("sim")
+
+
 def _ref(a, b, out, trans_a, trans_b, alpha, beta, bias):
     A = np.swapaxes(a, -1, -2) if trans_a else a
     B = np.swapaxes(b, -1, -2) if trans_b else b
@@ -115,7 +123,7 @@ def test_tf32_is_scoped():
 
 
 @pytest.mark.gpu
-def test_gemm_on_gpu_matches_numpy():
+def test_gemm_on_gpu_matches_numpy(cuda):
     import cupy
 
     rng = np.random.default_rng(4)
@@ -137,7 +145,7 @@ def test_gemm_on_gpu_matches_numpy():
 
 
 @pytest.mark.gpu
-def test_gemm_is_capturable_in_thread_local_mode():
+def test_gemm_is_capturable_in_thread_local_mode(cuda):
     # CuPy's own cuBLAS wrappers refuse to run during capture; ours must record into the graph
     import cupy
 
@@ -166,7 +174,7 @@ def test_gemm_is_capturable_in_thread_local_mode():
 
 
 @pytest.mark.gpu
-def test_tf32_reaches_the_batched_gemms_on_gpu():
+def test_tf32_reaches_the_batched_gemms_on_gpu(cuda):
     # CuPy's batched matmul ignored the TF32 setting; ours passes the compute type to every call.
     # TF32 keeps 10 mantissa bits: a length-256 dot product of values in [-1, 1] is off by ~1e-3
     # relative, 100x FP32's rounding, so the two settings give measurably different errors.

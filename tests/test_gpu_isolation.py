@@ -4,6 +4,16 @@ its own line and the run goes on. The same bookkeeping is tested on the emulator
 
 import pytest
 
+from llmcupy.runtime import backend
+
+
+@pytest.fixture
+def cuda():
+    """The cuda backend for one test, the emulator again after it (the suite's default)."""
+    backend.set_backend("cuda")
+    yield
+    backend.set_backend("sim")
+
 
 def _run_one_with_a_gpu_fault(op_name, number, sizes, args):
     from llmcupy import kernel
@@ -21,7 +31,7 @@ def _run_one_with_a_gpu_fault(op_name, number, sizes, args):
 
 
 @pytest.mark.gpu
-def test_kernel_all_survives_a_faulting_kernel_on_gpu(monkeypatch, capsys):
+def test_kernel_all_survives_a_faulting_kernel_on_gpu(cuda, monkeypatch, capsys):
     from llmcupy import kernel
 
     monkeypatch.setattr(kernel, "_run_one", _run_one_with_a_gpu_fault)

@@ -12,6 +12,14 @@ import pytest
 from llmcupy.runtime import backend, timing
 
 
+@pytest.fixture
+def cuda():
+    """The cuda backend for one test, the emulator again after it (the suite's default)."""
+    backend.set_backend("cuda")
+    yield
+    backend.set_backend("sim")
+
+
 class LoggingClock(timing.HostClock):
     """The host clock, logging each step of the method in order."""
 
@@ -119,12 +127,11 @@ def test_device_attributes_are_queried_once(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_timing_excludes_host_dispatch():
+def test_gpu_timing_excludes_host_dispatch(cuda):
     # a launch preceded by 2 ms of host work: the delay kernel keeps the GPU busy meanwhile, so the
     # measured window is the tiny kernel alone, far below the host time
     import cupy
 
-    backend.set_backend("cuda")
     x = cupy.zeros(1024, cupy.float32)
 
     def fn():
@@ -136,8 +143,7 @@ def test_gpu_timing_excludes_host_dispatch():
 
 
 @pytest.mark.gpu
-def test_gpu_copy_bound_is_the_best_of_memcpy_and_a_copy_kernel():
-    backend.set_backend("cuda")
+def test_gpu_copy_bound_is_the_best_of_memcpy_and_a_copy_kernel(cuda):
     c = timing.copy_bandwidth(1 << 26)
     assert set(c["all_gbs"]) == {"cudaMemcpyAsync", "float4 copy kernel"}
     assert c["gbs"] == max(c["all_gbs"].values()) and c["method"] in c["all_gbs"]
