@@ -257,9 +257,12 @@ class GPT2:
 
     # -- backward -------------------------------------------------------------------------------
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, params: bool = True) -> None:
+        """Zeroes the activation gradients and (``params``) the parameter gradients; gradient
+        accumulation keeps the parameter gradients of the earlier micro-steps."""
         self._allocate_grads()
-        self.grads.fill(0)
+        if params:
+            self.grads.fill(0)
         for buf in self.dacts.values():
             buf.fill(0)
 
