@@ -129,18 +129,26 @@ class _Group:
         pause = 1e-5
         while not done():
             if time.monotonic() > deadline:
-                missing = self._missing_ranks()
+                who = self._missing_text()
                 if on_timeout is not None:
                     on_timeout()
-                who = (f"rank(s) {', '.join(map(str, missing))} did not reach it" if missing
-                       else "the missing rank(s) cannot be named with this rendezvous" if missing is None
-                       else "every rank answered, but the collective did not complete")
                 raise PeerTimeout(
                     f"rank {self.rank}: {what} (collective #{self.count}) did not complete within "
                     f"{self.timeout:g} s: {who} (died, hung or stopped); stopping. Resume from the last "
                     "checkpoint with -y 1; --dist-timeout sets the limit")
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
+
+    def _missing_text(self) -> str:
+        try:
+            missing = self._missing_ranks()
+        except Exception as exc:  # noqa: BLE001 - the diagnosis itself may fail on a broken world
+            return f"the missing rank(s) could not be determined ({type(exc).__name__}: {exc})"
+        if missing is None:
+            return "the missing rank(s) cannot be named with this rendezvous"
+        if missing:
+            return f"rank(s) {', '.join(map(str, missing))} did not reach it"
+        return "every rank answered, but the collective did not complete"
 
     def _missing_ranks(self):
         """After a timeout: the ranks that do not answer within a short grace period. Every
@@ -222,7 +230,14 @@ class MPIGroup(_Group):
         self.MPI = MPI
 
     def _run(self, req, what):
-        self._wait(req.Test, what)
+        def done():
+            try:
+                return req.Test()
+            except self.MPI.Exception as exc:   # a peer's death seen by MPI (errors return, see init)
+                raise PeerTimeout(f"rank {self.rank}: {what} (collective #{self.count}) failed: {exc}; "
+                                  f"{self._missing_text()}; stopping. Resume from the last checkpoint "
+                                  "with -y 1") from exc
+        self._wait(done, what)
 
     def allreduce_sum(self, buf, what="all-reduce") -> None:
         self._run(self.mpi.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM), what)
@@ -447,6 +462,8 @@ def init(args):
         except ImportError as exc:
             raise DistError(f"launched by MPI but mpi4py is not importable ({exc}); pip install 'llmcupy[mpi]'") from exc
         comm = MPI.COMM_WORLD
+        # a dead peer raises (and we name it) instead of MPI aborting this process silently
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
         local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
         if sim:
             return MPIGroup(comm, local, timeout)

@@ -140,7 +140,7 @@ class Run:
             raise RunError("--benchmark runs one fixed batch per step; drop -d")
         self.schedule = None
         self.resumed = False
-        self.m = self.v = self.gshard = None
+        self.m = self.v = self.gshard = self.acc = None
         self.last_norm = None
         self.last_lr = args.lr
 
@@ -220,11 +220,20 @@ class Run:
             if i:
                 x, y = loader.next_batch()
             total += model.forward(x, y)
-            model.zero_grad(params=(i == 0))   # the activation gradients restart each pass
+            model.zero_grad()
             model.backward()
+            if A > 1:
+                # summed in a buffer of our own: the model's backward overwrites the bias gradients
+                # (matmul_backward writes dbias, as llm.c's kernels do), so they cannot accumulate there
+                if self.acc is None:
+                    self.acc = _backend.xp().zeros_like(model.grads)
+                if i == 0:
+                    self.acc[...] = model.grads
+                else:
+                    self.acc += model.grads
         loss = total / A
         self._allocate(model)
-        grads, params = model.grads, model.params
+        grads, params = (self.acc if A > 1 else model.grads), model.params
         P = model.num_parameters()
         S, start, end = self._shard_bounds(P)
         N = self.world
