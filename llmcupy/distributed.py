@@ -43,6 +43,7 @@ _DIAG_TAG = 7301             # MPI tag of the exchange that names missing ranks
 _MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
 
+RANK = 0                     # this process's rank once init() ran
 ACTIVE = None                # the group of this process once init() made one (main() aborts it on errors)
 
 

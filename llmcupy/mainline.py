@@ -415,7 +415,7 @@ def setup(args) -> Run:
     """The process group (GPU selected, flags checked equal on every rank) and this rank's Run;
     ranks other than 0 print nothing to stdout."""
     group = dist.init(args)
-    dist.ACTIVE = group
+    dist.ACTIVE, dist.RANK = group, group.rank
     if group.rank != 0:
         sys.stdout = open(os.devnull, "w")
     flags = {k: v for k, v in vars(args).items() if k not in ("rank", "gpus_per_node")}

@@ -436,9 +436,12 @@ def _main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 4
     except distributed.DistError as exc:
-        # an error every rank finds the same way (flags, -d, -o): rank 0 says it
-        if not (isinstance(exc, (mainline.RunError, distributed.FlagMismatch)) and _rank() != 0):
-            print(f"error: {exc}", file=sys.stderr)
+        if isinstance(exc, (mainline.RunError, distributed.FlagMismatch)):
+            # found the same way by every rank (flags, -d, -o): rank 0 says it, every rank exits by itself
+            distributed.ACTIVE = None
+            if _rank() != 0:
+                return 2
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
@@ -453,8 +456,7 @@ def _main(argv=None) -> int:
 
 
 def _rank() -> int:
-    group = distributed.ACTIVE
-    return group.rank if group is not None else 0
+    return distributed.RANK
 
 
 if __name__ == "__main__":
