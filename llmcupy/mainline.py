@@ -56,7 +56,7 @@ class RunError(dist.DistError):
 
 
 def add_arguments(parser) -> None:
-    g = parser.add_argument_group("llm.c mainline's controls (python -m llmcupy.mainline documents them)")
+    g = parser.add_argument_group("llm.c mainline's controls (the README's section on several GPUs)")
     g.add_argument("-x", dest="steps", type=int, default=None, help="max steps (same as --steps; -1: one epoch)")
     g.add_argument("-d", dest="total_batch_size", type=int, default=-1,
                    help="total batch size in tokens per step (gradient accumulation; -1: B*T*ranks)")

@@ -372,19 +372,50 @@ def test_nccl_world_size_1_is_the_collective_path(data, tmp_path):
 
     if not nccl.available:
         pytest.skip("NCCL is not loadable (pip install '.[cuda12]' brings nvidia-nccl-cu12)")
-    gpu = ["--backend", "cuda", "--init", "d2", "-t", "64", "-v", "0", "-s", "0", *data, "-b", "4", "-x", "4",
-           "--tf32", "0"]
-    rc, plain, err = _one(gpu + ["--grad-clip", "1.0"])
+    gpu = ["--backend", "cuda", "--init", "d2", "-t", "64", "-v", "0", "-s", "0", *data, "-b", "4", "--tf32", "0",
+           "--grad-clip", "1.0"]
+    nccl1 = ["--world-size", "1", "--rank", "0"]
+    rc, plain, err = _one(gpu + ["-x", "4"])
     assert rc == 0, err
-    rc, nccl_out, err = _one(gpu + ["--grad-clip", "1.0", "--world-size", "1", "--rank", "0"])
+    rc, nccl_out, err = _one(gpu + ["-x", "4"] + nccl1)
     assert rc == 0, err
     assert "| processes             | 1 (NCCL)" in nccl_out
     np.testing.assert_allclose(_losses(nccl_out), _losses(plain), rtol=0, atol=1e-5)
-    rc, z1, err = _one(gpu + ["--grad-clip", "1.0", "--world-size", "1", "--rank", "0", "-z", "1"])
+    rc, z1, err = _one(gpu + ["-x", "4", "-z", "1"] + nccl1)
     assert rc == 0, err
     np.testing.assert_allclose(_losses(z1), _losses(plain), rtol=0, atol=1e-5)
-    # ms/step with and without NCCL (printed for the record, not asserted)
-    for extra in ([], ["--world-size", "1", "--rank", "0"]):
-        rc, out, err = _one(gpu[:-4] + ["--benchmark", "-b", "4", "-x", "20", "--grad-clip", "1.0", *extra])
+    # ms/step with and without NCCL (printed for the record, never asserted)
+    for extra in ([], nccl1):
+        rc, out, err = _one(gpu + ["--benchmark", "-x", "20"] + extra)
         assert rc == 0, err
-        print(extra or "no collectives", out.strip().splitlines()[-1])
+        print("NCCL world size 1:" if extra else "no collectives:", out.strip().splitlines()[-1])
+
+
+def test_weight_decay_runs_cover_the_shard_with_mainline_rule():
+    """-c decays wte, wpe and the four matmul weights only; under ZeRO-1 the pieces are cut at the
+    rank's shard, and the shards of all ranks tile the parameters."""
+    from types import SimpleNamespace
+
+    from llmcupy import mainline, train
+    from llmcupy.config import GPT2Config, num_parameters, param_shapes
+
+    cfg = GPT2Config.preset("d2")
+    P = num_parameters(cfg)
+    model = SimpleNamespace(config=cfg, num_parameters=lambda: P)
+    offsets, o = {}, 0
+    for name, shape in param_shapes(cfg).items():
+        offsets[name] = (o, o + int(np.prod(shape)))
+        o = offsets[name][1]
+    pieces = []
+    for rank in range(3):
+        args = train.build_parser().parse_args(["-b", "4", "-t", "32", "-c", "0.1", "-z", "1"])
+        group = SimpleNamespace(rank=rank, world_size=3, collective=True, kind="test")
+        run = mainline.Run(args, group)
+        S, start, end = run._shard_bounds(P)
+        assert S == P // 3 and start == rank * S and end == (P if rank == 2 else start + S)
+        pieces += run._runs(model, start, end)
+    assert pieces[0][0] == 0 and pieces[-1][1] == P
+    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+    for a, b, wd in pieces:
+        names = [n for n, (lo, hi) in offsets.items() if lo < b and a < hi]
+        assert {n in mainline.DECAYED for n in names} == {wd == 0.1}, (a, b, wd, names)
