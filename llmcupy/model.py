@@ -257,12 +257,9 @@ class GPT2:
 
     # -- backward -------------------------------------------------------------------------------
 
-    def zero_grad(self, params: bool = True) -> None:
-        """Zeroes the activation gradients and (``params``) the parameter gradients; gradient
-        accumulation keeps the parameter gradients of the earlier micro-steps."""
+    def zero_grad(self) -> None:
         self._allocate_grads()
-        if params:
-            self.grads.fill(0)
+        self.grads.fill(0)
         for buf in self.dacts.values():
             buf.fill(0)
 
