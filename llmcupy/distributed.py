@@ -291,7 +291,12 @@ class NCCLGroup(_Group):
         event = stream.record()
 
         def done():
-            self.comm.check_async_error()   # raises on a network error NCCL already saw
+            try:
+                self.comm.check_async_error()   # a network error NCCL already saw
+            except self.nccl.NcclError as exc:
+                raise PeerTimeout(f"rank {self.rank}: {what} (collective #{self.count}) failed in NCCL: {exc}; "
+                                  f"{self._missing_text()}; stopping. Resume from the last checkpoint "
+                                  "with -y 1") from exc
             return event.done
 
         self._wait(done, what, on_timeout=self.comm.abort)
@@ -342,11 +347,17 @@ class NCCLGroup(_Group):
 
 
 def _nccl_id_bytes(uid) -> bytes:
-    return struct.pack(f"{len(uid)}b", *uid)
+    """NCCL's unique id (CuPy: a tuple of 128 C ``char`` values) as bytes."""
+    return bytes(v & 0xFF for v in uid)
 
 
 def _nccl_id_tuple(data: bytes):
-    return tuple(struct.unpack(f"{len(data)}b", data))
+    """Back to the tuple CuPy takes: C ``char`` is signed on x86, unsigned on Arm and POWER."""
+    import platform
+
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        return tuple(v - 256 if v > 127 else v for v in data)
+    return tuple(data)
 
 
 def exchange_id(url: str, rank: int, world_size: int, make_id, timeout: float) -> bytes:

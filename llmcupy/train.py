@@ -412,7 +412,15 @@ def benchmark(model: GPT2, loader, args, run=None) -> int:
 
 
 def main(argv=None) -> int:
-    rc = _main(argv)
+    try:
+        rc = _main(argv)
+    except BaseException:
+        if distributed.ACTIVE is not None and distributed.ACTIVE.world_size > 1:
+            import traceback
+
+            traceback.print_exc()          # before MPI_Abort ends this process
+            distributed.abort_active(1)
+        raise
     if rc:
         distributed.abort_active(rc)   # the other ranks would wait for this one until the timeout
     return rc
