@@ -254,27 +254,30 @@ def test_mismatched_flags_and_batch_not_divisible_are_refused(data, tmp_path):
 
 
 def _rank_pid(mpiexec_pid: int, rank: int) -> int | None:
-    """The pid of MPI rank ``rank`` among the descendants of our mpiexec."""
+    """The pid of MPI rank ``rank`` among the descendants of our mpiexec (MPICH's PMI_RANK)."""
+    def parent(pid):
+        try:
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
         try:
             env = (p / "environ").read_bytes().split(b"\0")
-            stat = (p / "stat").read_text()
+            cmdline = (p / "cmdline").read_bytes()
         except OSError:
             continue
-        if f"PMI_RANK={rank}".encode() in env and "llmcupy.train" in (p / "cmdline").read_bytes().decode(errors="replace"):
-            # walk up to our mpiexec
-            pid = int(p.name)
-            for _ in range(4):
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                if ppid == mpiexec_pid:
-                    return int(p.name)
-                try:
-                    stat = Path(f"/proc/{ppid}/stat").read_text()
-                except OSError:
-                    break
-            del pid
+        if f"PMI_RANK={rank}".encode() not in env or b"llmcupy.train" not in cmdline:
+            continue
+        pid = int(p.name)
+        for _ in range(4):           # rank -> (hydra proxy ->) mpiexec
+            pid = parent(pid)
+            if pid == mpiexec_pid:
+                return int(p.name)
+            if pid is None:
+                break
     return None
 
 
