@@ -219,11 +219,12 @@ def test_output_folder_holds_the_log_and_checkpoints(data, tmp_path):
 
 @needs_mpi
 def test_two_ranks_equal_one_process_and_zero1_and_accumulation(data, tmp_path):
-    rc, out, err = _one(_args(data, "-b", "4", "-x", "2"))
+    val = ["-v", "2", "-m", "1"]    # validation at steps 0 and 2: each rank its slice, averaged
+    rc, out, err = _one(_args(data, "-b", "4", "-x", "2", *val))
     assert rc == 0, err
     ref = _losses(out)
     assert len(ref) == 2
-    rc, out2, err = _mpi(2, _args(data, "-b", "2", "-x", "2", "--dist-timeout", "120"), tmp_path)
+    rc, out2, err = _mpi(2, _args(data, "-b", "2", "-x", "2", "--dist-timeout", "120", *val), tmp_path)
     assert rc == 0, out2[-2000:] + err[-2000:]
     assert "| processes             | 2 (MPI (host arrays))" in out2
     two = _losses(out2)
@@ -237,6 +238,9 @@ def test_two_ranks_equal_one_process_and_zero1_and_accumulation(data, tmp_path):
     np.testing.assert_allclose(two, ref, rtol=0, atol=1e-5)
     np.testing.assert_allclose(zero1, ref, rtol=0, atol=1e-5)
     np.testing.assert_allclose(accum, ref, rtol=0, atol=1e-5)
+    vals = [[float(v) for v in re.findall(r"^val loss ([0-9.]+)$", o, re.M)] for o in (out, out2)]
+    assert len(vals[0]) == 2
+    np.testing.assert_allclose(vals[1], vals[0], rtol=0, atol=1e-5)
     # the norms are averaged over the ranks too: those printed agree
     norms = [re.findall(r"norm ([0-9.]+)", o) for o in (out2, out3, out4)]
     np.testing.assert_allclose(np.array(norms, dtype=float), np.array(norms[:1] * 3, dtype=float), atol=1e-4)
