@@ -49,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("llm.c's flags")
     g.add_argument("-i", "--train-data", default=DEFAULT_TRAIN, help="train token files (glob)")
     g.add_argument("-j", "--val-data", default=DEFAULT_VAL, help="validation token files (glob)")
-    g.add_argument("-o", "--log", default=None, help="log file (llm.c's s:N trl:X / tel:X lines); a folder (existing, ending in /, or "
-                   "with -n/-y) holds main.log and the checkpoints")
+    g.add_argument("-o", "--log", default=None,
+                   help="log file (llm.c's s:N trl:X / tel:X lines); a folder (existing, ending in /, or with "
+                        "-n/-y) holds main.log and the checkpoints")
     g.add_argument("-b", "--batch-size", type=int, default=4, help="batch size B")
     g.add_argument("-t", "--seq-len", type=int, default=1024, help="sequence length T")
     g.add_argument("-l", "--lr", type=float, default=3e-4, help="learning rate")
