@@ -472,7 +472,8 @@ def init(args):
         try:
             from mpi4py import MPI
         except ImportError as exc:
-            raise DistError(f"launched by MPI but mpi4py is not importable ({exc}); pip install 'llmcupy[mpi]'") from exc
+            raise DistError(f"launched by MPI but mpi4py is not importable ({exc}); "
+                            "pip install 'llmcupy[mpi]'") from exc
         comm = MPI.COMM_WORLD
         # a dead peer raises (and we name it) instead of MPI aborting this process silently
         comm.Set_errhandler(MPI.ERRORS_RETURN)
