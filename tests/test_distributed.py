@@ -336,6 +336,9 @@ def test_hung_rank_times_out_by_name_and_resume_is_bit_for_bit(data, tmp_path):
     # rank 1 stopped in step 2, before the checkpoint's barrier: step 1's is the newest complete one
     assert not (ck / "DONE_00000002").exists()
 
+    # files of a checkpoint that never got its DONE (as if a rank died while writing) are ignored
+    (ck / "model_00000002.bin").write_bytes(b"torn")
+    (ck / "state_00000002_00000.npz").write_bytes(b"torn")
     rc, resumed, err = _mpi(2, common + ["-o", ck, "-y", "1"], tmp_path / "b")
     assert rc == 0, resumed[-2000:] + err[-2000:]
     assert "resumed from" in resumed
