@@ -224,10 +224,17 @@ class DataLoader:
     ``next_batch()`` returns ``(inputs, targets)``, both int32 arrays of shape (B, T), and keeps
     them as ``.inputs`` / ``.targets``. ``state_dict()`` / ``load_state_dict()`` save and restore
     the position (shard, sample, permutations, RNG) for resuming a run.
+
+    Several processes and gradient accumulation (llm.c's mainline): a *sample* is the whole
+    step's batch, ``micro_steps * num_processes`` slices of B*T tokens (+1 for the targets); the
+    ``i``-th call of a step on rank ``r`` reads slice ``i * num_processes + r``, and the sample
+    advances after ``micro_steps`` calls. Every rank shuffles with the same seed (llm.c seeds each
+    rank's shuffle with 42 + rank), so the slices of all ranks and micro-steps together are exactly
+    the batch one process with ``B * num_processes * micro_steps`` rows reads.
     """
 
     def __init__(self, pattern, B: int, T: int, *, shuffle: bool = False, process_rank: int = 0,
-                 num_processes: int = 1, seed: int = 42):
+                 num_processes: int = 1, seed: int = 42, micro_steps: int = 1):
         if B <= 0 or T <= 0:
             raise ValueError(f"B and T must be positive (got B={B}, T={T})")
         if not 0 <= process_rank < num_processes:
@@ -242,18 +249,22 @@ class DataLoader:
         self.files = files
         self.B, self.T = int(B), int(T)
         self.process_rank, self.num_processes = int(process_rank), int(num_processes)
+        if micro_steps < 1:
+            raise ValueError(f"micro_steps must be >= 1 (got {micro_steps})")
+        self.micro_steps, self.micro_step = int(micro_steps), 0
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
-        need = self.num_processes * self.B * self.T + 1
+        need = self.slices * self.B * self.T + 1
         self.shard_tokens = []
         for path in files:  # validate every shard up front so no error waits for epoch 2
             n = token_count(path)
             if n < need:
                 raise DataError(f"{path}: {n} tokens are too few for one batch: B*T+1 = {need} "
-                                f"tokens needed (B={B}, T={T}, {num_processes} process(es))")
+                                f"tokens needed (B={B}, T={T}, {num_processes} process(es), "
+                                f"{micro_steps} micro-step(s))")
             self.shard_tokens.append(n)
         self.num_tokens = int(sum(self.shard_tokens))
-        self.rng = MT19937(self.seed + self.process_rank) if self.shuffle else None
+        self.rng = MT19937(self.seed) if self.shuffle else None
         self.shard_indices = np.arange(len(files), dtype=np.int64)
         self.intra_shard_indices = None
         self._file = None
@@ -264,6 +275,11 @@ class DataLoader:
     # -- shard handling
 
     @property
+    def slices(self) -> int:
+        """B*T slices per sample: one per process and micro-step."""
+        return self.num_processes * self.micro_steps
+
+    @property
     def num_shards(self) -> int:
         return len(self.files)
 
@@ -271,7 +287,7 @@ class DataLoader:
         return int(self.shard_indices[shard_idx]) if self.shuffle else shard_idx
 
     def _samples_in(self, file_index: int) -> int:
-        return (self.shard_tokens[file_index] - 1) // (self.num_processes * self.B * self.T)
+        return (self.shard_tokens[file_index] - 1) // (self.slices * self.B * self.T)
 
     def _load_shard(self, shard_idx: int) -> None:
         fi = self._file_index(shard_idx)
@@ -292,6 +308,7 @@ class DataLoader:
         """Back to the first sample of the first shard; a shuffling loader draws new orders."""
         self.current_shard_idx = 0
         self.current_sample_idx = 0
+        self.micro_step = 0
         if self.shuffle:
             random_permutation(self.shard_indices, self.rng)
         self._load_shard(self.current_shard_idx)
@@ -304,6 +321,7 @@ class DataLoader:
             return
         self.current_shard_idx += 1
         self.current_sample_idx = 0
+        self.micro_step = 0
         self._load_shard(self.current_shard_idx)
         if self.shuffle:
             self._prepare_intra_shard_indices()
@@ -318,7 +336,8 @@ class DataLoader:
         if self.current_sample_idx >= self.shard_num_samples:
             self._advance()
         bt = self.B * self.T
-        offset = 1024 + 2 * (self._sample_index() * self.num_processes * bt + self.process_rank * bt)
+        slot = self.micro_step * self.num_processes + self.process_rank
+        offset = 1024 + 2 * (self._sample_index() * self.slices * bt + slot * bt)
         self._file.seek(offset)
         try:
             buf = read_array(self._file, np.uint16, bt + 1).astype(np.int32)
@@ -327,7 +346,10 @@ class DataLoader:
                             f"(the file changed?): {e}") from e
         self.inputs = buf[:-1].reshape(self.B, self.T)
         self.targets = buf[1:].reshape(self.B, self.T)
-        self.current_sample_idx += 1
+        self.micro_step += 1
+        if self.micro_step == self.micro_steps:
+            self.micro_step = 0
+            self.current_sample_idx += 1
         return self.inputs, self.targets
 
     def close(self) -> None:
@@ -358,6 +380,7 @@ class DataLoader:
             "shard_tokens": list(self.shard_tokens),
             "B": self.B, "T": self.T,
             "process_rank": self.process_rank, "num_processes": self.num_processes,
+            "micro_steps": self.micro_steps, "micro_step": self.micro_step,
             "shuffle": self.shuffle, "seed": self.seed,
             "current_shard_idx": self.current_shard_idx,
             "current_sample_idx": self.current_sample_idx,
@@ -373,9 +396,12 @@ class DataLoader:
             raise ValueError("not a DataLoader state")
         mine = {"files": [os.path.basename(p) for p in self.files], "shard_tokens": list(self.shard_tokens),
                 "B": self.B, "T": self.T, "process_rank": self.process_rank,
-                "num_processes": self.num_processes, "shuffle": self.shuffle}
+                "num_processes": self.num_processes, "shuffle": self.shuffle,
+                "micro_steps": self.micro_steps}
         for key, value in mine.items():
             theirs = state.get(key)
+            if key == "micro_steps" and theirs is None:
+                theirs = 1   # a state written before gradient accumulation existed
             if key in ("files", "shard_tokens"):
                 theirs = [x if isinstance(x, str) else int(x) for x in theirs]
             if theirs != value:
@@ -395,6 +421,9 @@ class DataLoader:
             raise ValueError(f"data loader state: sample index {sample_idx} outside "
                              f"0..{self.shard_num_samples}")
         self.current_sample_idx = sample_idx
+        self.micro_step = int(state.get("micro_step", 0))
+        if not 0 <= self.micro_step < self.micro_steps:
+            raise ValueError(f"data loader state: micro step {self.micro_step} outside 0..{self.micro_steps - 1}")
         if self.shuffle:
             intra = np.asarray(state["intra_shard_indices"], dtype=np.int64).copy()
             if intra.size != self.shard_num_samples:

@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from . import checkpoint as ckpt
+from . import distributed, mainline
 from . import ops as ops_registry
 from .config import GPT2Config, PRESETS, init_params
 from .fileio import FileFormatError
@@ -50,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("llm.c's flags")
     g.add_argument("-i", "--train-data", default=DEFAULT_TRAIN, help="train token files (glob)")
     g.add_argument("-j", "--val-data", default=DEFAULT_VAL, help="validation token files (glob)")
-    g.add_argument("-o", "--log", default=None, help="log file (llm.c's s:N trl:X / tel:X lines)")
+    g.add_argument("-o", "--log", default=None,
+                   help="log file (llm.c's s:N trl:X / tel:X lines); a folder (existing, ending in /, or with "
+                        "-n/-y) holds main.log and the checkpoints")
     g.add_argument("-b", "--batch-size", type=int, default=4, help="batch size B")
     g.add_argument("-t", "--seq-len", type=int, default=1024, help="sequence length T")
     g.add_argument("-l", "--lr", type=float, default=3e-4, help="learning rate")
@@ -84,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         k.add_argument(kernel_flag(op), dest=f"kernel_{op}", type=int, metavar="N", help=f"{op} version")
     k.add_argument("--kernel", action="append", default=[], metavar="OP=N[:BLOCK]",
                    help="any op's version (and block size), e.g. --kernel softmax... repeatable")
+    mainline.add_arguments(p)
     return p
 
 
@@ -205,6 +209,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     B, T = args.batch_size, args.seq_len
     if B < 1 or T < 1:
         raise SystemExit(f"error: -b and -t must be positive (got {B}, {T})")
+    run = mainline.setup(args)   # processes, -d/-x/-o...; ranks other than 0 print nothing
     if args.steps is not None and args.steps < 0:
         raise SystemExit(f"error: --steps must not be negative (got {args.steps})")
     kernels = kernel_choice(args)
@@ -216,12 +221,16 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     from .data import DataLoader
     from .sampling import XorShiftRNG
 
-    train_loader = DataLoader(args.train_data, B, T, shuffle=True)
-    val_loader = None if args.benchmark else DataLoader(args.val_data, B, T, shuffle=False)
-    train_num_batches = args.steps if args.steps is not None else train_loader.num_tokens // (B * T)
-    val_num_batches = 0 if val_loader is None else min(val_loader.num_tokens // (B * T), args.val_max_steps)
+    train_loader = DataLoader(args.train_data, B, T, shuffle=True, **run.loader_kwargs(train=True))
+    val_loader = None if args.benchmark else DataLoader(args.val_data, B, T, shuffle=False,
+                                                        **run.loader_kwargs(train=False))
+    train_num_batches = args.steps if args.steps is not None else train_loader.num_tokens // run.tokens_per_step
+    val_num_batches = 0 if val_loader is None else min(val_loader.num_tokens // (B * T * run.world),
+                                                       args.val_max_steps)
 
     model = GPT2(cfg, params, kernels)
+    run.sync_params(model)
+    run.start(train_num_batches)
     rng = XorShiftRNG(1337)
     start_step = 0
     if args.resume:
@@ -245,6 +254,13 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             raise SystemExit(f"error: {args.resume} is at step {start_step}, past this run's last step "
                              f"{train_num_batches}; give a larger --steps")
         source = f"{source}, resumed from {args.resume} at step {start_step}"
+    if args.resume_latest:
+        start_step = run.resume(model, train_loader, rng)
+        if start_step > train_num_batches:
+            raise SystemExit(f"error: the newest checkpoint in {run.out_dir} is at step {start_step}, past this "
+                             f"run's last step {train_num_batches}; give a larger -x")
+        if run.resumed:
+            source = f"{source}, resumed from {run.out_dir} at step {start_step}"
 
     print_table([
         ("train data", args.train_data), ("val data", args.val_data), ("log file", args.log or "NULL"),
@@ -258,6 +274,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
         ("num_heads NH", cfg.num_heads), ("channels C", cfg.channels),
         ("num_parameters", model.num_parameters()), (None, None),
         ("train_num_batches", train_num_batches), ("val_num_batches", val_num_batches),
+        *run.table_rows(),
     ])
     print("kernel versions:")
     for op, n, summary in kernels.table():
@@ -271,10 +288,10 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     print(f"allocated {acts * 4 / 2**20:.0f} MiB for activations")
 
     if args.benchmark:
-        return benchmark(model, train_loader, args)
+        return benchmark(model, train_loader, args, run)
 
     tokenizer = None if args.sample_every <= 0 else load_tokenizer(args)
-    logger = Logger(args.log, append=bool(args.resume))
+    logger = Logger(args.log, append=bool(args.resume) or run.resumed)
     total_ms = 0.0
     timed_steps = 0
     graph = None
@@ -288,6 +305,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                     x, y = val_loader.next_batch()
                     val_loss += model.forward(x, y)
                 val_loss /= max(val_num_batches, 1)
+                val_loss = run.mean(val_loss)
                 check_loss(val_loss, step, "validation")
                 print(f"val loss {val_loss:f}")
                 logger.log(step, "tel", val_loss)
@@ -297,7 +315,10 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                 break
             t0 = time.perf_counter()
             x, y = train_loader.next_batch()
-            if args.cuda_graph:  # the loss is read after the whole step (the update included)
+            if run.mainline:  # micro-steps, collectives, norm and clipping, scheduled update
+                loss = run.step(model, train_loader, x, y, step)
+                check_loss(loss, step + 1, "train")
+            elif args.cuda_graph:  # the loss is read after the whole step (the update included)
                 loss, graph = graph_step(model, graph, x, y, args, step + 1)
                 check_loss(loss, step + 1, "train")
             else:  # the loss is read once, after the update: no synchronisation inside the step
@@ -307,10 +328,12 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             ms = (time.perf_counter() - t0) * 1e3
             total_ms += ms
             timed_steps += 1
-            print(f"step {step + 1:4d}/{train_num_batches}: train loss {loss:f} ({ms:f} ms, {int(B * T / (ms / 1e3))} tok/s)")
+            print(f"step {step + 1:4d}/{train_num_batches}: train loss {loss:f} ({ms:f} ms, "
+                  f"{int(run.tokens_per_step / (ms / 1e3))} tok/s){run.suffix()}")
             logger.log(step, "trl", loss)
             if args.save_every and (step + 1) % args.save_every == 0:
                 save_state(model, train_loader, rng, step + 1, args.save_path)
+            run.maybe_checkpoint(model, train_loader, rng, step + 1)
     finally:
         logger.close()
     if timed_steps:
@@ -358,7 +381,7 @@ def graph_step(model: GPT2, graph, x, y, args, t: int):
     return graph.step(), graph
 
 
-def benchmark(model: GPT2, loader, args) -> int:
+def benchmark(model: GPT2, loader, args, run=None) -> int:
     """One fixed batch, no validation or sampling: warm-up steps, then timed steps."""
     B, T = model.B, model.T
     x, y = loader.next_batch()
@@ -369,6 +392,9 @@ def benchmark(model: GPT2, loader, args) -> int:
         t0 = time.perf_counter()
         if args.cuda_graph:  # the first step captures (a warm-up step unless --warmup 0), then replays
             loss, graph = graph_step(model, graph, x, y, args, i + 1)
+            check_loss(loss, i + 1, "train")
+        elif run is not None and run.mainline:   # e.g. through NCCL at world size 1
+            loss = run.step(model, loader, x, y, i)
             check_loss(loss, i + 1, "train")
         else:
             loss = model.train_step(x, y, args.lr, 0.9, 0.999, 1e-8, args.weight_decay, i + 1)
@@ -389,6 +415,21 @@ def benchmark(model: GPT2, loader, args) -> int:
 
 
 def main(argv=None) -> int:
+    try:
+        rc = _main(argv)
+    except BaseException:
+        if distributed.ACTIVE is not None and distributed.ACTIVE.world_size > 1:
+            import traceback
+
+            traceback.print_exc()          # before MPI_Abort ends this process
+            distributed.abort_active(1)
+        raise
+    if rc:
+        distributed.abort_active(rc)   # the other ranks would wait for this one until the timeout
+    return rc
+
+
+def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return train(args)
@@ -403,6 +444,17 @@ def main(argv=None) -> int:
     except FloatingPointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
+    except distributed.PeerTimeout as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 4
+    except distributed.DistError as exc:
+        if isinstance(exc, (mainline.RunError, distributed.FlagMismatch)):
+            # found the same way by every rank (flags, -d, -o): rank 0 says it, every rank exits by itself
+            distributed.ACTIVE = None
+            if _rank() != 0:
+                return 2
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
@@ -413,6 +465,10 @@ def main(argv=None) -> int:
         print(f"error: out of GPU memory during a step ({exc}); try a smaller batch (-b) or sequence "
               "length (-t)", file=sys.stderr)
         return 2
+
+
+def _rank() -> int:
+    return distributed.RANK
 
 
 if __name__ == "__main__":

@@ -1,0 +1,432 @@
+"""Data parallel training and llm.c mainline's controls (issue: training past one GPU).
+
+In the emulator the collectives are MPI's on host arrays, the same code path as NCCL's on GPUs, so
+these tests run ``mpiexec -n 2 python -m llmcupy.train --backend sim ...`` on one CPU machine:
+
+* 2 ranks at ``-b 2`` print the losses of one process at ``-b 4`` (same total batch), to 1e-5
+  (the sums of the gradients differ only in their order); with ``-z 1`` (ZeRO-1) the same;
+* gradient accumulation ``-b 2 -d 128`` (2 micro-steps at T = 32) equals ``-b 4`` in one step;
+* a hung rank (SIGSTOP) makes the other stop after ``--dist-timeout`` plus a grace of at most
+  10 s, naming the missing rank; resuming from the last checkpoint (``-y 1``) continues bit for
+  bit: the same losses and a byte-identical model file as an uninterrupted run;
+* a killed rank (SIGKILL) ends the job at once (MPI's launcher tears it down);
+* mismatched flags across ranks, a world size that does not divide the total batch, resuming
+  with another world size under ZeRO-1, and ambiguous ``-o`` uses are refused with clear errors.
+
+Sizes are the smallest that exercise everything (model d2, T = 32, 2-3 steps): the emulator
+spends about a second per step of B*T = 128 tokens.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmcupy import distributed
+from llmcupy.data import DataLoader, write_tokens
+from llmcupy.schedule import LRSchedule, ScheduleError
+
+REPO = Path(__file__).resolve().parents[1]
+STEP = re.compile(r"^step +(\d+)/(\d+): train loss ([0-9.]+) \(", re.M)
+
+
+def _have_mpi() -> str | None:
+    if shutil.which("mpiexec") is None:
+        return "mpiexec not found (pip install '.[mpi]')"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py not installed (pip install '.[mpi]')"
+    return None
+
+
+needs_mpi = pytest.mark.skipif(_have_mpi() is not None, reason=str(_have_mpi()))
+
+
+def _losses(text: str) -> list[float]:
+    return [float(m.group(3)) for m in STEP.finditer(text)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Random token files: 40 train batches of 4 x 32, validation for 2."""
+    d = tmp_path_factory.mktemp("tokens")
+    rng = np.random.default_rng(0)
+    write_tokens(d / "train.bin", rng.integers(0, 50257, 40 * 128 + 1))
+    write_tokens(d / "val.bin", rng.integers(0, 50257, 2 * 128 + 1))
+    return ["-i", str(d / "train.bin"), "-j", str(d / "val.bin")]
+
+
+def _args(data, *extra):
+    return ["--backend", "sim", "--init", "d2", "-t", "32", "-v", "0", "-s", "0", *data, *map(str, extra)]
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", LLMCUPY_BACKEND="sim")
+    for k in distributed._MPI_ENV + ("LLMCUPY_WORLD_SIZE", "LLMCUPY_RANK", "LLMCUPY_RENDEZVOUS"):
+        env.pop(k, None)
+    return env
+
+
+def _mpi(n, argv, cwd, timeout=300, ranks=None):
+    """mpiexec -n n python -m llmcupy.train argv; ranks: MPMD, a list of per-rank argv."""
+    cmd = ["mpiexec"]
+    if ranks is None:
+        cmd += ["-n", str(n), sys.executable, "-m", "llmcupy.train", *argv]
+    else:
+        for i, a in enumerate(ranks):
+            cmd += ([":"] if i else []) + ["-n", "1", sys.executable, "-m", "llmcupy.train", *a]
+    p = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def _one(argv):
+    """One process, in-process."""
+    from llmcupy import train
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            rc = train.main([str(a) for a in argv])
+        except SystemExit as exc:
+            rc = exc.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# pieces without processes
+
+
+def test_schedules():
+    cos = LRSchedule("cosine", 1.0, warmup=2, total=10, final_frac=0.1)
+    assert [cos(s) for s in (0, 1)] == [0.5, 1.0]
+    assert cos(2) == pytest.approx(1.0) and cos(6) == pytest.approx(0.55) and cos(10) == pytest.approx(0.1)
+    lin = LRSchedule("linear", 1.0, warmup=0, total=10, final_frac=0.0)
+    assert lin(5) == pytest.approx(0.5)
+    wsd = LRSchedule("wsd", 1.0, warmup=0, total=10, final_frac=0.0)
+    assert wsd(7) == 1.0 and wsd(8) == 1.0 and wsd(9) == pytest.approx(1 - 0.5 ** 0.5)
+    assert LRSchedule("constant", 3e-4, warmup=5, total=10, final_frac=0.0)(0) == 3e-4
+    assert LRSchedule("cosine", 3e-4, 0, 10, 1.0).constant      # the defaults: the FP32 trainer's lr
+    with pytest.raises(ScheduleError, match="-q"):
+        LRSchedule("cosine", 1.0, 0, 10, 1.5)
+
+
+def test_loader_slices_of_ranks_and_micro_steps_make_the_one_process_batch(tmp_path):
+    """With shuffling on: ranks x micro-steps read disjoint slices whose union, in order, is the
+    batch of one process with the whole batch size (every rank shuffles with the same seed)."""
+    rng = np.random.default_rng(1)
+    write_tokens(tmp_path / "t.bin", rng.integers(0, 50257, 25 * 8 * 4 + 1))
+    B, T = 2, 4
+    one = DataLoader(str(tmp_path / "t.bin"), 4 * B, T, shuffle=True)
+    parts = [DataLoader(str(tmp_path / "t.bin"), B, T, shuffle=True, process_rank=r, num_processes=2,
+                        micro_steps=2) for r in range(2)]
+    for _ in range(30):                  # past the end of the epoch: the reshuffle agrees too
+        x, y = one.next_batch()
+        got = [[None, None], [None, None]]
+        for i in range(2):
+            for r in range(2):
+                got[i][r] = parts[r].next_batch()
+        xs = np.concatenate([got[i][r][0] for i in range(2) for r in range(2)])
+        ys = np.concatenate([got[i][r][1] for i in range(2) for r in range(2)])
+        assert (xs == x).all() and (ys == y).all()
+    state = parts[1].state_dict()
+    parts[1].next_batch()
+    again = DataLoader(str(tmp_path / "t.bin"), B, T, shuffle=True, process_rank=1, num_processes=2, micro_steps=2)
+    again.load_state_dict(state)
+    assert (again.next_batch()[0] == parts[1].inputs).all()
+
+
+@pytest.mark.parametrize("scheme", ["file", "tcp"])
+def test_rendezvous_hands_rank_0s_id_to_every_rank(tmp_path, scheme):
+    if scheme == "file":
+        url = f"file://{tmp_path}/rdv/id"
+    else:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        url = f"tcp://127.0.0.1:{port}"
+    secret = os.urandom(128)
+    got, errors = {}, []
+
+    def rank(r):
+        try:
+            got[r] = distributed.exchange_id(url, r, 3, lambda: secret, timeout=20)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and got == {0: secret, 1: secret, 2: secret}
+    if scheme == "file":   # a file left behind is refused, not silently reused
+        with pytest.raises(distributed.DistError, match="already exists"):
+            distributed.exchange_id(url, 0, 3, lambda: secret, timeout=1)
+    with pytest.raises(distributed.DistError, match="rank 0 did not|no rendezvous"):
+        distributed.exchange_id(url.replace("/id", "/other") if scheme == "file" else "tcp://127.0.0.1:1",
+                                1, 3, lambda: secret, timeout=0.5)
+
+
+def test_output_rule_and_bad_combinations(data, tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text("old")
+    cases = [
+        (["-n", "2"], "need an output folder: -o DIR"),
+        (["-o", log, "-y", "1"], "a file exists there"),
+        (["-b", "2", "-d", "100"], "multiple of B\\*T\\*ranks = 2\\*32\\*1 = 64"),
+        (["-c", "0.1", "--weight-decay", "0.1"], "not both"),
+        (["-z", "1", "--cuda-graph"], "--cuda-graph"),
+        (["-z", "1", "--save-every", "2"], "--save-every"),
+        (["--world-size", "2", "--rank", "0"], "emulator's collectives run over MPI"),
+    ]
+    for extra, message in cases:
+        rc, out, err = _one(_args(data, "-b", "4", "-x", "1", *extra))
+        assert rc == 2 and re.search(message, err), (extra, err)
+    assert log.read_text() == "old"
+
+
+def test_output_folder_holds_the_log_and_checkpoints(data, tmp_path):
+    out = tmp_path / "run"
+    rc, stdout, err = _one(_args(data, "-b", "4", "-x", "2", "-n", "1", "-nk", "1", "-o", out, "-u", "1",
+                                 "--grad-clip", "1.0"))
+    assert rc == 0, err
+    assert (out / "main.log").read_text().splitlines() == [f"s:{s} trl:{v:.4f}" for s, v in
+                                                           enumerate(_losses(stdout))]
+    # -nk 1: only the newest checkpoint stays
+    assert sorted(p.name for p in out.iterdir()) == ["DONE_00000002", "main.log", "model_00000002.bin",
+                                                      "state_00000002_00000.npz"]
+    assert re.search(r"norm [0-9.]+ lr 3\.0000e-04$", stdout, re.M)   # warm-up: step 1 at lr/1, step 2 at lr
+
+
+# ---------------------------------------------------------------------------------------------
+# several processes (MPI)
+
+
+@needs_mpi
+def test_two_ranks_equal_one_process_and_zero1_and_accumulation(data, tmp_path):
+    val = ["-v", "2", "-m", "1"]    # validation at steps 0 and 2: each rank its slice, averaged
+    rc, out, err = _one(_args(data, "-b", "4", "-x", "2", *val))
+    assert rc == 0, err
+    ref = _losses(out)
+    assert len(ref) == 2
+    rc, out2, err = _mpi(2, _args(data, "-b", "2", "-x", "2", "--dist-timeout", "120", *val), tmp_path)
+    assert rc == 0, out2[-2000:] + err[-2000:]
+    assert "| processes             | 2 (MPI (host arrays))" in out2
+    two = _losses(out2)
+    rc, out3, err = _mpi(2, _args(data, "-b", "2", "-x", "2", "-z", "1", "--dist-timeout", "120"), tmp_path)
+    assert rc == 0, out3[-2000:] + err[-2000:]
+    zero1 = _losses(out3)
+    rc, out4, err = _one(_args(data, "-b", "2", "-x", "2", "-d", "128"))
+    assert rc == 0, err
+    accum = _losses(out4)
+    assert "| micro-steps           | 2 " in out4
+    np.testing.assert_allclose(two, ref, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(zero1, ref, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(accum, ref, rtol=0, atol=1e-5)
+    vals = [[float(v) for v in re.findall(r"^val loss ([0-9.]+)$", o, re.M)] for o in (out, out2)]
+    assert len(vals[0]) == 2
+    np.testing.assert_allclose(vals[1], vals[0], rtol=0, atol=1e-5)
+    # the norms are averaged over the ranks too: those printed agree
+    norms = [re.findall(r"norm ([0-9.]+)", o) for o in (out2, out3, out4)]
+    np.testing.assert_allclose(np.array(norms, dtype=float), np.array(norms[:1] * 3, dtype=float), atol=1e-4)
+
+
+@needs_mpi
+def test_mismatched_flags_and_batch_not_divisible_are_refused(data, tmp_path):
+    base = _args(data, "-b", "2", "-x", "1")
+    rc, out, err = _mpi(2, None, tmp_path, timeout=120, ranks=[base + ["-l", "3e-4"], base + ["-l", "1e-3"]])
+    assert rc != 0
+    assert "ranks were started with different flags" in err and "lr=0.001 (rank 0: 0.0003)" in err
+    assert err.count("different flags") == 1          # rank 0 says it, once
+    rc, out, err = _mpi(2, base + ["-d", "192"], tmp_path, timeout=120)
+    assert rc != 0 and "-d 192: the total batch size must be a positive multiple of B*T*ranks = 2*32*2 = 128" in err
+
+
+def _rank_pid(mpiexec_pid: int, rank: int) -> int | None:
+    """The pid of MPI rank ``rank`` among the descendants of our mpiexec (MPICH's PMI_RANK)."""
+    def parent(pid):
+        try:
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            env = (p / "environ").read_bytes().split(b"\0")
+            cmdline = (p / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() not in env or b"llmcupy.train" not in cmdline:
+            continue
+        pid = int(p.name)
+        for _ in range(4):           # rank -> (hydra proxy ->) mpiexec
+            pid = parent(pid)
+            if pid == mpiexec_pid:
+                return int(p.name)
+            if pid is None:
+                break
+    return None
+
+
+def _start(argv, cwd, n=2):
+    out = open(cwd / "out.txt", "w+")
+    err = open(cwd / "err.txt", "w+")
+    proc = subprocess.Popen(["mpiexec", "-n", str(n), sys.executable, "-m", "llmcupy.train", *argv], cwd=cwd,
+                            env=_env(), stdout=out, stderr=err, text=True)
+    return proc, cwd / "out.txt", cwd / "err.txt"
+
+
+def _wait_for(predicate, proc, limit=300):
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return False
+
+
+@needs_mpi
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the ranks' pids through /proc")
+def test_hung_rank_times_out_by_name_and_resume_is_bit_for_bit(data, tmp_path):
+    timeout = 6
+    common = _args(data, "-b", "2", "-x", "3", "-z", "1", "-n", "1", "--dist-timeout", timeout, "-u", "2",
+                   "--grad-clip", "1.0", "-c", "0.1")
+    (tmp_path / "a").mkdir()
+    rc, full, err = _mpi(2, common + ["-o", tmp_path / "a" / "ck"], tmp_path / "a")
+    assert rc == 0, full[-2000:] + err[-2000:]
+    ref = _losses(full)
+    assert len(ref) == 3
+
+    (tmp_path / "b").mkdir()
+    ck = tmp_path / "b" / "ck"
+    proc, out, errf = _start(common + ["-o", ck], tmp_path / "b")
+    try:
+        assert _wait_for(lambda: (ck / "DONE_00000001").exists(), proc), errf.read_text()[-2000:]
+        pid = _rank_pid(proc.pid, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)                   # hung: alive, never reaches the next collective
+        stopped = time.monotonic()
+        rc = proc.wait(timeout=timeout + 10 + 60)      # the limit, the naming grace, a step of slack
+        took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = errf.read_text()
+    assert rc != 0 and took < timeout + 10 + 60
+    assert re.search(rf"rank 0: .* did not complete within {timeout} s: rank\(s\) 1 did not reach it", err), err
+    # rank 1 stopped in step 2, before the checkpoint's barrier: step 1's is the newest complete one
+    assert not (ck / "DONE_00000002").exists()
+
+    # files of a checkpoint that never got its DONE (as if a rank died while writing) are ignored
+    (ck / "model_00000002.bin").write_bytes(b"torn")
+    (ck / "state_00000002_00000.npz").write_bytes(b"torn")
+    rc, resumed, err = _mpi(2, common + ["-o", ck, "-y", "1"], tmp_path / "b")
+    assert rc == 0, resumed[-2000:] + err[-2000:]
+    assert "resumed from" in resumed
+    assert [int(m.group(1)) for m in STEP.finditer(resumed)] == [2, 3]
+    assert _losses(resumed) == ref[1:]
+    assert (ck / "model_00000003.bin").read_bytes() == (tmp_path / "a" / "ck" / "model_00000003.bin").read_bytes()
+    for r in range(2):
+        a = np.load(tmp_path / "a" / "ck" / f"state_00000003_{r:05d}.npz")
+        b = np.load(ck / f"state_00000003_{r:05d}.npz")
+        assert (a["adam_m"] == b["adam_m"]).all() and (a["adam_v"] == b["adam_v"]).all()
+
+    # another world size under ZeRO-1: refused with the reason
+    rc, out, err = _one(common + ["-o", ck, "-y", "1", "-x", "6"])
+    assert rc == 2 and "written by 2 rank(s); this run has 1" in err and "ZeRO-1 shard" in err
+
+
+@needs_mpi
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the ranks' pids through /proc")
+def test_killed_rank_ends_the_job(data, tmp_path):
+    proc, out, errf = _start(_args(data, "-b", "2", "-x", "30", "--dist-timeout", "6"), tmp_path)
+    try:
+        assert _wait_for(lambda: "step    1/" in out.read_text(), proc), errf.read_text()[-2000:]
+        pid = _rank_pid(proc.pid, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        rc = proc.wait(timeout=6 + 10 + 60)
+        assert rc != 0 and time.monotonic() - killed < 6 + 10 + 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the NCCL path at world size 1
+
+
+@pytest.mark.gpu
+def test_nccl_world_size_1_is_the_collective_path(data, tmp_path):
+    pytest.importorskip("cupy.cuda.nccl")
+    from cupy.cuda import nccl
+
+    if not nccl.available:
+        pytest.skip("NCCL is not loadable (pip install '.[cuda12]' brings nvidia-nccl-cu12)")
+    gpu = ["--backend", "cuda", "--init", "d2", "-t", "64", "-v", "0", "-s", "0", *data, "-b", "4", "--tf32", "0",
+           "--grad-clip", "1.0"]
+    nccl1 = ["--world-size", "1", "--rank", "0"]
+    rc, plain, err = _one(gpu + ["-x", "4"])
+    assert rc == 0, err
+    rc, nccl_out, err = _one(gpu + ["-x", "4"] + nccl1)
+    assert rc == 0, err
+    assert "| processes             | 1 (NCCL)" in nccl_out
+    np.testing.assert_allclose(_losses(nccl_out), _losses(plain), rtol=0, atol=1e-5)
+    rc, z1, err = _one(gpu + ["-x", "4", "-z", "1"] + nccl1)
+    assert rc == 0, err
+    np.testing.assert_allclose(_losses(z1), _losses(plain), rtol=0, atol=1e-5)
+    # ms/step with and without NCCL (printed for the record, never asserted)
+    for extra in ([], nccl1):
+        rc, out, err = _one(gpu + ["--benchmark", "-x", "20"] + extra)
+        assert rc == 0, err
+        print("NCCL world size 1:" if extra else "no collectives:", out.strip().splitlines()[-1])
+
+
+def test_weight_decay_runs_cover_the_shard_with_mainline_rule():
+    """-c decays wte, wpe and the four matmul weights only; under ZeRO-1 the pieces are cut at the
+    rank's shard, and the shards of all ranks tile the parameters."""
+    from types import SimpleNamespace
+
+    from llmcupy import mainline, train
+    from llmcupy.config import GPT2Config, num_parameters, param_shapes
+
+    cfg = GPT2Config.preset("d2")
+    P = num_parameters(cfg)
+    model = SimpleNamespace(config=cfg, num_parameters=lambda: P)
+    offsets, o = {}, 0
+    for name, shape in param_shapes(cfg).items():
+        offsets[name] = (o, o + int(np.prod(shape)))
+        o = offsets[name][1]
+    pieces = []
+    for rank in range(3):
+        args = train.build_parser().parse_args(["-b", "4", "-t", "32", "-c", "0.1", "-z", "1"])
+        group = SimpleNamespace(rank=rank, world_size=3, collective=True, kind="test")
+        run = mainline.Run(args, group)
+        S, start, end = run._shard_bounds(P)
+        assert S == P // 3 and start == rank * S and end == (P if rank == 2 else start + S)
+        pieces += run._runs(model, start, end)
+    assert pieces[0][0] == 0 and pieces[-1][1] == P
+    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+    for a, b, wd in pieces:
+        names = [n for n, (lo, hi) in offsets.items() if lo < b and a < hi]
+        assert {n in mainline.DECAYED for n in names} == {wd == 0.1}, (a, b, wd, names)
