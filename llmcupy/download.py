@@ -106,7 +106,8 @@ def download_file(url: str, dest, *, sha256: str | None = None, progress: bool =
         digest = hashlib.sha256()
         received = 0
         with atomic_write(dest) as f, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                           desc=desc or dest.name, disable=not progress) as bar:
+                                           desc=desc or dest.name,
+                                           disable=None if progress else True) as bar:  # None: off when not a TTY
             while True:
                 try:
                     chunk = response.read(chunk_size)
@@ -165,8 +166,9 @@ def main(argv=None) -> int:
     try:
         download(args.name, args.out, base_url=args.base_url, progress=not args.quiet, force=args.force)
     except (DownloadError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        from ._cli import fail
+
+        return fail(e)   # a failed download or an unwritable folder: 2
     return 0
 
 

@@ -40,6 +40,7 @@ from . import ops as ops_registry
 from .model import GPT2, ModelError
 from .runtime import backend as _backend
 from .train import build_parser as build_train_parser
+from .fileio import FileFormatError
 from .train import check_loss, kernel_choice, load_model
 
 PHASES = ("encoder", "forward blocks", "classifier", "backward blocks", "optimizer")
@@ -448,9 +449,15 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         report = profile(args)
-    except (ops_registry.OpError, ModelError, ckpt.CheckpointError, FileNotFoundError, _backend.BackendError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (ops_registry.OpError, ModelError, FileFormatError, OSError, _backend.BackendError) as exc:
+        from ._cli import fail
+
+        return fail(exc)   # bad or missing model/data files, a shape a version refuses: 2
+    except SystemExit as exc:
+        if isinstance(exc.code, str):   # an "error: ..." about the arguments or a missing model: 2
+            print(exc.code, file=sys.stderr)
+            return 2
+        raise
     except FloatingPointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

@@ -250,8 +250,9 @@ def main(argv=None) -> int:
     try:
         tok = write_tokenizer(args.out, get_encoding(args.bpe))
     except (TokenizerError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        from ._cli import fail
+
+        return fail(e)   # a missing or bad BPE file, an unwritable output: 2
     print(f"wrote {args.out}: {len(tok)} tokens, EOT {tok.eot_id}")
     return 0
 

@@ -68,15 +68,15 @@ def test_tokenize_sections_small():
 
 def test_cli_errors(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("LLMCUPY_GPT2_BPE", raising=False)
-    assert data.main(["tinyshakespeare", "--bpe", str(tmp_path / "none.tiktoken"), "--out", str(tmp_path)]) == 1
+    assert data.main(["tinyshakespeare", "--bpe", str(tmp_path / "none.tiktoken"), "--out", str(tmp_path)]) == 2
     assert "cannot read GPT-2 BPE file" in capsys.readouterr().err
     if BPE.is_file():
         assert data.main(["tinyshakespeare", "--bpe", str(BPE), "--input", str(tmp_path / "no.txt"),
-                          "--out", str(tmp_path)]) == 1
+                          "--out", str(tmp_path)]) == 2
         assert "no.txt" in capsys.readouterr().err
         tiny = tmp_path / "tiny.txt"
         tiny.write_text("too short\n\nfor a split")
-        assert data.main(["tinyshakespeare", "--bpe", str(BPE), "--input", str(tiny), "--out", str(tmp_path)]) == 1
+        assert data.main(["tinyshakespeare", "--bpe", str(BPE), "--input", str(tiny), "--out", str(tmp_path)]) == 2
         assert "only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         data.main(["wikipedia"])

@@ -130,7 +130,7 @@ def test_cli_writes_gpt2_tokenizer_bin(tmp_path, capsys):
 
 def test_cli_error(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(tk.BPE_ENV, raising=False)
-    assert tk.main(["--bpe", str(tmp_path / "none"), "-o", str(tmp_path / "t.bin")]) == 1
+    assert tk.main(["--bpe", str(tmp_path / "none"), "-o", str(tmp_path / "t.bin")]) == 2
     assert "cannot read GPT-2 BPE file" in capsys.readouterr().err
     assert not (tmp_path / "t.bin").exists()
 
