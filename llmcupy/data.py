@@ -446,7 +446,8 @@ def main(argv=None) -> int:
         if args.input:
             text_path = Path(args.input)
         else:
-            text_path = download.download("tinyshakespeare", args.out, base_url=args.base_url)[0]
+            text_path = download.download("tinyshakespeare", args.out, base_url=args.base_url,
+                                          progress=None)[0]   # a bar only on a terminal
         text = text_path.read_text(encoding="utf-8")
         prepare_tinyshakespeare(text, enc, args.out)
     except (TokenizerError, download.DownloadError, FileFormatError, OSError, ValueError) as e:

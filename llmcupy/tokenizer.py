@@ -139,7 +139,7 @@ class Tokenizer:
         with open(path, "rb") as f:
             header = read_header(f, path, what, unsigned=True)
             version = check_magic_version(header, path, what, TOKENIZER_MAGIC, (1, 2),
-                                          "write one with llmcupy.tokenizer.write_tokenizer")
+                                          "write one with python -m llmcupy.tokenizer, or --bpe FILE for the trainer")
             n = int(header[2])
             if version == 1:
                 if n != GPT2_VOCAB_SIZE:

@@ -343,6 +343,7 @@ def test_a_corrupt_tokenizer_named_explicitly_is_an_error(inputs, tmp_path):
     bad.write_bytes(b"\0" * 3000)
     rc, out, err = _train(SMALL + ["--steps", 1, "-v", 0, "-s", 1, "--tokenizer", bad] + inputs["data"])
     assert rc == 2 and "tok.bin" in err and "step    1" not in out, err
+    assert "python -m llmcupy.tokenizer" in err, err   # the command that writes one
 
 
 def test_a_nan_in_the_starting_model_is_refused_without_claiming_a_saved_state(inputs, tmp_path):
