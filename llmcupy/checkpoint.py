@@ -344,8 +344,14 @@ def load_training_state(path) -> TrainingState:
     check_readable_file(path, f"an {what} (.npz, written by the trainer's --save-every)")
     if not is_training_state(path):
         # np.load would try a .npy or even a pickle here; say what the file is not instead
-        kind = ("an llm.c model file: start from it with -e, not --resume"
-                if _has_magic(path, MODEL_MAGIC) else "not a zip archive")
+        with open(path, "rb") as f:
+            head = f.read(6)
+        if _has_magic(path, MODEL_MAGIC):
+            kind = "an llm.c model file: start from it with -e, not --resume"
+        elif head == b"\x93NUMPY":
+            kind = "a single .npy array, not an .npz archive"
+        else:
+            kind = "not a zip archive"
         raise CheckpointError(f"{path}: not an {what} ({kind}); --resume expects the .npz that "
                               f"--save-every writes")
     with open(path, "rb") as f:  # our handle: np.load leaks its own when a zip is corrupt

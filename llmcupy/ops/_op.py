@@ -253,10 +253,10 @@ class Op:
         try:
             number = int(number)
         except (TypeError, ValueError):
-            number = None
+            number, given = None, repr(given)   # echo what was typed ("abc"), not None
         if number not in self.versions:
             listing = ", ".join(str(v) for v in sorted(self.versions))
-            raise OpError(f"{self.name} has no version {given!r}; versions: {listing}")
+            raise OpError(f"{self.name} has no version {given}; versions: {listing}")
         return self.versions[number]
 
     def describe(self) -> str:
