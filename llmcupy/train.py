@@ -229,10 +229,10 @@ def generate(model: GPT2, rng, tokenizer, gen_len: int) -> list[int]:
 
 
 def check_loss(loss: float, step: int, what: str, kept: str | None = None) -> None:
-    """``kept`` says where the last good state is (None: nothing was saved by this run)."""
+    """``kept`` says which saved state is left as it was (None: this run saved none)."""
     if not math.isfinite(loss):
-        where = f"; the last good state is {kept}" if kept else "; no training state was saved"
-        raise FloatingPointError(f"{what} loss is {loss} at step {step}; stopping{where}")
+        where = kept or "no training state was saved by this run"
+        raise FloatingPointError(f"{what} loss is {loss} at step {step}; stopping ({where})")
 
 
 def train(args) -> int:
@@ -280,7 +280,7 @@ def train(args) -> int:
         if start_step > train_num_batches:
             raise SystemExit(f"error: {args.resume} is at step {start_step}, past this run's last step "
                              f"{train_num_batches}; give a larger --steps")
-        source = f"{args.resume}, resumed at step {start_step}"
+        source = f"resumed from {args.resume} at step {start_step}"
 
     print_table([
         ("train data", args.train_data), ("val data", args.val_data), ("log file", args.log or "NULL"),
@@ -313,8 +313,8 @@ def train(args) -> int:
     if args.save_every:
         remove_stale_temporaries(args.save_path)
     logger = Logger(args.log, resume_step=start_step if state is not None else None)
-    # where the last good state is, for the message of a non-finite loss
-    kept = f"in {args.resume} (step {start_step}), unchanged" if state is not None else None
+    # which saved state is left as it was, for the message of a non-finite loss
+    kept = f"the state resumed from, {args.resume} at step {start_step}, is unchanged" if state is not None else None
     total_ms = 0.0
     timed_steps = 0
     graph = None
@@ -354,7 +354,7 @@ def train(args) -> int:
             logger.log(step, "trl", loss)
             if args.save_every and (step + 1) % args.save_every == 0:
                 save_state(model, train_loader, rng, step + 1, args.save_path)
-                kept = f"in {args.save_path} (step {step + 1})"
+                kept = f"the last state saved is in {args.save_path}, at step {step + 1}"
     finally:
         logger.close()
     if timed_steps:
@@ -369,7 +369,7 @@ def save_state(model: GPT2, loader, rng, step: int, path: str) -> None:
     if not np.isfinite(params).all():
         # the update diverged (the gradients overflowed) although the loss was still finite
         raise FloatingPointError(f"the parameters are not finite after step {step}; not saving them "
-                                 f"(the last good state in {path} is kept)")
+                                 f"({path} is left as it was)")
     state = ckpt.TrainingState(
         config=model.config,
         params=params, step=step,
