@@ -390,7 +390,8 @@ def save_state(model: GPT2, loader, rng, step: int, path: str) -> None:
             signal.signal(signal.SIGINT, previous)
     print(f"saved the training state at step {step} to {path}", flush=True)
     if pending:
-        raise KeyboardInterrupt(f"interrupted while saving step {step}; the saved state is complete")
+        raise KeyboardInterrupt(f"while saving step {step} (the save completed: --resume {path} continues "
+                                f"the run)")
 
 
 def remove_stale_temporaries(path: str) -> None:
@@ -506,7 +507,7 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 3
     except KeyboardInterrupt as exc:
-        print(f"\ninterrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
+        print(f"\ninterrupted {exc}".rstrip(), file=sys.stderr)
         return 130
     except Exception as exc:
         if "OutOfMemory" not in type(exc).__name__:

@@ -108,7 +108,8 @@ def test_kill_during_a_save_then_resume_equals_an_uninterrupted_run(inputs, tmp_
     rc, out, err = _train(common + ["--save-path", state, "-o", log])
     monkeypatch.setattr(ckpt, "save_training_state", real_save)
     assert rc == 130, out + err
-    assert "interrupted" in err and "saved the training state at step 4" in out
+    assert f"interrupted while saving step 4 (the save completed: --resume {state}" in err, err
+    assert "saved the training state at step 4" in out
     assert "step    5/6" not in out                     # acted on right after the save
     assert ckpt.load_training_state(state).step == 4    # the save completed
     # every log line printed before the save was on disk (flushed per line)
