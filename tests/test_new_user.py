@@ -441,3 +441,15 @@ def test_no_gpu_is_explained_in_our_words():
     text = explain_cuda_error(CUDARuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient "
                                                "for CUDA runtime version"))
     assert text.startswith("no usable NVIDIA GPU") and "without a GPU this is expected" in text
+
+
+@pytest.mark.gpu
+def test_gpu_two_runs_of_the_default_configuration_print_identical_losses(inputs):
+    """On a GPU the atomics of a nondeterministic version really race (the emulator's two cores
+    rarely show it): the default step must still give bit-identical losses run after run."""
+    argv = ["--backend", "cuda", "--init", "d2", "-b", 4, "-t", 64, "--steps", 8, "-v", 0, "-s", 0] + inputs["data"]
+    rc, out1, err = _train(argv)
+    assert rc == 0, err
+    rc, out2, err = _train(argv)
+    assert rc == 0, err
+    assert len(_losses(out1)) == 8 and _losses(out1) == _losses(out2)
