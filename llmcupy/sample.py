@@ -13,6 +13,7 @@ prompt, generation starts from <|endoftext|> as in the trainer.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -49,7 +50,12 @@ def main(argv=None) -> int:
             cfg = GPT2Config.preset(args.init)
             params = init_params(cfg, seed=0)
         else:
-            cfg, params, _ = ckpt.read_model_any(args.checkpoint or "gpt2_124M.bin")
+            path = args.checkpoint or "gpt2_124M.bin"
+            if not os.path.exists(path):
+                from .train import missing_model_message
+
+                raise FileNotFoundError(missing_model_message(path))
+            cfg, params, _ = ckpt.read_model_any(path)
         enc = get_encoding(args.bpe)
         tokenizer = Tokenizer.from_encoding(enc)
         prompt = enc.encode(args.prompt, allowed_special={"<|endoftext|>"}) if args.prompt else []

@@ -135,16 +135,19 @@ def load_model(args, state=None) -> tuple[GPT2Config, np.ndarray, str]:
         return cfg, init_params(cfg, seed=args.seed), f"random init {args.init} (seed {args.seed})"
     path = args.checkpoint or DEFAULT_MODEL
     if not os.path.exists(path):
-        raise SystemExit(
-            f"error: no model file {path!r}. Start from scratch with --init d12 (or d2 for the emulator), or "
-            "get GPT-2 124M: python -m llmcupy.download gpt2 && python -m llmcupy.convert "
-            f"data/gpt2/model.safetensors -o {DEFAULT_MODEL}")
+        raise SystemExit(f"error: {missing_model_message(path)}")
     cfg, params, source = ckpt.read_model_any(path)
     bad = int(np.size(params) - np.count_nonzero(np.isfinite(params)))
     if bad:
         raise ckpt.CheckpointError(f"{path}: {bad} of its parameters are NaN or infinite; it cannot be trained "
                                    "or sampled. Start from an earlier checkpoint or from --init")
     return cfg, params, source
+
+
+def missing_model_message(path) -> str:
+    return (f"no model file {str(path)!r}. Start from scratch with --init d12 (or d2 for the emulator), or "
+            "get GPT-2 124M: python -m llmcupy.download gpt2 && python -m llmcupy.convert "
+            f"data/gpt2/model.safetensors -o {DEFAULT_MODEL}")
 
 
 def load_tokenizer(args):
