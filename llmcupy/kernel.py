@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     # In the emulator a whole-catalogue run isolates each version in a child process, so a kernel
     # that crashes the emulator fails its own line instead of the run.
     isolate = len(plan) > 1 and _backend.is_sim()
-    from .sim.compiler import SimCompileError
+    from .sim.compiler import CompilerNotFound
 
     results, failed = [], 0
     for op_name, number, sizes in plan:
@@ -147,8 +147,8 @@ def main(argv=None) -> int:
                 result = harness.run_isolated(_run_one, op_name, number, sizes, args)
             else:
                 result = _run_one(op_name, number, sizes, args)
-        except SimCompileError as exc:
-            if len(plan) == 1 and "C++17 compiler" in str(exc):   # nothing can run here: one line, exit 2
+        except CompilerNotFound as exc:
+            if len(plan) == 1:   # nothing can run here: one line, exit 2 (with --all: each version FAILs)
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}

@@ -446,10 +446,12 @@ def profile(args) -> dict:
 
 
 def main(argv=None) -> int:
+    from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
+
     args = build_parser().parse_args(argv)
     try:
         report = profile(args)
-    except (ops_registry.OpError, ModelError, FileFormatError, OSError, _backend.BackendError) as exc:
+    except (ops_registry.OpError, ModelError, FileFormatError, OSError, _backend.BackendError, CompilerNotFound) as exc:
         from ._cli import fail
 
         return fail(exc)   # bad or missing model/data files, a shape a version refuses: 2

@@ -31,6 +31,8 @@ EOT = 50256
 
 
 def main(argv=None) -> int:
+    from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
+
     ap = argparse.ArgumentParser(prog="python -m llmcupy.sample", description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group()
     src.add_argument("-e", "--checkpoint", default=None, help="llm.c model .bin or a training state .npz written by the trainer "
@@ -61,7 +63,7 @@ def main(argv=None) -> int:
         prompt = enc.encode(args.prompt, allowed_special={"<|endoftext|>"}) if args.prompt else []
         generate(cfg, params, [EOT] + prompt, args.num_tokens, args.seq_len, args.seed, tokenizer)
         return 0
-    except (ModelError, FileFormatError, OSError, TokenizerError, _backend.BackendError) as exc:
+    except (ModelError, FileFormatError, OSError, TokenizerError, _backend.BackendError, CompilerNotFound) as exc:
         return fail(exc)   # bad or missing model file, tokenizer, shape: 2
 
 

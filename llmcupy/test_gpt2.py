@@ -158,13 +158,15 @@ def run_gate(args) -> int:
 
 
 def main(argv=None) -> int:
+    from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1 (got {args.steps}): step 0 checks the loss and gradients")
     try:
         return run_gate(args)
-    except (ops_registry.OpError, ModelError, FileFormatError, OSError, _backend.BackendError) as exc:
+    except (ops_registry.OpError, ModelError, FileFormatError, OSError, _backend.BackendError, CompilerNotFound) as exc:
         # FileFormatError (CheckpointError included): a bad model, debug-state or losses file
         from ._cli import fail
 

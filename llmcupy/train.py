@@ -492,6 +492,8 @@ def benchmark(model: GPT2, loader, args) -> int:
 
 
 def main(argv=None) -> int:
+    from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
+
     from ._cli import fail
     from .tokenizer import TokenizerError
 
@@ -499,7 +501,7 @@ def main(argv=None) -> int:
     try:
         return train(args)
     except (ops_registry.OpError, ModelError, FileFormatError, OSError, TokenizerError,
-            _backend.BackendError) as exc:
+            _backend.BackendError, CompilerNotFound) as exc:
         return fail(exc)   # FileFormatError: bad model, state, token or tokenizer files; OSError: unreadable
     except SystemExit as exc:
         if isinstance(exc.code, str):   # an "error: ..." about the arguments: exit 2, as argparse does

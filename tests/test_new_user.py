@@ -424,6 +424,16 @@ def test_kernel_cli_without_a_compiler_is_one_line_exit_2(tmp_path):
     assert "Traceback" not in err and err.strip().count("\n") == 0 and "C++17 compiler" in err, err
 
 
+def test_train_and_sample_without_a_compiler_are_one_line_exit_2(inputs, tmp_path):
+    no_cxx = dict(CXX=str(tmp_path / "no-g++"), LLMCUPY_CACHE_DIR=str(tmp_path))
+    for args in (["llmcupy.train", "--init", "d1", "-b", "2", "-t", "32", "--steps", "1", "-v", "0", "-s", "0",
+                  "-i", str(inputs["train"])],
+                 ["llmcupy.sample", "--init", "d1", "-n", "1", "-t", "8", "--bpe", str(inputs["bpe"])]):
+        rc, out, err = _run_cli(args, **no_cxx)
+        assert rc == 2, out + err
+        assert "Traceback" not in err and err.startswith("error: the emulator needs a C++17 compiler"), err
+
+
 def test_compile_report_without_nvrtc_is_one_line_exit_2(tmp_path):
     rc, out, err = _run_cli(["llmcupy.kernel", "--compile-report", "softmax_forward"],
                             LLMCUPY_NVRTC=str(tmp_path / "libnvrtc.so"))

@@ -103,13 +103,17 @@ def _compiler_env() -> dict:
     return env
 
 
+class CompilerNotFound(SimCompileError):
+    """No working C++ compiler: the machine's set-up, not the kernel (the CLIs exit 2)."""
+
+
 @functools.lru_cache(maxsize=None)
 def compiler_identity(cxx: str) -> str:
     try:
         return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True,
                               env=_compiler_env()).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
-        raise SimCompileError(
+        raise CompilerNotFound(
             f"the emulator needs a C++17 compiler ({cxx!r} did not run: {exc}). "
             "Install g++ (e.g. `apt-get install g++`) or set CXX."
         ) from exc
