@@ -462,3 +462,40 @@ def test_gpu_two_runs_of_the_default_configuration_print_identical_losses(inputs
     rc, out2, err = _train(argv)
     assert rc == 0, err
     assert len(_losses(out1)) == 8 and _losses(out1) == _losses(out2)
+
+
+def test_ctrl_c_during_a_save_in_a_real_process_exits_130_after_the_save(inputs, tmp_path):
+    """A real SIGINT from outside, delivered while the save is under way (the save is slowed down
+    by a wrapper that announces it), to ``python -m llmcupy.train``'s own main."""
+    import textwrap
+    import time
+
+    state = tmp_path / "state.npz"
+    script = textwrap.dedent(f"""
+        import sys, time
+        from llmcupy import checkpoint, train
+        real = checkpoint.save_training_state
+        def slow(path, st):
+            print("SAVING", st.step, flush=True)
+            time.sleep(3)            # the test's SIGINT lands here, in the middle of the save
+            real(path, st)
+        checkpoint.save_training_state = slow
+        sys.exit(train.main(sys.argv[1:]))
+    """)
+    argv = SMALL + ["--steps", 4, "-v", 0, "-s", 0, "--save-every", 2, "--save-path", state, "-i", inputs["train"]]
+    env = dict(os.environ, PYTHONPATH=str(REPO), LLMCUPY_BACKEND="sim")
+    proc = subprocess.Popen([sys.executable, "-c", script, *map(str, argv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("SAVING"):
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=300)
+    out = "".join(lines) + out
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert "saved the training state at step 2" in out and "step    3/4" not in out, out
+    assert "interrupted while saving step 2" in err and "Traceback" not in err, err
+    assert ckpt.load_training_state(state).step == 2
