@@ -14,7 +14,8 @@ the same shapes for GEMM-shaped ones. In the emulator the ops run at their small
 and nothing is timed: the emulator does not model GPU time, so the record says so and holds
 correctness only.
 
-One JSON file per run goes to ``bench/results/`` (``--out DIR``), named
+One JSON file per run goes to ``bench/results/`` on a GPU, ``bench/results/sim/`` (git-ignored: they are
+no GPU evidence) in the emulator, or ``--out DIR``, named
 ``<UTC date>_<device>_<commit>.json``. Top level: ``schema``, ``date`` (UTC), ``command`` (the exact
 command line), ``backend``, ``device``, ``software`` (Python, NumPy, CuPy, CUDA runtime and driver),
 ``git`` (``commit``, or "unknown", and ``dirty``), ``timed`` (and ``no_timings``, the reason, in the
@@ -26,7 +27,7 @@ and ``blocks``, one per block size: ``ok``, ``errors`` (per output: max abs / re
 ``compare`` reads two such files (or ``python -m llmcupy.kernel --json`` lists): the before/after
 record of an optimisation, per op and version the best time before and after, the speed-up and any
 change of verdict. It exits 1 when a version that passed before fails after (a correctness
-regression), else 0.
+regression), else 0; it refuses (exit 2) to compare an emulator record with a GPU one.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ from pathlib import Path
 
 SCHEMA = "llmcupy.bench/1"
 DEFAULT_OUT = os.path.join("bench", "results")
+# Emulator runs are correctness records, not GPU measurements: kept apart (and git-ignored) so they
+# are never mistaken for, or committed as, GPU evidence.
+SIM_OUT = os.path.join(DEFAULT_OUT, "sim")
 NO_TIMING_REASON = ("the emulator runs kernels on the CPU and does not model GPU time, so this run validated "
                     "correctness only (at the ops' small sim_sizes) and recorded no timings")
 EMULATOR_TITLE = "emulator: correctness only, no GPU timings"
@@ -209,7 +213,8 @@ def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, 
     bar = None
     iterator = plan
     if progress:
-        bar = tqdm(plan, desc="bench", unit="version", file=sys.stderr, dynamic_ncols=True)
+        # disable=None: no bar (and no \r clutter in logs) when stderr is not a terminal
+        bar = tqdm(plan, desc="bench", unit="version", file=sys.stderr, dynamic_ncols=True, disable=None)
         iterator = bar
     for op_name, number in iterator:
         if bar is not None:
@@ -696,14 +701,21 @@ def list_results(out_dir=DEFAULT_OUT) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    import shutil
+    import textwrap
+
+    width = max(40, min(100, shutil.get_terminal_size().columns) - 2)
     p = argparse.ArgumentParser(
         prog="python -m llmcupy.bench",
-        description="Sweep every version of every op (validate; on a GPU time against the op's upper bound), "
-                    "record the run as JSON, plot it. `python -m llmcupy.bench compare BEFORE.json AFTER.json` "
-                    "compares two runs.",
+        # RawDescription keeps the epilog's example lines; the description is wrapped here
+        description=textwrap.fill(
+            "Sweep every version of every op (validate; on a GPU time against the op's upper bound), "
+            "record the run as JSON, plot it. `python -m llmcupy.bench compare BEFORE.json AFTER.json` "
+            "compares two runs.", width),
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
     p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (default: the whole catalogue)")
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"where the JSON goes (default {DEFAULT_OUT}/)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help=f"where the JSON goes (default {DEFAULT_OUT}/ on a GPU, {SIM_OUT}/ in the emulator)")
     p.add_argument("--no-save", action="store_true", help="do not write a results file")
     p.add_argument("--plot", metavar="PATH", help="write the plots to PATH (PNG, SVG, PDF by suffix)")
     p.add_argument("--from", dest="from_file", metavar="RESULTS.json",
@@ -732,7 +744,14 @@ def _compare_main(argv) -> int:
     try:
         before, after = load(args.before), load(args.after)
     except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from ._cli import fail
+
+        return fail(exc)
+    kinds = {path: rec.get("backend") for path, rec in ((args.before, before), (args.after, after))}
+    if {"sim", "cuda"} <= set(kinds.values()):
+        which = ", ".join(f"{p} is {'an emulator' if b == 'sim' else 'a GPU'} run" for p, b in kinds.items())
+        print(f"error: will not compare an emulator record with a GPU record ({which}); the emulator's results "
+              "are correctness only. Compare two GPU runs, or two emulator runs", file=sys.stderr)
         return 2
     text, regressed = compare(before, after, blocks=args.blocks)
     print(text)
@@ -749,7 +768,7 @@ def main(argv=None) -> int:
     from .runtime import backend as _backend
 
     if args.list_results:
-        print(list_results(args.out))
+        print(list_results(args.out or DEFAULT_OUT))
         return 0
     if args.from_file:
         try:
@@ -788,7 +807,7 @@ def main(argv=None) -> int:
     c = record["summary"]
     print(f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
     if not args.no_save:
-        path = save(record, args.out)
+        path = save(record, args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT))
         print(f"results: {path}")
     if args.plot:
         try:

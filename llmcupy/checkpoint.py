@@ -30,6 +30,7 @@ leaves the previous file intact.
 from __future__ import annotations
 
 import json
+import os
 import warnings
 import zipfile
 from dataclasses import asdict, dataclass, field
@@ -141,6 +142,32 @@ def read_model(path) -> tuple[GPT2Config, np.ndarray]:
         warnings.warn(f"{path}: model file version 5 holds bf16 parameters; converted to fp32 "
                       f"(the values keep bf16 precision)", stacklevel=2)
     return config, params
+
+
+def is_training_state(path) -> bool:
+    """True when ``path`` is a zip archive (our ``.npz`` training state), by its first bytes."""
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
+
+
+def check_readable_file(path, what: str) -> None:
+    """A missing path or a folder given where a file is expected: one clear error naming it."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file (expected {what})")
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path} is a folder; give the {what} file itself")
+
+
+def read_model_any(path) -> tuple[GPT2Config, np.ndarray, str]:
+    """The weights of an llm.c model file *or* of a training state written by the trainer
+    (``--save-every``): returns (config, flat fp32 parameters, a short description). This is what
+    the CLIs' ``-e`` reads, so a model you trained can be sampled, gated and profiled."""
+    check_readable_file(path, "an llm.c model .bin or a training state .npz")
+    if is_training_state(path):
+        state = load_training_state(path)
+        return state.config, state.params, f"{path} (training state at step {state.step})"
+    config, params = read_model(path)
+    return config, params, str(path)
 
 
 def write_model(path, config: GPT2Config, params, *, dtype: str = "fp32") -> None:
@@ -304,10 +331,29 @@ def save_training_state(path, state: TrainingState) -> None:
         np.savez(f, **arrays)
 
 
+def _has_magic(path, magic: int) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return len(head) == 4 and int(np.frombuffer(head, "<i4")[0]) == magic
+
+
 def load_training_state(path) -> TrainingState:
     """Reads a training state written by :func:`save_training_state`, checking its format."""
     path = Path(path)
     what = "llmcupy training-state file"
+    check_readable_file(path, f"an {what} (.npz, written by the trainer's --save-every)")
+    if not is_training_state(path):
+        # np.load would try a .npy or even a pickle here; say what the file is not instead
+        with open(path, "rb") as f:
+            head = f.read(6)
+        if _has_magic(path, MODEL_MAGIC):
+            kind = "an llm.c model file: start from it with -e, not --resume"
+        elif head == b"\x93NUMPY":
+            kind = "a single .npy array, not an .npz archive"
+        else:
+            kind = "not a zip archive"
+        raise CheckpointError(f"{path}: not an {what} ({kind}); --resume expects the .npz that "
+                              f"--save-every writes")
     with open(path, "rb") as f:  # our handle: np.load leaks its own when a zip is corrupt
         try:
             archive = np.load(f, allow_pickle=False)

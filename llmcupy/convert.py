@@ -1,8 +1,14 @@
-"""Hugging Face GPT-2 weights (``model.safetensors``) -> llm.c's model file.
+"""Hugging Face GPT-2 weights (``model.safetensors``) -> llm.c's model file, and back.
 
 CLI::
 
     python -m llmcupy.convert model.safetensors [-o gpt2_124M.bin] [--num-heads N] [--bf16]
+    python -m llmcupy.convert llmcupy_train_state.npz -o trained.bin --safetensors trained.safetensors
+
+The input may also be a model you trained: the trainer's training state (``.npz``) or an llm.c
+model ``.bin``; ``-o`` writes llm.c's model file and ``--safetensors`` a Hugging Face GPT-2
+export (``GPT2Model`` tensor names, Conv1D layout, unpadded wte, plus ``config.json`` beside it),
+which ``GPT2LMHeadModel.from_pretrained(folder)`` loads.
 
 What changes on the way (as llm.c's exporter does it):
 
@@ -108,6 +114,40 @@ def hf_to_llmc(tensors: dict, num_heads: int | None = None) -> tuple[GPT2Config,
     return config, flat
 
 
+def llmc_to_hf(config: GPT2Config, flat) -> dict:
+    """The inverse of :func:`hf_to_llmc`: Hugging Face GPT-2 tensors (fp32, contiguous) from the
+    flat llm.c parameters (wte without its padding rows; Conv1D weights transposed back)."""
+    p = split_params(np.asarray(flat, dtype=np.float32), config)
+    out = {"wte.weight": p["wte"][:config.vocab_size], "wpe.weight": p["wpe"],
+           "ln_f.weight": p["lnfw"], "ln_f.bias": p["lnfb"]}
+    for name, (suffix, transpose) in _LAYER_KEYS.items():
+        for l in range(config.num_layers):
+            w = p[name][l]
+            out[f"h.{l}.{suffix}"] = w.T if transpose else w
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def hf_config(config: GPT2Config) -> dict:
+    """A ``config.json`` for transformers' GPT2LMHeadModel of this shape."""
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
+            "n_positions": config.max_seq_len, "n_ctx": config.max_seq_len, "n_embd": config.channels,
+            "n_layer": config.num_layers, "n_head": config.num_heads, "activation_function": "gelu_new",
+            "layer_norm_epsilon": 1e-5, "bos_token_id": 50256, "eos_token_id": 50256}
+
+
+def write_safetensors(path, config: GPT2Config, flat) -> None:
+    """Writes the Hugging Face export atomically, and its ``config.json`` beside it."""
+    from safetensors.numpy import save
+
+    from .fileio import atomic_write
+
+    path = Path(path)
+    with atomic_write(path) as f:
+        f.write(save(llmc_to_hf(config, flat), metadata={"format": "pt"}))
+    with atomic_write(path.with_name("config.json")) as f:
+        f.write(json.dumps(hf_config(config), indent=2).encode())
+
+
 def _get(t: dict, key: str, shape) -> np.ndarray:
     if key not in t:
         raise ConvertError(f"missing tensor {key!r}")
@@ -149,19 +189,50 @@ def convert(safetensors_path, out_path, *, num_heads: int | None = None, dtype: 
     return config
 
 
+def read_any(path, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray]:
+    """(config, flat fp32 parameters) of a safetensors file, a training state or an llm.c .bin."""
+    from .checkpoint import check_readable_file, read_model_any
+
+    check_readable_file(path, "a model.safetensors, a training state .npz or an llm.c model .bin")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == b"PK\x03\x04" or (len(head) == 4 and int(np.frombuffer(head, "<i4")[0]) == 20240326):
+        config, flat, _ = read_model_any(path)
+        return config, flat
+    if num_heads is None:
+        num_heads = _num_heads_from_config(Path(path))
+    return hf_to_llmc(load_safetensors(path), num_heads=num_heads)
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llmcupy.convert",
-                                     description="Convert Hugging Face GPT-2 safetensors weights to llm.c's model file.")
-    parser.add_argument("weights", help="model.safetensors (e.g. from python -m llmcupy.download gpt2)")
-    parser.add_argument("-o", "--out", default="gpt2_124M.bin", help="output model file (default gpt2_124M.bin)")
+    from ._cli import fail
+
+    parser = argparse.ArgumentParser(
+        prog="python -m llmcupy.convert",
+        description="Convert GPT-2 weights between Hugging Face safetensors, llm.c's model file and the trainer's "
+                    "training state.")
+    parser.add_argument("weights", help="model.safetensors (e.g. data/gpt2/model.safetensors from python -m "
+                        "llmcupy.download gpt2), a training state .npz, or an llm.c model .bin")
+    parser.add_argument("-o", "--out", default=None,
+                        help="output llm.c model file (default gpt2_124M.bin when --safetensors is not given)")
+    parser.add_argument("--safetensors", default=None, metavar="OUT",
+                        help="also (or only) write a Hugging Face GPT-2 export here, with config.json beside it")
     parser.add_argument("--num-heads", type=int, help="attention heads (default: config.json beside the weights, else C/64)")
     parser.add_argument("--bf16", action="store_true", help="write bf16 parameters (version 5) instead of fp32 (version 3)")
     args = parser.parse_args(argv)
+    if args.out is None and args.safetensors is None:
+        args.out = "gpt2_124M.bin"
     try:
-        c = convert(args.weights, args.out, num_heads=args.num_heads, dtype="bf16" if args.bf16 else "fp32")
+        c, flat = read_any(args.weights, args.num_heads)
+        if args.safetensors:
+            write_safetensors(args.safetensors, c, flat)
+            print(f"wrote {args.safetensors} (and config.json beside it): Hugging Face GPT-2 tensors")
+        if args.out:
+            write_model(args.out, c, flat, dtype="bf16" if args.bf16 else "fp32")
     except (ConvertError, FileFormatError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return fail(e)   # bad or missing input, unwritable output: 2
+    if not args.out:
+        return 0
     print(f"wrote {args.out}: maxT={c.max_seq_len} V={c.vocab_size} Vp={c.padded_vocab_size} L={c.num_layers} "
           f"NH={c.num_heads} C={c.channels}, {num_parameters(c):,} parameters "
           f"({'bf16, version 5' if args.bf16 else 'fp32, version 3'})")

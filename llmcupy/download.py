@@ -85,7 +85,7 @@ def resolve_url(remote: RemoteFile, base_url: str | None = None) -> str:
     return base.rstrip("/") + "/" + remote.remote_name
 
 
-def download_file(url: str, dest, *, sha256: str | None = None, progress: bool = True,
+def download_file(url: str, dest, *, sha256: str | None = None, progress: bool | None = True,
                   timeout: float = 60.0, chunk_size: int = 1 << 20, desc: str | None = None) -> Path:
     """Streams ``url`` into ``dest`` (atomically), checking the length and the sha256 if given."""
     dest = Path(dest)
@@ -106,7 +106,9 @@ def download_file(url: str, dest, *, sha256: str | None = None, progress: bool =
         digest = hashlib.sha256()
         received = 0
         with atomic_write(dest) as f, tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                                           desc=desc or dest.name, disable=not progress) as bar:
+                                           desc=desc or dest.name,
+                                           # progress None: a bar only on a terminal (no \r clutter in logs)
+                                           disable=None if progress is None else not progress) as bar:
             while True:
                 try:
                     chunk = response.read(chunk_size)
@@ -126,7 +128,7 @@ def download_file(url: str, dest, *, sha256: str | None = None, progress: bool =
     return dest
 
 
-def download(name: str, out_dir=None, *, base_url: str | None = None, progress: bool = True,
+def download(name: str, out_dir=None, *, base_url: str | None = None, progress: bool | None = True,
              force: bool = False, log=print) -> list[Path]:
     """Fetches the files of ``name`` ("gpt2" or "tinyshakespeare") into ``out_dir``."""
     if name not in SOURCES:
@@ -163,10 +165,12 @@ def main(argv=None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
-        download(args.name, args.out, base_url=args.base_url, progress=not args.quiet, force=args.force)
+        download(args.name, args.out, base_url=args.base_url, progress=False if args.quiet else None,
+                 force=args.force)
     except (DownloadError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        from ._cli import fail
+
+        return fail(e)   # a failed download or an unwritable folder: 2
     return 0
 
 

@@ -7,7 +7,8 @@
     python -m llmcupy.kernel --all --json results.json   # the whole catalogue
     python -m llmcupy.kernel --compile-report [OP]       # NVRTC registers/spills per kernel and arch
 
-Exit status: 0 all passed, 1 a version failed, 2 bad usage (unknown op or version, bad size).
+Exit status: 0 all passed, 1 a version failed, 2 bad usage (unknown op or version, bad size; for one
+version: unavailable here, or the sizes refused by every block size; no C++ compiler or NVRTC).
 """
 
 from __future__ import annotations
@@ -110,7 +111,11 @@ def main(argv=None) -> int:
             files = None
             if args.op:
                 files = [ops_registry.get(args.op).source]
-            rows = nvrtc.compile_report(files=files, archs=tuple(args.arch))
+            try:
+                rows = nvrtc.compile_report(files=files, archs=tuple(args.arch))
+            except nvrtc.NvrtcNotFound as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
             print(nvrtc.format_report(rows))
             return 0 if all(r["ok"] for r in rows) else 1
         if args.list:
@@ -141,6 +146,8 @@ def main(argv=None) -> int:
         return 2
 
     isolate = isolation(len(plan), _backend.get_backend())
+    from .sim.compiler import CompilerNotFound
+
     results, failed = [], 0
     for op_name, number, sizes in plan:
         try:
@@ -148,6 +155,11 @@ def main(argv=None) -> int:
                 result = harness.run_isolated(_run_one, op_name, number, sizes, args, start=isolate)
             else:
                 result = _run_one(op_name, number, sizes, args)
+        except CompilerNotFound as exc:
+            if len(plan) == 1:   # nothing can run here: one line, exit 2 (with --all: each version FAILs)
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
         except (OpError, _backend.BackendError) as exc:
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
         if "error" in result:
@@ -166,6 +178,12 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2, default=str)
+    if len(plan) == 1 and results[0].get("ok") is None:
+        # one version asked for and it could not run (unavailable here, or the sizes refused):
+        # not a pass, as a script reading the exit status would take 0 for
+        print(f"error: {results[0]['op']} version {results[0]['version']} did not run: "
+              f"{results[0].get('skipped', 'skipped')}", file=sys.stderr)
+        return 2
     return 1 if failed else 0
 
 

@@ -44,6 +44,7 @@ from .runtime import backend as _backend
 from .runtime import blas
 from .runtime.module import LAUNCH_OBSERVERS
 from .train import build_parser as build_train_parser
+from .fileio import FileFormatError
 from .train import check_loss, kernel_choice, load_model
 
 PHASES = ("encoder", "forward blocks", "classifier", "backward blocks", "optimizer")
@@ -483,12 +484,20 @@ def _profile(args, scope: contextlib.ExitStack) -> dict:
 
 
 def main(argv=None) -> int:
+    from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
+
     args = build_parser().parse_args(argv)
     try:
         report = profile(args)
-    except (ops_registry.OpError, ModelError, ckpt.CheckpointError, FileNotFoundError, _backend.BackendError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (ops_registry.OpError, ModelError, FileFormatError, OSError, _backend.BackendError, CompilerNotFound) as exc:
+        from ._cli import fail
+
+        return fail(exc)   # bad or missing model/data files, a shape a version refuses: 2
+    except SystemExit as exc:
+        if isinstance(exc.code, str):   # an "error: ..." about the arguments or a missing model: 2
+            print(exc.code, file=sys.stderr)
+            return 2
+        raise
     except FloatingPointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

@@ -1,6 +1,7 @@
 """python -m llmcupy.sample: generate text from a checkpoint and a prompt, the trainer's way.
 
     python -m llmcupy.sample -e gpt2_124M.bin --prompt "ROMEO:" -n 64
+    python -m llmcupy.sample -e llmcupy_train_state.npz -n 64   # a model you trained (its training state)
     python -m llmcupy.sample --init d2 -n 16 --backend sim      # a random tiny model
 
 Each new token runs a full forward pass over a (1, T) window and samples the last position's logits
@@ -12,12 +13,15 @@ prompt, generation starts from <|endoftext|> as in the trainer.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
 
 from . import checkpoint as ckpt
+from ._cli import fail
 from .config import PRESETS, GPT2Config, init_params
+from .fileio import FileFormatError
 from .model import GPT2, ModelError
 from .runtime import backend as _backend
 from .sampling import XorShiftRNG, sample_mult
@@ -27,9 +31,12 @@ EOT = 50256
 
 
 def main(argv=None) -> int:
+    from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
+
     ap = argparse.ArgumentParser(prog="python -m llmcupy.sample", description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("-e", "--checkpoint", default=None, help="llm.c model .bin (default gpt2_124M.bin)")
+    src.add_argument("-e", "--checkpoint", default=None, help="llm.c model .bin or a training state .npz written by the trainer "
+                     "(default gpt2_124M.bin)")
     src.add_argument("--init", choices=sorted(PRESETS), help="a random-init model of this shape")
     ap.add_argument("--prompt", default="", help="text to continue")
     ap.add_argument("-n", "--num-tokens", type=int, default=64, help="tokens to generate")
@@ -45,15 +52,19 @@ def main(argv=None) -> int:
             cfg = GPT2Config.preset(args.init)
             params = init_params(cfg, seed=0)
         else:
-            cfg, params = ckpt.read_model(args.checkpoint or "gpt2_124M.bin")
+            path = args.checkpoint or "gpt2_124M.bin"
+            if not os.path.exists(path):
+                from .train import missing_model_message
+
+                raise FileNotFoundError(missing_model_message(path))
+            cfg, params, _ = ckpt.read_model_any(path)
         enc = get_encoding(args.bpe)
         tokenizer = Tokenizer.from_encoding(enc)
         prompt = enc.encode(args.prompt, allowed_special={"<|endoftext|>"}) if args.prompt else []
         generate(cfg, params, [EOT] + prompt, args.num_tokens, args.seq_len, args.seed, tokenizer)
         return 0
-    except (ModelError, ckpt.CheckpointError, FileNotFoundError, TokenizerError, _backend.BackendError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (ModelError, FileFormatError, OSError, TokenizerError, _backend.BackendError, CompilerNotFound) as exc:
+        return fail(exc)   # bad or missing model file, tokenizer, shape: 2
 
 
 def generate(cfg: GPT2Config, params: np.ndarray, context: list[int], n: int, T: int | None, seed: int,

@@ -45,7 +45,8 @@ GRAD_REL_TOL = 1e-2
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m llmcupy.test_gpt2", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", "-e", default="gpt2_124M.bin", help="llm.c model .bin")
+    p.add_argument("--checkpoint", "-e", default="gpt2_124M.bin",
+                   help="llm.c model .bin (or a training state .npz written by the trainer)")
     p.add_argument("--debug-state", "-d", default="gpt2_124M_debug_state.bin", help="llm.c debug-state .bin")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--expected-losses", default=None, help="'llmc' or a JSON file with the step losses")
@@ -101,7 +102,8 @@ def _run_gate(args, scope: contextlib.ExitStack) -> int:
         _backend.set_backend(args.backend)
     kernels = kernel_choice(args)
     expected = load_expected_losses(args.expected_losses)
-    cfg, params = ckpt.read_model(args.checkpoint)
+    cfg, params, _ = ckpt.read_model_any(args.checkpoint)
+    ckpt.check_readable_file(args.debug_state, "an llm.c debug-state .bin")
     state = ckpt.read_debug_state(args.debug_state, cfg)
     B, T, V = state.B, state.T, cfg.vocab_size
     if T > cfg.max_seq_len:
@@ -163,16 +165,19 @@ def _run_gate(args, scope: contextlib.ExitStack) -> int:
 
 
 def main(argv=None) -> int:
+    from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1 (got {args.steps}): step 0 checks the loss and gradients")
     try:
         return run_gate(args)
-    except (ops_registry.OpError, ModelError, FileFormatError, FileNotFoundError, _backend.BackendError) as exc:
+    except (ops_registry.OpError, ModelError, FileFormatError, OSError, _backend.BackendError, CompilerNotFound) as exc:
         # FileFormatError (CheckpointError included): a bad model, debug-state or losses file
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        from ._cli import fail
+
+        return fail(exc)
 
 
 if __name__ == "__main__":

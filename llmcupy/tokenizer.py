@@ -139,7 +139,7 @@ class Tokenizer:
         with open(path, "rb") as f:
             header = read_header(f, path, what, unsigned=True)
             version = check_magic_version(header, path, what, TOKENIZER_MAGIC, (1, 2),
-                                          "write one with llmcupy.tokenizer.write_tokenizer")
+                                          "write one with python -m llmcupy.tokenizer, or --bpe FILE for the trainer")
             n = int(header[2])
             if version == 1:
                 if n != GPT2_VOCAB_SIZE:
@@ -250,8 +250,9 @@ def main(argv=None) -> int:
     try:
         tok = write_tokenizer(args.out, get_encoding(args.bpe))
     except (TokenizerError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        from ._cli import fail
+
+        return fail(e)   # a missing or bad BPE file, an unwritable output: 2
     print(f"wrote {args.out}: {len(tok)} tokens, EOT {tok.eot_id}")
     return 0
 

@@ -119,16 +119,17 @@ def main(argv=None) -> int:
 
     try:
         return _write_gate_inputs(args)
-    except (FileFormatError, FileNotFoundError) as exc:   # a bad --model or --data file
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (FileFormatError, OSError) as exc:   # a bad, missing or unreadable --model or --data file
+        from ._cli import fail
+
+        return fail(exc)
 
 
 def _write_gate_inputs(args) -> int:
     from . import checkpoint
 
     if args.model:
-        cfg, params = checkpoint.read_model(args.model)
+        cfg, params, _ = checkpoint.read_model_any(args.model)
     else:
         cfg = GPT2Config.preset(args.init)
         params = init_params(cfg, seed=args.seed)

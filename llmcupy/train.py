@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-b", "--batch-size", type=int, default=4, help="batch size B")
     g.add_argument("-t", "--seq-len", type=int, default=1024, help="sequence length T")
     g.add_argument("-l", "--lr", type=float, default=3e-4, help="learning rate")
-    g.add_argument("-v", "--val-every", type=int, default=20, help="validation loss every N steps")
+    g.add_argument("-v", "--val-every", type=int, default=20,
+                   help="validation loss every N steps (0: no validation, no val file needed)")
     g.add_argument("-m", "--val-max-steps", type=int, default=20, help="at most N validation batches")
     g.add_argument("-s", "--sample-every", type=int, default=20, help="generate a sample every N steps")
     g.add_argument("-g", "--gen-len", type=int, default=64, help="generation length, start token included")
@@ -68,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0, help="seed of --init")
     m.add_argument("--tokenizer", default=None, help=f"llm.c tokenizer .bin (default {DEFAULT_TOKENIZER} if present, "
                    "else tiktoken's GPT-2 encoding)")
+    m.add_argument("--bpe", default=None, metavar="FILE",
+                   help="gpt2.tiktoken BPE rank file for the samples' decoder offline (or $LLMCUPY_GPT2_BPE)")
     r = p.add_argument_group("run")
     r.add_argument("--steps", type=int, default=None, help="train steps (default: one epoch of the train data)")
     r.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (llm.c: 0)")
@@ -81,12 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "every step; same results (in the emulator: the same step code, run eagerly)")
     r.add_argument("--save-every", type=int, default=0, help="save the training state every N steps")
     r.add_argument("--save-path", default="llmcupy_train_state.npz", help="where --save-every writes")
-    r.add_argument("--resume", default=None, help="resume from a training state written by --save-every")
+    r.add_argument("--resume", default=None,
+                   help="resume from a training state written by --save-every (it holds the model: -e/--init "
+                        "are not needed, and must agree with it if given)")
     k = p.add_argument_group("kernel versions (python -m llmcupy.kernel --list shows them)")
     for op in STEP_OPS:
         k.add_argument(kernel_flag(op), dest=f"kernel_{op}", type=int, metavar="N", help=f"{op} version")
     k.add_argument("--kernel", action="append", default=[], metavar="OP=N[:BLOCK]",
-                   help="any op's version (and block size), e.g. --kernel softmax... repeatable")
+                   help="any step op's version (and block size), e.g. --kernel attention_backward=7 or "
+                        "--kernel layernorm_forward=3:512; repeatable")
     mainline.add_arguments(p)
     return p
 
@@ -114,26 +120,51 @@ def kernel_choice(args) -> KernelChoice:
     return choice
 
 
-def load_model(args) -> tuple[GPT2Config, np.ndarray, str]:
+def load_model(args, state=None) -> tuple[GPT2Config, np.ndarray, str]:
+    """The starting model: --init, -e (an llm.c model .bin or a training state .npz), or the
+    resumed training ``state`` (which holds the model; -e/--init given with it must agree)."""
     if args.init and args.checkpoint:
         raise SystemExit("error: give either --init or -e/--checkpoint, not both")
+    if state is not None:
+        resume = args.resume
+        if args.init or args.checkpoint:
+            flag = f"--init {args.init}" if args.init else f"-e {args.checkpoint}"
+            other = (GPT2Config.preset(args.init) if args.init
+                     else ckpt.read_model_any(args.checkpoint)[0])
+            if other != state.config:
+                raise ckpt.CheckpointError(
+                    f"--resume {resume} holds a model {state.config}, but {flag} gives {other}; they must "
+                    f"agree (or leave out {flag.split()[0]}: the training state holds the model)")
+        return state.config, state.params, f"{resume} (training state)"
     if args.init:
         cfg = GPT2Config.preset(args.init)
         return cfg, init_params(cfg, seed=args.seed), f"random init {args.init} (seed {args.seed})"
     path = args.checkpoint or DEFAULT_MODEL
     if not os.path.exists(path):
-        raise SystemExit(
-            f"error: no model file {path!r}. Start from scratch with --init d12 (or d2 for the emulator), or "
-            "get GPT-2 124M: python -m llmcupy.download gpt2 && python -m llmcupy.convert model.safetensors "
-            f"-o {DEFAULT_MODEL}")
-    cfg, params = ckpt.read_model(path)
-    return cfg, params, path
+        raise SystemExit(f"error: {missing_model_message(path)}")
+    cfg, params, source = ckpt.read_model_any(path)
+    bad = int(np.size(params) - np.count_nonzero(np.isfinite(params)))
+    if bad:
+        raise ckpt.CheckpointError(f"{path}: {bad} of its parameters are NaN or infinite; it cannot be trained "
+                                   "or sampled. Start from an earlier checkpoint or from --init")
+    return cfg, params, source
+
+
+def missing_model_message(path) -> str:
+    return (f"no model file {str(path)!r}. Start from scratch with --init d12 (or d2 for the emulator), or "
+            "get GPT-2 124M: python -m llmcupy.download gpt2 && python -m llmcupy.convert "
+            f"data/gpt2/model.safetensors -o {DEFAULT_MODEL}")
 
 
 def load_tokenizer(args):
     from . import tokenizer as tok
 
-    path = args.tokenizer or (DEFAULT_TOKENIZER if os.path.exists(DEFAULT_TOKENIZER) else None)
+    # A file the user named (--tokenizer, --bpe) must load: an error, not a note
+    if args.tokenizer:
+        return tok.Tokenizer.load(args.tokenizer)
+    if getattr(args, "bpe", None):
+        return tok.Tokenizer.from_encoding(tok.get_encoding(args.bpe))
+    path = DEFAULT_TOKENIZER if os.path.exists(DEFAULT_TOKENIZER) else None
     try:
         if path:
             return tok.Tokenizer.load(path)
@@ -144,15 +175,29 @@ def load_tokenizer(args):
 
 
 class Logger:
-    def __init__(self, path, append: bool = False):
-        # llm.c truncates the log at start-up; a resumed run appends to the interrupted run's log
-        self.f = open(path, "a" if append else "w") if path else None
+    def __init__(self, path, resume_step: int | None = None):
+        # llm.c truncates the log at start-up. A run resumed at step S keeps the interrupted run's
+        # lines before S and drops the later ones (the resumed run writes them again), so the log
+        # continues without a gap or a repeat.
+        self.f = None
+        if not path:
+            return
+        kept = []
+        if resume_step is not None and os.path.isfile(path):
+            with open(path, errors="replace") as old:
+                for line in old:
+                    head = line.split(" ", 1)[0]
+                    if head.startswith("s:") and head[2:].isdigit() and int(head[2:]) < resume_step:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+        self.f = open(path, "w")
+        self.f.writelines(kept)
+        self.f.flush()
 
     def log(self, step: int, kind: str, value: float) -> None:
         if self.f:
+            # flushed per line (they are small): a killed run loses none of the lines it printed
             self.f.write(f"s:{step} {kind}:{value:.4f}\n")
-            if step % 10 == 0:
-                self.f.flush()
+            self.f.flush()
 
     def close(self):
         if self.f:
@@ -192,9 +237,11 @@ def generate(model: GPT2, rng, tokenizer, gen_len: int) -> list[int]:
     return out
 
 
-def check_loss(loss: float, step: int, what: str) -> None:
+def check_loss(loss: float, step: int, what: str, kept: str | None = None) -> None:
+    """``kept`` says which saved state is left as it was (None: this run saved none)."""
     if not math.isfinite(loss):
-        raise FloatingPointError(f"{what} loss is {loss} at step {step}; stopping (the last good state is kept)")
+        where = kept or "no training state was saved by this run"
+        raise FloatingPointError(f"{what} loss is {loss} at step {step}; stopping ({where})")
 
 
 def train(args) -> int:
@@ -213,7 +260,8 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     if args.steps is not None and args.steps < 0:
         raise SystemExit(f"error: --steps must not be negative (got {args.steps})")
     kernels = kernel_choice(args)
-    cfg, params, source = load_model(args)
+    state = ckpt.load_training_state(args.resume) if args.resume else None
+    cfg, params, source = load_model(args, state)
     if T > cfg.max_seq_len:
         raise SystemExit(f"error: -t {T} is larger than the model's context (max_seq_len = {cfg.max_seq_len})")
     tf32 = scope.enter_context(blas.tf32(bool(args.tf32)))  # scoped: a later test or run starts with it off
@@ -221,24 +269,24 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     from .data import DataLoader
     from .sampling import XorShiftRNG
 
-    train_loader = DataLoader(args.train_data, B, T, shuffle=True, **run.loader_kwargs(train=True))
-    val_loader = None if args.benchmark else DataLoader(args.val_data, B, T, shuffle=False,
-                                                        **run.loader_kwargs(train=False))
+    # every token file is scanned once here: an id outside the vocabulary is named by file and offset
+    V = cfg.vocab_size
+    train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=V, **run.loader_kwargs(train=True))
+    validate = not args.benchmark and args.val_every > 0
+    val_loader = (DataLoader(args.val_data, B, T, shuffle=False, vocab_size=V, **run.loader_kwargs(train=False))
+                  if validate else None)
     train_num_batches = args.steps if args.steps is not None else train_loader.num_tokens // run.tokens_per_step
     val_num_batches = 0 if val_loader is None else min(val_loader.num_tokens // (B * T * run.world),
                                                        args.val_max_steps)
+    # a tokenizer the user named must load before any work is done
+    tokenizer = None if args.sample_every <= 0 or args.benchmark else load_tokenizer(args)
 
     model = GPT2(cfg, params, kernels)
     run.sync_params(model)
     run.start(train_num_batches)
     rng = XorShiftRNG(1337)
     start_step = 0
-    if args.resume:
-        state = ckpt.load_training_state(args.resume)
-        if state.config != cfg or state.params.size != params.size:
-            raise ckpt.CheckpointError(
-                f"{args.resume} holds a model {state.config} ({state.params.size} parameters); this run's "
-                f"model is {cfg} ({params.size} parameters)")
+    if state is not None:
         try:
             train_loader.load_state_dict(state.loaders["train"])
             if state.rng:
@@ -246,14 +294,13 @@ def _train(args, scope: contextlib.ExitStack) -> int:
         except (KeyError, TypeError, ValueError) as exc:
             raise ckpt.CheckpointError(f"{args.resume}: cannot resume this run from it ({type(exc).__name__}: "
                                        f"{exc})") from exc
-        model.params[...] = _backend.asarray(state.params)
         if state.m is not None:
             model.m, model.v = _backend.asarray(state.m).copy(), _backend.asarray(state.v).copy()
         start_step = state.step
         if start_step > train_num_batches:
             raise SystemExit(f"error: {args.resume} is at step {start_step}, past this run's last step "
                              f"{train_num_batches}; give a larger --steps")
-        source = f"{source}, resumed from {args.resume} at step {start_step}"
+        source = f"resumed from {args.resume} at step {start_step}"
     if args.resume_latest:
         start_step = run.resume(model, train_loader, rng)
         if start_step > train_num_batches:
@@ -279,6 +326,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     print("kernel versions:")
     for op, n, summary in kernels.table():
         print(f"  {op:<20} {n:>3}  {summary}")
+    precompile(kernels)
     if args.cuda_graph:
         print("CUDA graph: the training step is captured at the first step and replayed after it"
               + (" (CPU emulator: no graphs; the same graph-safe step runs eagerly)" if _backend.is_sim() else ""))
@@ -290,8 +338,12 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     if args.benchmark:
         return benchmark(model, train_loader, args, run)
 
-    tokenizer = None if args.sample_every <= 0 else load_tokenizer(args)
-    logger = Logger(args.log, append=bool(args.resume) or run.resumed)
+    if args.save_every:
+        remove_stale_temporaries(args.save_path)
+    resumed = state is not None or run.resumed
+    logger = Logger(args.log, resume_step=start_step if resumed else None)
+    # which saved state is left as it was, for the message of a non-finite loss
+    kept = f"the state resumed from, {args.resume} at step {start_step}, is unchanged" if state is not None else None
     total_ms = 0.0
     timed_steps = 0
     graph = None
@@ -301,12 +353,12 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             if val_loader is not None and args.val_every > 0 and (step % args.val_every == 0 or last):
                 val_loader.reset()
                 val_loss = 0.0
-                for _ in range(val_num_batches):
+                for _ in progress(range(val_num_batches), "validation"):
                     x, y = val_loader.next_batch()
                     val_loss += model.forward(x, y)
                 val_loss /= max(val_num_batches, 1)
                 val_loss = run.mean(val_loss)
-                check_loss(val_loss, step, "validation")
+                check_loss(val_loss, step, "validation", kept)
                 print(f"val loss {val_loss:f}")
                 logger.log(step, "tel", val_loss)
             if args.sample_every > 0 and ((step > 0 and step % args.sample_every == 0) or last):
@@ -317,13 +369,13 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             x, y = train_loader.next_batch()
             if run.mainline:  # micro-steps, collectives, norm and clipping, scheduled update
                 loss = run.step(model, train_loader, x, y, step)
-                check_loss(loss, step + 1, "train")
+                check_loss(loss, step + 1, "train", kept)
             elif args.cuda_graph:  # the loss is read after the whole step (the update included)
                 loss, graph = graph_step(model, graph, x, y, args, step + 1)
-                check_loss(loss, step + 1, "train")
+                check_loss(loss, step + 1, "train", kept)
             else:  # the loss is read once, after the update: no synchronisation inside the step
                 loss = model.train_step(x, y, args.lr, 0.9, 0.999, 1e-8, args.weight_decay, step + 1)
-                check_loss(loss, step + 1, "train")   # the number its step line would have
+                check_loss(loss, step + 1, "train", kept)   # the number its step line would have
             _backend.synchronize()
             ms = (time.perf_counter() - t0) * 1e3
             total_ms += ms
@@ -333,6 +385,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             logger.log(step, "trl", loss)
             if args.save_every and (step + 1) % args.save_every == 0:
                 save_state(model, train_loader, rng, step + 1, args.save_path)
+                kept = f"the last state saved is in {args.save_path}, at step {step + 1}"
             run.maybe_checkpoint(model, train_loader, rng, step + 1)
     finally:
         logger.close()
@@ -348,22 +401,75 @@ def save_state(model: GPT2, loader, rng, step: int, path: str) -> None:
     if not np.isfinite(params).all():
         # the update diverged (the gradients overflowed) although the loss was still finite
         raise FloatingPointError(f"the parameters are not finite after step {step}; not saving them "
-                                 f"(the last good state in {path} is kept)")
+                                 f"({path} is left as it was)")
     state = ckpt.TrainingState(
         config=model.config,
         params=params, step=step,
         m=None if model.m is None else _backend.to_numpy(model.m),
         v=None if model.v is None else _backend.to_numpy(model.v),
         loaders={"train": loader.state_dict()}, rng=rng.state_dict())
-    # A Ctrl-C during the write must not leave a torn file: the write is atomic, and the signal is
-    # held until it is done.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _in_main_thread() else None
+    # A Ctrl-C during the write must neither tear the file nor be lost: the write is atomic, and a
+    # SIGINT that arrives meanwhile is recorded and acted on (KeyboardInterrupt: exit 130) once
+    # the complete file is in place.
+    pending = []
+    previous = None
+    if _in_main_thread():
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
     try:
         ckpt.save_training_state(path, state)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-    print(f"saved the training state at step {step} to {path}")
+    print(f"saved the training state at step {step} to {path}", flush=True)
+    if pending:
+        raise KeyboardInterrupt(f"while saving step {step} (the save completed: --resume {path} continues "
+                                f"the run)")
+
+
+def remove_stale_temporaries(path: str) -> None:
+    """Deletes the hidden temporaries an earlier run killed mid-save left beside ``path`` (as big
+    as the state itself; see :func:`llmcupy.fileio.atomic_write` for their names)."""
+    import glob as _glob
+
+    folder, name = os.path.split(os.path.abspath(path))
+    for tmp in _glob.glob(os.path.join(_glob.escape(folder), _glob.escape(f".{name}.") + "*.tmp")):
+        try:
+            size = os.path.getsize(tmp)
+            os.unlink(tmp)
+            print(f"removed {tmp} ({size / 2**20:.1f} MiB), left by an interrupted save")
+        except OSError:
+            pass
+
+
+def progress(iterable, desc: str):
+    """A progress bar on a terminal (tqdm's disable=None: none when stderr is not a TTY, so logs
+    get no \\r clutter); the plain iterable otherwise."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, leave=False, disable=None, file=sys.stderr)
+
+
+def precompile(kernels: KernelChoice) -> None:
+    """Builds every kernel file the step uses before the first step, so that no step's time
+    includes a compile; says so while it happens (minutes in the emulator on a first run)."""
+    from .runtime.module import load_kernel_file
+
+    builders, seen = [], set()
+    for op in STEP_OPS:
+        # an op whose file has template kernels builds it with its name expressions (_module)
+        custom = getattr(sys.modules.get(f"{ops_registry.__name__}.{op}"), "_module", None)
+        src = ops_registry.get(op).source
+        key = (src, custom is not None)
+        if key not in seen:
+            seen.add(key)
+            builders.append(custom or (lambda src=src: load_kernel_file(src)))
+    print("compiling kernels (first run, cached afterwards)...", flush=True)
+    t0 = time.perf_counter()
+    for build in progress(builders, "compiling"):
+        build().compile()
+    print(f"kernels ready ({time.perf_counter() - t0:.1f} s)", flush=True)
 
 
 def _in_main_thread() -> bool:
@@ -430,12 +536,17 @@ def main(argv=None) -> int:
 
 
 def _main(argv=None) -> int:
+    from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
+
+    from ._cli import fail
+    from .tokenizer import TokenizerError
+
     args = build_parser().parse_args(argv)
     try:
         return train(args)
-    except (ops_registry.OpError, ModelError, FileFormatError, FileNotFoundError, _backend.BackendError) as exc:
-        print(f"error: {exc}", file=sys.stderr)   # FileFormatError: bad model, state or token files
-        return 2
+    except (ops_registry.OpError, ModelError, FileFormatError, OSError, TokenizerError,
+            _backend.BackendError, CompilerNotFound) as exc:
+        return fail(exc)   # FileFormatError: bad model, state, token or tokenizer files; OSError: unreadable
     except SystemExit as exc:
         if isinstance(exc.code, str):   # an "error: ..." about the arguments: exit 2, as argparse does
             print(exc.code, file=sys.stderr)
@@ -455,8 +566,8 @@ def _main(argv=None) -> int:
                 return 2
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"\ninterrupted {exc}".rstrip(), file=sys.stderr)
         return 130
     except Exception as exc:
         if "OutOfMemory" not in type(exc).__name__:

@@ -119,7 +119,7 @@ def test_emulator_run_writes_record_and_plot(tmp_path):
     assert "does not model GPU time" in stdout and "recorded no timings" in stdout
     assert "gelu_forward v1: PASS at 6 block sizes" in stdout
     assert "2 passed, 0 failed, 0 skipped" in stdout
-    assert "bench" in stderr  # the tqdm progress bar
+    assert "\r" not in stderr  # stderr is not a terminal: no tqdm bar clutter (disable=None)
 
     files = list(out.glob("*.json"))
     assert len(files) == 1 and "_sim_" in files[0].name
@@ -301,3 +301,42 @@ def test_load_accepts_the_kernel_cli_json(tmp_path):
     rec = bench.load(path)
     assert rec["timed"] and rec["device"] == "NVIDIA H100"
     assert rec["results"][0]["best"] == {"block_size": 256, "ms": 1.0, "gbs": 3000.0, "fraction_of_bound": 0.9}
+
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_emulator_records_go_to_an_ignored_folder_not_among_gpu_results(tmp_path):
+    env_cwd = tmp_path
+    rc, stdout, stderr = run("--ops", "gelu_forward", "--backend", "sim", "--no-progress", cwd=env_cwd)
+    assert rc == 0, stdout + stderr
+    files = list((tmp_path / "bench" / "results" / "sim").glob("*.json"))
+    assert len(files) == 1 and f"results: {__import__('os').path.join('bench', 'results', 'sim')}" in stdout
+    assert not list((tmp_path / "bench" / "results").glob("*.json"))   # the GPU folder stays empty
+    # in a checkout, git ignores that folder: a bench run in the emulator leaves `git status` clean
+    if (REPO / ".git").exists():
+        probe = "bench/results/sim/" + files[0].name
+        proc = subprocess.run(["git", "check-ignore", "-q", probe], cwd=REPO)
+        assert proc.returncode == 0, f"{probe} is not git-ignored"
+
+
+def test_compare_refuses_an_emulator_record_against_a_gpu_record(tmp_path):
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps(synthetic_gpu_record()))
+    emu_rec = synthetic_gpu_record()
+    emu_rec.update(backend="sim", device="CPU emulator (sim)", timed=False)
+    emu = tmp_path / "sim.json"
+    emu.write_text(json.dumps(emu_rec))
+    rc, stdout, stderr = run("compare", str(emu), str(gpu))
+    assert rc == 2 and "will not compare an emulator record with a GPU record" in stderr
+    assert f"{emu} is an emulator run" in stderr and not stdout
+    assert run("compare", str(gpu), str(gpu))[0] == 0
+
+
+def test_help_is_wrapped():
+    proc = subprocess.run([sys.executable, "-m", "llmcupy.bench", "--help"], capture_output=True, text=True,
+                          env=dict(__import__("os").environ, COLUMNS="80"))
+    assert proc.returncode == 0
+    # the description and the options are wrapped; the epilog's example command lines stay verbatim
+    long = [line for line in proc.stdout.splitlines() if len(line) > 80 and not line.lstrip().startswith("python -m")]
+    assert not long, long

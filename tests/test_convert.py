@@ -145,8 +145,8 @@ def test_errors(tmp_path, capsys):
     bad.write_bytes(b"definitely not safetensors")
     with pytest.raises(ConvertError, match=r"bad\.safetensors: cannot read safetensors file"):
         cv.convert(bad, tmp_path / "x.bin")
-    assert cv.main([str(bad), "-o", str(tmp_path / "x.bin")]) == 1
+    assert cv.main([str(bad), "-o", str(tmp_path / "x.bin")]) == 2
     assert "cannot read safetensors file" in capsys.readouterr().err
-    assert cv.main([str(tmp_path / "absent.safetensors"), "-o", str(tmp_path / "x.bin")]) == 1
+    assert cv.main([str(tmp_path / "absent.safetensors"), "-o", str(tmp_path / "x.bin")]) == 2
     assert "absent.safetensors" in capsys.readouterr().err
     assert not (tmp_path / "x.bin").exists()

@@ -9,7 +9,11 @@ from llmcupy import data
 from llmcupy.data import MT19937, DataError, DataLoader, random_permutation, read_tokens, token_count, write_tokens
 from llmcupy.fileio import FileFormatError
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+import os
+
+import gen_inputs
+
+SHARED_DATA = Path(os.environ.get("LLMCUPY_TEST_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 BPE = SHARED_DATA / "gpt2.tiktoken"
 TEXT = SHARED_DATA / "tinyshakespeare.txt"
 
@@ -18,8 +22,31 @@ TEXT = SHARED_DATA / "tinyshakespeare.txt"
 def shared():
     missing = [p for p in (BPE, TEXT) if not p.is_file()]
     if missing:
-        pytest.skip(f"shared data not found: {', '.join(map(str, missing))}")
+        pytest.skip(f"optional real-data check: set LLMCUPY_TEST_DATA to a folder holding tinyshakespeare.txt and "
+                    f"gpt2.tiktoken (missing: {', '.join(map(str, missing))})")
     return BPE, TEXT
+
+
+@pytest.fixture(scope="module")
+def tiny_bpe(tmp_path_factory):
+    """A GPT-2-shaped BPE rank file made here (gen_inputs): the CLI tests run offline on it."""
+    return gen_inputs.write_tiny_bpe(tmp_path_factory.mktemp("bpe") / "tiny.tiktoken")
+
+
+def test_tinyshakespeare_cli_on_generated_text(tiny_bpe, tmp_path, capsys):
+    text = tmp_path / "input.txt"
+    text.write_text(gen_inputs.make_text(n_sections=1600, seed=3))
+    out = tmp_path / "ts"
+    assert data.main(["tinyshakespeare", "--input", str(text), "--bpe", str(tiny_bpe), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    val, train = out / "tiny_shakespeare_val.bin", out / "tiny_shakespeare_train.bin"
+    assert token_count(val) == 32768 and "32,768 tokens" in printed
+    from llmcupy.tokenizer import get_encoding
+
+    total = data.tokenize_sections(text.read_text(), get_encoding(tiny_bpe)).size
+    assert token_count(train) == total - 32768 > 0
+    assert read_tokens(val)[0] == 50256
+    assert not list(out.glob(".*.tmp"))
 
 
 # -- Tiny Shakespeare
@@ -68,16 +95,16 @@ def test_tokenize_sections_small():
 
 def test_cli_errors(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("LLMCUPY_GPT2_BPE", raising=False)
-    assert data.main(["tinyshakespeare", "--bpe", str(tmp_path / "none.tiktoken"), "--out", str(tmp_path)]) == 1
+    assert data.main(["tinyshakespeare", "--bpe", str(tmp_path / "none.tiktoken"), "--out", str(tmp_path)]) == 2
     assert "cannot read GPT-2 BPE file" in capsys.readouterr().err
-    if BPE.is_file():
-        assert data.main(["tinyshakespeare", "--bpe", str(BPE), "--input", str(tmp_path / "no.txt"),
-                          "--out", str(tmp_path)]) == 1
-        assert "no.txt" in capsys.readouterr().err
-        tiny = tmp_path / "tiny.txt"
-        tiny.write_text("too short\n\nfor a split")
-        assert data.main(["tinyshakespeare", "--bpe", str(BPE), "--input", str(tiny), "--out", str(tmp_path)]) == 1
-        assert "only" in capsys.readouterr().err
+    bpe = gen_inputs.write_tiny_bpe(tmp_path / "tiny.tiktoken")
+    assert data.main(["tinyshakespeare", "--bpe", str(bpe), "--input", str(tmp_path / "no.txt"),
+                      "--out", str(tmp_path)]) == 2
+    assert "no.txt" in capsys.readouterr().err
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("too short\n\nfor a split")
+    assert data.main(["tinyshakespeare", "--bpe", str(bpe), "--input", str(tiny), "--out", str(tmp_path)]) == 2
+    assert "only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         data.main(["wikipedia"])
 

@@ -161,7 +161,7 @@ def test_gpt2_via_env_mirror_and_cli(server, tmp_path, monkeypatch, capsys):
     assert dl.main(["gpt2", "--out", str(out), "--quiet", "--force"]) == 0
     assert len(requests) == 2
     (root / "model.safetensors").unlink()
-    assert dl.main(["gpt2", "--out", str(tmp_path / "other"), "--quiet"]) == 1
+    assert dl.main(["gpt2", "--out", str(tmp_path / "other"), "--quiet"]) == 2
     assert "HTTP 404" in capsys.readouterr().err
 
 

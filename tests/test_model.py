@@ -298,9 +298,9 @@ def _run_train(argv, monkeypatch):
     seen = []
     check = getattr(train.check_loss, "__wrapped__", train.check_loss)   # not a previous call's recorder
 
-    def recording(loss, step, what):
+    def recording(loss, step, what, *rest):
         seen.append((what, step, loss))
-        return check(loss, step, what)
+        return check(loss, step, what, *rest)
 
     recording.__wrapped__ = check
 

@@ -70,3 +70,78 @@ def test_readme_kernel_is_mangled_in_the_cubin():
     res = nvrtc.compile_source(_readme_kernel_source(), 80)
     assert res.ok, res.log
     assert [k.mangled for k in res.kernels] == ["_Z5scalePfPKffi"]
+def _readme_command(marker: str) -> str:
+    """The README's indented command line that contains ``marker``, exactly as printed."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    lines = [line[4:] for line in text.splitlines() if line.startswith("    ") and marker in line]
+    if len(lines) > 1:   # a marker that starts a command names that command, not others quoting it
+        lines = [line for line in lines if line.startswith(marker)]
+    assert len(lines) == 1, f"expected one README command with {marker!r}, found {lines}"
+    return lines[0]
+
+
+def test_readme_asan_recipe_runs_as_printed():
+    import os
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("g++") is None:
+        pytest.skip("the ASan recipe needs g++ (not installed here)")
+    libasan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(libasan):
+        pytest.skip("this g++ has no AddressSanitizer runtime (libasan.so), which the recipe preloads")
+    command = _readme_command("LLMCUPY_SIM_ASAN=1")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+               LLMCUPY_BACKEND="sim")
+    env.pop("ASAN_OPTIONS", None)   # the recipe must work without help from the environment
+    proc = subprocess.run(["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "PASS" in proc.stdout
+    assert "LeakSanitizer" not in proc.stderr and "C++17 compiler" not in proc.stderr
+
+
+def _run_readme_line(command: str, cwd, **env):
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+                    LLMCUPY_BACKEND="sim", **{k: str(v) for k, v in env.items()})
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=full_env, capture_output=True, encoding="utf-8",
+                          errors="replace", timeout=900)   # samples of a tiny model may be any bytes
+
+
+def test_readme_commands_for_a_trained_model_run_as_printed(tmp_path):
+    """The README's `sample` and `convert` lines for a model you trained, on a training state the
+    trainer wrote (a tiny d1 run on generated inputs), exactly as printed."""
+    import gen_inputs
+    from llmcupy import train
+
+    bpe = gen_inputs.write_tiny_bpe(tmp_path / "tiny.tiktoken")
+    tr, va = gen_inputs.write_token_files(tmp_path, bpe)
+    # the trainer's default --save-path, in the folder the commands run in
+    rc = train.main(["--init", "d1", "-b", "2", "-t", "32", "--steps", "1", "-v", "0", "-s", "0", "--save-every",
+                     "1", "--save-path", str(tmp_path / "llmcupy_train_state.npz"), "-i", str(tr), "-j", str(va)])
+    assert rc == 0
+    sample = _readme_command("python -m llmcupy.sample -e llmcupy_train_state.npz")
+    proc = _run_readme_line(sample, tmp_path, LLMCUPY_GPT2_BPE=bpe)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("ROMEO:") and len(proc.stdout) > len("ROMEO:\n")
+    convert = _readme_command("python -m llmcupy.convert llmcupy_train_state.npz")
+    proc = _run_readme_line(convert, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "trained.bin").is_file() and (tmp_path / "trained" / "model.safetensors").is_file()
+    assert (tmp_path / "trained" / "config.json").is_file()
+
+
+def test_readme_kernel_commands_run_as_printed(tmp_path):
+    """The kernel catalogue's README lines (all but the whole-catalogue and NVRTC ones, which CI and
+    tests/test_nvrtc.py run), exactly as printed."""
+    for marker in ("python -m llmcupy.kernel --list", "python -m llmcupy.kernel softmax_forward 5",
+                   "python -m llmcupy.kernel layernorm_forward 3 --B 4"):
+        proc = _run_readme_line(_readme_command(marker), tmp_path)
+        assert proc.returncode == 0, (marker, proc.stdout[-2000:], proc.stderr[-2000:])
+        assert "PASS" in proc.stdout or "* = default version" in proc.stdout, proc.stdout[-2000:]

@@ -11,16 +11,49 @@ import tiktoken
 from llmcupy import tokenizer as tk
 from llmcupy.fileio import FileFormatError
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+import gen_inputs
+
+SHARED_DATA = Path(os.environ.get("LLMCUPY_TEST_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 BPE = SHARED_DATA / "gpt2.tiktoken"
-needs_bpe = pytest.mark.skipif(not BPE.is_file(), reason=f"shared GPT-2 BPE ranks not found at {BPE}")
+_REAL = (f"optional check of GPT-2's real ids: set LLMCUPY_TEST_DATA to a folder holding gpt2.tiktoken "
+         f"(not found at {BPE}); the generated-BPE tests cover the same code paths")
+needs_bpe = pytest.mark.skipif(not BPE.is_file(), reason=_REAL)
 
 
 @pytest.fixture(scope="module")
 def enc():
     if not BPE.is_file():
-        pytest.skip(f"shared GPT-2 BPE ranks not found at {BPE}")
+        pytest.skip(_REAL)
     return tk.get_encoding(BPE)
+
+
+@pytest.fixture(scope="module")
+def tiny_bpe(tmp_path_factory):
+    """A GPT-2-shaped BPE rank file made here (gen_inputs)."""
+    return gen_inputs.write_tiny_bpe(tmp_path_factory.mktemp("bpe") / "tiny.tiktoken")
+
+
+def test_generated_bpe_from_file_env_and_explicit_path(tiny_bpe, monkeypatch, tmp_path):
+    e = tk.get_encoding(tiny_bpe)
+    assert e.n_vocab == 50257 and e.eot_token == 50256
+    text = "ROMEO:\nThe king is good, my lord!"
+    ids = e.encode(text)
+    assert e.decode(ids) == text and len(ids) < len(text.encode())   # merges happened
+    monkeypatch.setenv(tk.BPE_ENV, str(tiny_bpe))
+    assert tk.get_encoding().encode(text) == ids
+    monkeypatch.setenv(tk.BPE_ENV, str(tmp_path / "missing.tiktoken"))
+    assert tk.get_encoding(tiny_bpe).encode(text) == ids           # an explicit path beats the variable
+    with pytest.raises(tk.TokenizerError, match="missing.tiktoken"):
+        tk.get_encoding()
+
+
+def test_cli_writes_a_tokenizer_file_from_a_generated_bpe(tiny_bpe, tmp_path, capsys):
+    out = tmp_path / "gpt2_tokenizer.bin"
+    assert tk.main(["--bpe", str(tiny_bpe), "-o", str(out)]) == 0
+    assert "50257 tokens, EOT 50256" in capsys.readouterr().out
+    t, e = tk.Tokenizer.load(out), tk.get_encoding(tiny_bpe)
+    text = "First Citizen:\nWhat say you? \u00e9"
+    assert t.decode(e.encode(text)) == text and t.decode_token(50256) == b"<|endoftext|>"
 
 
 @pytest.fixture
@@ -130,7 +163,7 @@ def test_cli_writes_gpt2_tokenizer_bin(tmp_path, capsys):
 
 def test_cli_error(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(tk.BPE_ENV, raising=False)
-    assert tk.main(["--bpe", str(tmp_path / "none"), "-o", str(tmp_path / "t.bin")]) == 1
+    assert tk.main(["--bpe", str(tmp_path / "none"), "-o", str(tmp_path / "t.bin")]) == 2
     assert "cannot read GPT-2 BPE file" in capsys.readouterr().err
     assert not (tmp_path / "t.bin").exists()
 

@@ -11,8 +11,10 @@
   prints ``overall okay: 1``; corrupted or truncated model / debug-state files fail with exit 2.
 
 Everything but the 20-step run calls the CLIs' ``main(argv)`` in-process (same code path, no
-interpreter start-up). The shared data (Tiny Shakespeare text, GPT-2 BPE ranks) is looked up in
-``<repo>/../shared/data``; tests that need it skip without it.
+interpreter start-up). The inputs are made here (``gen_inputs``: generated Shakespeare-like text and
+a GPT-2-shaped BPE rank file), so a fresh clone runs all of it offline. The real Tiny Shakespeare
+split sizes are checked too when its text and GPT-2's BPE ranks are available (``$LLMCUPY_TEST_DATA``,
+default ``<repo>/../shared/data``, holding ``tinyshakespeare.txt`` and ``gpt2.tiktoken``).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ import pytest
 from llmcupy import checkpoint as ckpt
 from llmcupy.config import GPT2Config, init_params
 
+import gen_inputs
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(os.environ.get("LLMCUPY_TEST_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 TEXT, BPE = SHARED / "tinyshakespeare.txt", SHARED / "gpt2.tiktoken"
 STEP_LINE = re.compile(r"^step +(\d+)/(\d+): train loss ([0-9.]+) \(([0-9.]+) ms, (\d+) tok/s\)$", re.M)
 
@@ -60,16 +64,23 @@ def _losses(stdout: str) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def ts_data(tmp_path_factory):
-    """Tiny Shakespeare as llm.c's token files, made by ``python -m llmcupy.data`` (in-process)."""
-    if not (TEXT.is_file() and BPE.is_file()):
-        pytest.skip(f"shared data not found: needs {TEXT} and {BPE}")
+def tiny_bpe(tmp_path_factory):
+    """A GPT-2-shaped BPE rank file made here (see gen_inputs)."""
+    return gen_inputs.write_tiny_bpe(tmp_path_factory.mktemp("bpe") / "tiny.tiktoken")
+
+
+@pytest.fixture(scope="module")
+def ts_data(tmp_path_factory, tiny_bpe):
+    """Generated Shakespeare-like text as llm.c's token files, made by ``python -m llmcupy.data
+    tinyshakespeare --input`` (in-process): the val split takes its 32,768 tokens, train the rest."""
     from llmcupy import data
 
-    out = tmp_path_factory.mktemp("tinyshakespeare")
-    rc, stdout, stderr = _call(data.main, ["tinyshakespeare", "--input", TEXT, "--bpe", BPE, "--out", out])
+    d = tmp_path_factory.mktemp("tinyshakespeare")
+    text = d / "generated.txt"
+    text.write_text(gen_inputs.make_text(n_sections=1700, seed=7))
+    rc, stdout, stderr = _call(data.main, ["tinyshakespeare", "--input", text, "--bpe", tiny_bpe, "--out", d])
     assert rc == 0, stderr
-    return out
+    return d
 
 
 @pytest.fixture(scope="module")
@@ -78,22 +89,38 @@ def small_train_args(ts_data):
     return ["-i", ts_data / "tiny_shakespeare_train.bin", "-j", ts_data / "tiny_shakespeare_val.bin"]
 
 
-def test_prepare_tinyshakespeare(ts_data):
+def test_prepare_generated_text(ts_data):
     from llmcupy.data import read_tokens, token_count
 
-    # llm.c's split: the first 32,768 tokens are val, the other 305,260 train
+    # llm.c's split: the first 32,768 tokens are val, the rest train
     assert token_count(ts_data / "tiny_shakespeare_val.bin") == 32768
-    assert token_count(ts_data / "tiny_shakespeare_train.bin") == 305260
+    assert token_count(ts_data / "tiny_shakespeare_train.bin") > 4 * 64 * 20
     val = read_tokens(ts_data / "tiny_shakespeare_val.bin")
     assert val[0] == 50256                      # an EOT before the first section
 
 
-def test_train_d2_twenty_steps(ts_data, tmp_path):
-    """The acceptance run, as a real ``python -m llmcupy.train`` process."""
+def test_prepare_real_tinyshakespeare(tmp_path):
+    if not (TEXT.is_file() and BPE.is_file()):
+        pytest.skip(f"optional real-data check: set LLMCUPY_TEST_DATA to a folder holding tinyshakespeare.txt "
+                    f"and gpt2.tiktoken (looked in {SHARED})")
+    from llmcupy import data
+    from llmcupy.data import token_count
+
+    rc, _, stderr = _call(data.main, ["tinyshakespeare", "--input", TEXT, "--bpe", BPE, "--out", tmp_path])
+    assert rc == 0, stderr
+    # llm.c's split: the first 32,768 tokens are val, the other 305,260 train
+    assert token_count(tmp_path / "tiny_shakespeare_val.bin") == 32768
+    assert token_count(tmp_path / "tiny_shakespeare_train.bin") == 305260
+
+
+def test_train_d2_twenty_steps(ts_data, tiny_bpe, tmp_path):
+    """The acceptance run, as a real ``python -m llmcupy.train`` process (offline: --bpe)."""
     log = tmp_path / "log.txt"
-    env = dict(os.environ, PYTHONPATH=str(REPO), LLMCUPY_GPT2_BPE=str(BPE))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("LLMCUPY_GPT2_BPE", None)
     env.setdefault("LLMCUPY_BACKEND", "sim")
     cmd = [sys.executable, "-m", "llmcupy.train", "--init", "d2", "-b", "4", "-t", "64", "--steps", "20",
+           "--bpe", str(tiny_bpe),
            "-i", str(ts_data / "tiny_shakespeare_train.bin"), "-j", str(ts_data / "tiny_shakespeare_val.bin"),
            "-o", str(log), "-v", "10", "-m", "2", "-s", "20", "-g", "8"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, timeout=600)
@@ -103,6 +130,9 @@ def test_train_d2_twenty_steps(ts_data, tmp_path):
     assert re.search(r"\| batch size B +\| 4 ", stdout) and re.search(r"\| sequence length T +\| 64 ", stdout)
     assert re.search(r"\| num_layers L +\| 2 ", stdout) and re.search(r"\| train_num_batches +\| 20 ", stdout)
     assert "kernel versions:" in stdout and "matmul_forward" in stdout
+    # compiles are announced and happen before step 1 (not inside its time)
+    assert stdout.index("compiling kernels (first run, cached afterwards)") < stdout.index("step    1/20")
+    assert "\r" not in stderr            # not a terminal: no progress-bar clutter
     # 20 step lines, the loss falls
     steps = [(int(m.group(1)), int(m.group(2))) for m in STEP_LINE.finditer(stdout)]
     assert steps == [(i, 20) for i in range(1, 21)], stdout[-3000:]

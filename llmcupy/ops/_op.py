@@ -185,7 +185,9 @@ class Version:
     ``launch(arrays, block_size)`` launches the kernel(s) on ``arrays`` (inputs and outputs by
     name, already on the backend). ``requires(arrays, block_size)`` returns None when the version
     can run, else a sentence saying which constraint fails. A version with ``unavailable`` set is
-    listed with that reason and refuses to run.
+    listed with that reason and refuses to run. ``deterministic=False`` marks a version whose
+    result varies from run to run (fp32 atomics add in whatever order the threads arrive): it is
+    flagged in ``describe()`` / ``--list`` and the trainer does not use it by default.
     """
 
     number: int
@@ -195,6 +197,7 @@ class Version:
     default_block_size: int | None = None
     requires: Callable | None = None
     unavailable: str | None = None
+    deterministic: bool = True
 
     def __post_init__(self):
         if self.default_block_size is None and self.block_sizes:
@@ -246,13 +249,14 @@ class Op:
     # -- discovery ------------------------------------------------------------------------------
 
     def version(self, number) -> Version:
+        given = number
         try:
             number = int(number)
         except (TypeError, ValueError):
-            number = None
+            number, given = None, repr(given)   # echo what was typed ("abc"), not None
         if number not in self.versions:
             listing = ", ".join(str(v) for v in sorted(self.versions))
-            raise OpError(f"{self.name} has no version {number}; versions: {listing}")
+            raise OpError(f"{self.name} has no version {given}; versions: {listing}")
         return self.versions[number]
 
     def describe(self) -> str:
@@ -261,6 +265,8 @@ class Op:
             v = self.versions[n]
             mark = "*" if n == self.default_version else " "
             state = f"  [unavailable: {v.unavailable}]" if v.unavailable else ""
+            if not v.deterministic:
+                state += "  [nondeterministic: fp32 atomics, results vary run to run]"
             lines.append(f" {mark}{n:>3}  {v.summary}{state}")
         return "\n".join(lines)
 

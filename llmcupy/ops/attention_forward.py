@@ -48,7 +48,8 @@ SOURCE = "attention_forward.cu"
 SWEEP = (32, 64, 128, 256, 512)  # llm.c's sweep; it sizes permute/unpermute, the scale kernel and v1
 SOFTMAX_THREADS = 256            # v3/v4 softmax, fixed as in llm.c
 FLASH_TILE = 32                  # v2: Br = Bc = threads per block
-HALF_REASON = "half-precision/cuDNN: comes with the mixed-precision issue"
+HALF_REASON = ("needs BF16 activations (and cuDNN for 10), which this FP32 catalogue does not have yet; "
+               "the FP32 versions 1-4 compute the same attention")
 
 
 def reference(inp, NH):

@@ -195,21 +195,23 @@ OP = Op(
     inputs=("dinp", "dweight", "dbias", "dout", "inp", "weight", "mean", "rstd"),
     outputs=("dinp", "dweight", "dbias"),
     versions={
-        1: Version(1, "naive: one thread per row, global atomics for dweight / dbias", _launch_v1),
+        1: Version(1, "naive: one thread per row, global atomics for dweight / dbias", _launch_v1,
+                   deterministic=False),
         2: Version(2, "warp per row, shared partials, atomics into zeroed temporaries + a folding kernel "
-                      "(the fp32 trainer's, block 512)", _launch_v2, default_block_size=512),
+                      "(the fp32 trainer's, block 512)", _launch_v2, default_block_size=512, deterministic=False),
         3: Version(3, "persistent grid (1024/block * SMs), warps loop over rows, one global atomic per "
-                      "channel per block", _launch_v3),
+                      "channel per block", _launch_v3, deterministic=False),
         4: Version(4, "bf16 compare-and-swap on packed pairs", unavailable=(
             "bf16 only: its final update is a 32-bit compare-and-swap loop on pairs of bf16 values, which has "
             "no fp32 form (llm.c builds it only with bf16)")),
         5: Version(5, "one block per SM, per-block scratch slices, the last block sums them", _launch_v5),
         6: Version(6, "blocks add partials into one scratch with atomics, the last block adds it out",
-                   _launch_shared_scratch("layernorm_backward_kernel6")),
+                   _launch_shared_scratch("layernorm_backward_kernel6"), deterministic=False),
         7: Version(7, "version 6 with plain shuffles instead of cooperative groups",
-                   _launch_shared_scratch("layernorm_backward_kernel7")),
+                   _launch_shared_scratch("layernorm_backward_kernel7"), deterministic=False),
         8: Version(8, "float4 accesses, bank-friendly permuted shared partials, wrap-around counter "
-                      "(C % 4 == 0; llm.c's C % 128 tail bug fixed)", _launch_v8, requires=_requires_float4),
+                      "(C % 4 == 0; llm.c's C % 128 tail bug fixed)", _launch_v8, requires=_requires_float4,
+                   deterministic=False),
         9: Version(9, "as 8 without shared atomics, per-block scratch slices summed in block order "
                       "(C % 4 == 0)", _launch_v9, requires=_requires_float4),
         10: Version(10, "float4 exchange between warps, natural-order partials, first pass on dnorm * x "

@@ -32,10 +32,24 @@ def cuda_unavailable_reason() -> str | None:
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:
-        return f"CuPy found no usable CUDA driver or device ({type(exc).__name__}: {exc})"
+        return explain_cuda_error(exc)
     if count == 0:
         return "CuPy found no CUDA device"
     return None
+
+
+def explain_cuda_error(exc: BaseException) -> str:
+    """CuPy's error when it cannot reach a GPU, in words a user can act on."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "InsufficientDriver" in text or "driver version is insufficient" in text:
+        # cudaErrorInsufficientDriver is also what the CUDA runtime reports when there is no
+        # NVIDIA driver at all (a machine without a GPU), not only an old one
+        return ("no usable NVIDIA GPU: the CUDA runtime found no NVIDIA driver, or one older than the CUDA "
+                f"version CuPy was built for ({text}); on a machine without a GPU this is expected, "
+                "otherwise update the driver or install the CuPy package for your CUDA version")
+    if "NoDevice" in text or "no CUDA-capable device" in text:
+        return f"no CUDA device is visible ({text}); check nvidia-smi and CUDA_VISIBLE_DEVICES"
+    return f"CuPy found no usable CUDA driver or device ({text})"
 
 
 def set_backend(name: str) -> str:

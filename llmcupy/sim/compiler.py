@@ -94,12 +94,26 @@ def _included_files(code: str, include_dirs: list[Path], seen: set[Path]) -> lis
     return found
 
 
+def _compiler_env() -> dict:
+    """The environment for g++: without LD_PRELOAD. The ASan recipe preloads libasan into Python;
+    inherited by g++ it makes LeakSanitizer fail the compiler's own run (exit 1 and pages of leak
+    reports), which would read as "no compiler"."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
+class CompilerNotFound(SimCompileError):
+    """No working C++ compiler: the machine's set-up, not the kernel (the CLIs exit 2)."""
+
+
 @functools.lru_cache(maxsize=None)
 def compiler_identity(cxx: str) -> str:
     try:
-        return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True,
+                              env=_compiler_env()).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
-        raise SimCompileError(
+        raise CompilerNotFound(
             f"the emulator needs a C++17 compiler ({cxx!r} did not run: {exc}). "
             "Install g++ (e.g. `apt-get install g++`) or set CXX."
         ) from exc
@@ -180,7 +194,7 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
         src.write_text(unit)
         tmp_lib = Path(tmp) / "lib.so"
         cmd = [cxx, *base_flags, *flags, f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs], str(src), "-o", str(tmp_lib)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=_compiler_env())
         if proc.returncode != 0:
             raise SimCompileError(f"the emulator could not compile {filename}:\n{proc.stderr.strip()}")
         # Atomic publish: a concurrent reader sees either no library or a complete one.

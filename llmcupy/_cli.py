@@ -1,0 +1,41 @@
+"""What every CLI does with an error: one line on stderr and one exit-code rule.
+
+    0    success
+    1    an internal error (a bug: the traceback is printed) or, for validating CLIs, a FAIL
+    2    bad input: arguments, missing/unreadable/malformed files, a shape a version refuses,
+         no GPU or compiler for what was asked
+    3    a run stopped by a non-finite loss
+    130  interrupted (Ctrl-C)
+"""
+
+from __future__ import annotations
+
+import sys
+
+EXIT_INTERNAL = 1
+EXIT_BAD_INPUT = 2
+EXIT_NONFINITE = 3
+EXIT_INTERRUPTED = 130
+
+
+def os_error_message(exc: OSError) -> str:
+    """``path: reason`` for an OSError (no errno prefix), with what to do for the common cases."""
+    name = exc.filename if exc.filename is not None else ""
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, IsADirectoryError):
+        return f"{name} is a folder; give a file"
+    if isinstance(exc, FileNotFoundError) and exc.strerror:
+        return f"{name}: no such file"
+    return f"{name}: {reason}" if name else reason
+
+
+def message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return os_error_message(exc)
+    return str(exc) or type(exc).__name__
+
+
+def fail(exc: BaseException, code: int = EXIT_BAD_INPUT) -> int:
+    """Prints ``error: <message>`` and returns ``code``."""
+    print(f"error: {message(exc)}", file=sys.stderr)
+    return code
