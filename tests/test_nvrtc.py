@@ -68,30 +68,33 @@ def test_ci_checks_the_floor_of_the_test_extra():
     assert f'"nvidia-cuda-runtime-cu12>={floor}"' in (ROOT / "pyproject.toml").read_text()
 
 
-@pytest.fixture(scope="module")
-def oldest_cuda():
-    """$LLMCUPY_OLDEST_CUDA: a folder holding nvidia/cuda_nvrtc and nvidia/cuda_runtime unpacked from
-    the floor's wheels (``.ci/run`` makes it). Skipped without it, except on CI."""
-    root = os.environ.get("LLMCUPY_OLDEST_CUDA")
+# (environment variable, the wheels' layout: library and include folder, the NVRTC version expected)
+OTHER_CUDAS = {
+    "oldest": ("LLMCUPY_OLDEST_CUDA", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "nvidia/cuda_runtime/include", None),
+    "cuda13": ("LLMCUPY_CUDA13", "nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cu13/include", "13."),
+}
+
+
+@pytest.mark.parametrize("which", sorted(OTHER_CUDAS))
+def test_kernel_files_compile_with_other_supported_nvrtcs(which):
+    """Every kernel file with the oldest NVRTC and headers the test extra allows, and with CUDA 13's:
+    a folder holding their wheels unpacked (``.ci/run`` makes them). Skipped without it, except on CI.
+
+    In a child process: a second libnvrtc cannot be loaded next to the one the other tests use. One
+    architecture is enough: what differs between CUDA versions here is the headers, not codegen."""
+    var, lib_rel, include_rel, expected = OTHER_CUDAS[which]
+    root = os.environ.get(var)
     if not root:
         if os.environ.get("CI") or os.environ.get("LLMCUPY_REQUIRE_NVRTC"):
-            pytest.fail("CI must compile against the oldest supported NVRTC: set LLMCUPY_OLDEST_CUDA (.ci/run does)")
-        pytest.skip("LLMCUPY_OLDEST_CUDA is not set (.ci/run unpacks the oldest NVRTC and headers there)")
-    lib = Path(root) / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
-    include = Path(root) / "nvidia" / "cuda_runtime" / "include"
+            pytest.fail(f"CI must compile against the {which} NVRTC too: set {var} (.ci/run does)")
+        pytest.skip(f"{var} is not set (.ci/run unpacks that NVRTC and its headers there)")
+    lib, include = Path(root) / lib_rel, Path(root) / include_rel
     assert lib.is_file() and (include / "cooperative_groups.h").is_file(), f"incomplete {root}"
-    return lib, include
-
-
-def test_kernel_files_compile_with_the_oldest_supported_nvrtc(oldest_cuda):
-    # In a child process: a second libnvrtc.so.12 cannot be loaded next to the newest one. One
-    # architecture is enough: what differs between CUDA versions here is the headers, not codegen.
-    lib, include = oldest_cuda
     env = dict(os.environ, LLMCUPY_NVRTC=str(lib), LLMCUPY_CUDA_INCLUDE=str(include), PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "llmcupy.nvrtc", "-v", "--arch", "80"], env=env,
                           capture_output=True, text=True, timeout=600)
-    floor = ".".join(_floor_in_pyproject().split(".")[:2])
-    assert f"NVRTC {floor} from {lib}" in proc.stdout, proc.stdout[:2000] + proc.stderr
+    version = expected or ".".join(_floor_in_pyproject().split(".")[:2]) + " "
+    assert f"NVRTC {version}" in proc.stdout and str(lib) in proc.stdout, proc.stdout[:2000] + proc.stderr
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
