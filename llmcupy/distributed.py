@@ -39,6 +39,10 @@ import numpy as np
 from .runtime import backend as _backend
 
 DEFAULT_TIMEOUT = 600.0      # seconds; the emulator's first step compiles every kernel, minutes on a busy CPU
+# Until the first step is through, ranks can be far apart for reasons that are not faults: one
+# compiles the kernels while another finds them cached, token files are scanned, a tokenizer loads.
+# A short --dist-timeout (set to catch hung ranks quickly) must not fire then.
+STARTUP_TIMEOUT = 300.0
 _DIAG_TAG = 7301             # MPI tag of the exchange that names missing ranks
 _MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
@@ -69,7 +73,8 @@ def add_arguments(parser) -> None:
     g.add_argument("--rendezvous", default=None, metavar="URL",
                    help="tcp://HOST:PORT (rank 0 listens) or file:///shared/path (env LLMCUPY_RENDEZVOUS)")
     g.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                   help=f"seconds a collective may wait for the other ranks (default {DEFAULT_TIMEOUT:.0f})")
+                   help=f"seconds a collective may wait for the other ranks (default {DEFAULT_TIMEOUT:.0f}; at least "
+                        f"{STARTUP_TIMEOUT:.0f} until the first step is through)")
 
 
 def _env_int(name):
@@ -120,13 +125,15 @@ class _Group:
         self.mpi = mpi_comm               # the control plane when launched by MPI
         self.rendezvous_dir = rendezvous_dir
         self.count = 0                    # collectives so far (the same sequence on every rank)
+        self.started = False              # set by the trainer once the first step is through
 
     # -- waiting
 
     def _wait(self, done, what: str, on_timeout=None) -> None:
         """Polls ``done()`` until true; after the timeout names the missing ranks and raises."""
         self.count += 1
-        deadline = time.monotonic() + self.timeout
+        limit = self.timeout if self.started else max(self.timeout, STARTUP_TIMEOUT)
+        deadline = time.monotonic() + limit
         pause = 1e-5
         while not done():
             if time.monotonic() > deadline:
@@ -135,7 +142,7 @@ class _Group:
                     on_timeout()
                 raise PeerTimeout(
                     f"rank {self.rank}: {what} (collective #{self.count}) did not complete within "
-                    f"{self.timeout:g} s: {who} (died, hung or stopped); stopping. Resume from the last "
+                    f"{limit:g} s: {who} (died, hung or stopped); stopping. Resume from the last "
                     "checkpoint with -y 1; --dist-timeout sets the limit")
             time.sleep(pause)
             pause = min(pause * 2, 0.01)

@@ -274,7 +274,9 @@ class Run:
             if N * S < P:
                 g.broadcast(params[N * S:], N - 1, "broadcast of the parameters' tail")
         self.last_norm, self.last_lr = norm, lr
-        return g.mean(loss) if g.collective else loss
+        loss = g.mean(loss) if g.collective else loss
+        g.started = True   # every rank is through its start-up: --dist-timeout alone from here on
+        return loss
 
     def suffix(self) -> str:
         """What the step line adds: the norm and the learning rate."""
