@@ -56,12 +56,15 @@ version 5: warp-tiled SIMT SGEMM for any shape. Over version 4 it changes four t
            The grid is (ceil(OC/128), ceil(B*T/128)) with blockIdx.x along OC: neighbouring blocks
            share the inp slab, which stays in L2. Exact FP32 FMA chains, summed in C order per lane.
 
+Op matmul_forward_tf32 (kernels_cu/matmul_forward_tf32.cu): version 5's tiling on TF32 tensor cores.
+
 Op matmul_gelu_forward (same file: its fused kernel is version 5 with another epilogue):
   version 1: matmul_forward version 5, then gelu_forward version 1 (two launches; pre-activation
              written and read back once more).
   version 2: version 5's GEMM with bias and GELU in the epilogue, writing both the pre-activation
              (the backward's gelu_backward needs it) and the activation: one launch for the MLP's
              up-projection and its GELU.
+
 */
 
 #include "common.cuh"
