@@ -94,7 +94,7 @@ def _step(model, x, y) -> None:
     model.update(1e-4, 0.9, 0.999, 1e-8, 0.0, 1)
 
 
-def default_kernels():
+def default_kernels(fused: bool = False):
     """Hand-written kernels where the catalogue has them: in the emulator a cuBLAS call (xp.matmul)
     is real NumPy arithmetic, not a launch, and would be counted as launch overhead. The ops that
     only exist over cuBLAS (matmul_backward v1, attention v4/v8's GEMMs) keep it, on tiny matrices."""
@@ -102,6 +102,8 @@ def default_kernels():
 
     k = KernelChoice()
     k.set("matmul_forward", 5)
+    if fused:
+        k.select_fusions()
     return k
 
 
@@ -174,9 +176,11 @@ def main(argv=None) -> int:
     p.add_argument("-b", "--batch-size", type=int, default=1)
     p.add_argument("-t", "--seq-len", type=int, default=8)
     p.add_argument("--repeats", type=int, default=20, help="replays of the step's calls; the best is reported")
+    p.add_argument("--fused", action="store_true", help="the step with every fusion (as python -m llmcupy.train --fused)")
     p.add_argument("--json", help="also write the result to this file")
     args = p.parse_args(argv)
-    r = measure(args.init, args.batch_size, args.seq_len, args.repeats)
+    r = measure(args.init, args.batch_size, args.seq_len, args.repeats, kernels=default_kernels(args.fused))
+    r["fused"] = bool(args.fused)
     print(format_result(r))
     if args.json:
         with open(args.json, "w") as f:

@@ -37,13 +37,14 @@ def test_replay_gives_the_checked_result_and_records_one_plan():
 
 def test_replay_skips_the_checks_and_the_kernel_argument_checks(monkeypatch):
     op = llmcupy.ops["gelu_forward"]
-    x = np.random.default_rng(1).uniform(-1, 1, (2, 3, 8)).astype(np.float32)
+    # x and y 256 bytes apart in one buffer: equally aligned (a less aligned array is checked again)
+    buf = np.random.default_rng(1).uniform(-1, 1, 256).astype(np.float32)
+    x, y = buf[:48].reshape(2, 3, 8), buf[128:176].reshape(2, 3, 8)
     out = np.empty_like(x)
     op.run(2, {"inp": x}, out={"out": out})
     calls = []
     monkeypatch.setattr(op, "validate_fn", lambda a: calls.append("validate"))
     monkeypatch.setattr(rt, "check_arguments", lambda *a: calls.append("check_arguments"))
-    y = np.random.default_rng(2).uniform(-1, 1, (2, 3, 8)).astype(np.float32)
     op.run(2, {"inp": y}, out={"out": out}, host_checks=False)
     assert calls == []
     np.testing.assert_allclose(out, op.reference(y), atol=1e-5)
@@ -68,6 +69,20 @@ def test_a_new_shape_is_checked_again():
     b = op.make_inputs(rng, B=1, T=100, C=32, OC=128)
     with pytest.raises(OpError, match="multiple of 128"):
         op.run(4, dict(b))
+
+
+def test_a_less_aligned_array_is_checked_again():
+    op = llmcupy.ops["gelu_forward"]
+    buf = np.zeros(512, np.float32)
+    o = next(o for o in range(64) if _op._alignment(buf[o:]) == 256)
+    aligned, shifted = buf[o:o + 48].reshape(2, 3, 8), buf[o + 4:o + 52].reshape(2, 3, 8)  # 16 bytes further
+    out = np.empty((2, 3, 8), np.float32)
+    op.run(2, {"inp": aligned}, out={"out": out})
+    (plan,) = op._plans.values()
+    assert not plan.aligned_as_before({"inp": shifted}, {"out": out})
+    shifted[...] = 0.5
+    got = op.run(2, {"inp": shifted}, out={"out": out})  # checked again (float4: 16 bytes suffice)
+    np.testing.assert_allclose(got["out"], op.reference(shifted), atol=1e-6)
 
 
 def test_a_misaligned_array_is_refused_after_a_plan_was_recorded():
@@ -124,3 +139,26 @@ def test_launch_benchmark_reports_both_paths():
     for label in ("checked", "planned"):
         assert r[label]["us_per_op_call"] > 0 and r[label]["kernel_only_us_per_launch"] > 0
     assert "us/launch" in launchbench.format_result(r)
+
+
+@pytest.mark.gpu
+def test_replayed_launches_on_a_gpu_match_checked_ones():
+    # the trusted launch path hands CuPy arrays and a NULL pointer (bias None) straight to CuPy
+    import cupy
+
+    llmcupy.set_backend("cuda")
+    try:
+        op = llmcupy.ops["matmul_forward"]
+        a = op.make_inputs(np.random.default_rng(0), B=1, T=130, C=37, OC=133, has_bias=0)
+        arrays = {k: (None if v is None else cupy.asarray(v)) for k, v in a.items()}
+        with _op.launch_plans(False):
+            checked = cupy.asnumpy(op.run(5, dict(arrays))["out"])
+        op.run(5, dict(arrays))
+        replayed = cupy.asnumpy(op.run(5, dict(arrays))["out"])
+        np.testing.assert_array_equal(checked, replayed)
+        from llmcupy import launchbench
+
+        r = launchbench.measure(init="d1", B=1, T=4, repeats=2)
+        assert r["planned"]["us_per_op_call"] > 0
+    finally:
+        llmcupy.set_backend("sim")
