@@ -56,6 +56,9 @@ version 5: warp-tiled SIMT SGEMM for any shape. Over version 4 it changes four t
            The grid is (ceil(OC/128), ceil(B*T/128)) with blockIdx.x along OC: neighbouring blocks
            share the inp slab, which stays in L2. Exact FP32 FMA chains, summed in C order per lane.
 
+Op matmul_backward, version 2: matmul_backward_gemm_kernel2 below, version 5 with an accumulating
+  epilogue (out += product), for the backward's two GEMMs (see matmul_backward.cu).
+
 Op matmul_forward_tf32 (kernels_cu/matmul_forward_tf32.cu): version 5's tiling on TF32 tensor cores.
 
 Op matmul_gelu_forward (same file: its fused kernel is version 5 with another epilogue):
@@ -199,6 +202,7 @@ __global__ void __launch_bounds__(16 * 16, 2) matmul_forward_kernel4(float* out,
 
 #define MM_EPI_BIAS 0        // out = acc + bias
 #define MM_EPI_BIAS_GELU 1   // pre = acc + bias, out = gelu(pre)
+#define MM_EPI_ACCUMULATE 2  // out += acc (bias ignored): a GEMM with beta = 1, for the backward
 
 __device__ __forceinline__ float mm_gelu(float x) {
     // gelu_forward.cu's formula, so the fused epilogue matches the unfused GELU bit for bit
@@ -340,17 +344,22 @@ __device__ __forceinline__ void mm5_gemm(float* out, float* pre, const float* in
     const bool vec_out = (N % 4 == 0) && ((size_t)out % 16 == 0) && (EPI == MM_EPI_BIAS || (size_t)pre % 16 == 0);
     for (int jj = 0; jj < 2; jj++) {
         const int col = n0 + wn + 4 * ln + 16 * jj;
-        float bv[4];
-        for (int j = 0; j < 4; j++) bv[j] = (bias != NULL && col + j < N) ? bias[col + j] : 0.0f;
+        float bias_v[4];
+        for (int j = 0; j < 4; j++) bias_v[j] = (bias != NULL && col + j < N) ? bias[col + j] : 0.0f;
         for (int i = 0; i < 8; i++) {
             const int row = m0 + wm + lm + 8 * i;
             if (row >= M) continue;
+            float bv[4] = {bias_v[0], bias_v[1], bias_v[2], bias_v[3]};
             float v[4], g[4];
+            size_t o = (size_t)row * N + col;
+            if (EPI == MM_EPI_ACCUMULATE) {
+                // each output belongs to exactly one thread: a plain read-modify-write is race-free
+                for (int j = 0; j < 4; j++) bv[j] = col + j < N ? out[o + j] : 0.0f;
+            }
             for (int j = 0; j < 4; j++) {
                 v[j] = acc[i][4 * jj + j] + bv[j];
                 g[j] = (EPI == MM_EPI_BIAS_GELU) ? mm_gelu(v[j]) : v[j];
             }
-            size_t o = (size_t)row * N + col;
             if (vec_out && col + 3 < N) {
                 if (EPI == MM_EPI_BIAS_GELU) store128(pre + o, make_float4(v[0], v[1], v[2], v[3]));
                 store128(out + o, make_float4(g[0], g[1], g[2], g[3]));
@@ -381,4 +390,15 @@ __global__ void __launch_bounds__(MM5_THREADS, 2) matmul_gelu_forward_kernel2(fl
                                                                               const float* bias, int BT, int C,
                                                                               int OC) {
     mm5_gemm<MM_EPI_BIAS_GELU>(out, pre, inp, weight, bias, BT, C, OC);
+}
+
+// ----------------------------------------------------------------------------------------------
+// op matmul_backward, version 2: both GEMMs of the backward on version 5's kernel, accumulating
+// (out += inp @ weight^T, beta = 1). The launcher passes transposed copies where an operand is not
+// K-contiguous (see matmul_backward.cu's header).
+
+__global__ void __launch_bounds__(MM5_THREADS, 2) matmul_backward_gemm_kernel2(float* out, const float* inp,
+                                                                               const float* weight, int M, int K,
+                                                                               int N) {
+    mm5_gemm<MM_EPI_ACCUMULATE>(out, NULL, inp, weight, NULL, M, K, N);
 }
