@@ -47,7 +47,8 @@ version 5: warp-tiled SIMT SGEMM for any shape. Over version 4 it changes four t
              (<cuda_pipeline.h>: __pipeline_memcpy_async / commit / wait_prior) while the current
              one is multiplied, without passing through registers; on older devices the next slab
              is loaded into registers before the multiply and stored after it (the loads are in
-             flight during the FMAs). One barrier per 16-wide step either way;
+             flight during the FMAs; the 16 staging registers make ptxas spill 16 bytes on sm_75).
+             One barrier per 16-wide step either way;
            - tails: rows past B*T or OC and columns past C are zero-filled (cp.async's zfill), and
              the epilogue checks every row and column, so any B*T, C, OC works. When C % 4 == 0 and
              inp/weight are 16-byte aligned the slabs move as float4 (16-byte cp.async), else as
