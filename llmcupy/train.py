@@ -316,10 +316,6 @@ def train(args) -> int:
         logger.close()
     if timed_steps:
         print(f"total average iteration time: {total_ms / timed_steps:f} ms")
-    replayed = args.cuda_graph and graph is not None and not graph.emulated
-    print(f"launches per step: {max(launches)} kernel launches"
-          + (" from the host (the graph replay launches the captured kernels itself)" if replayed
-             else " (catalogue kernels; cuBLAS calls through xp.matmul not included)"))
     if _backend.is_sim():
         print("(times are the CPU emulator's, not a GPU's)")
     return 0
