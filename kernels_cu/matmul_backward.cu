@@ -15,6 +15,19 @@ version 1: the two GEMMs are cuBLAS SGEMMs with beta = 1 (issued from Python thr
            (block size a power of two) and thread 0 overwrites dbias[o]. A block reads its column at
            stride OC: not coalesced. Skipped when dbias is NULL (the LM head has no bias).
 
+Past llm.c:
+
+version 2: both GEMMs on matmul_forward version 5's warp-tiled, cp.async double-buffered kernel
+           (matmul_forward.cu's matmul_backward_gemm_kernel2: version 5 with an accumulating
+           epilogue, out += product, so beta = 1 costs one read of the output and no extra pass).
+           That kernel multiplies two K-contiguous operands (out = A @ B^T); the backward's are
+           not all K-contiguous, so the launcher makes transposed copies first:
+             dinp (B*T, C)  += dout (B*T, OC) @ (weight^T)^T        copy weight^T: OC * C floats
+             dweight (OC, C) += (dout^T) (OC, B*T) @ (inp^T)^T      copies dout^T, inp^T: (OC + C) * B*T
+           At GPT-2 124M's shapes (B*T = 4096) the copies move ~2-3 % of the bytes a GEMM's FLOPs
+           take in time; loaders that read K-major tiles directly (the next rung) would remove them.
+           The bias gradient is version 1's kernel. Any shape.
+
 llm.c's file also holds an unused naive bias kernel (one thread per column) and commented-out
 cublasSgemv attempts; they are not versions and are not reproduced.
 */

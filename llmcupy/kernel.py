@@ -75,7 +75,22 @@ def list_catalogue() -> str:
         op = ops_registry.get(name)
         sizes = " ".join(f"{k}={v}" for k, v in op.sizes.items())
         blocks.append(op.describe() + f"\n       sizes: {sizes}")
-    return "\n\n".join(blocks) + "\n\n* = default version"
+    return "\n\n".join(blocks) + "\n\n* = default version. " + defaults_provenance()
+
+
+def defaults_provenance() -> str:
+    """Where the defaults come from: no GPU measurements are recorded yet, so say so."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parent.parent / "bench" / "results"
+    measured = sorted(results.glob("*.json")) if results.is_dir() else []
+    if not measured:
+        return ("Defaults are not yet measured: they follow llm.c's claims (its fastest version per file) or the "
+                "version the FP32 trainer uses; no GPU results are in bench/results yet. The rungs past llm.c "
+                "(matmul_forward 5, the fusions matmul_gelu_forward, fused_residual_forward, flash_attention_*) are "
+                "not the trainer's defaults until measured: select them with --matmul-kernel 5 / --fused.")
+    return (f"Defaults are not yet derived from measurements; {len(measured)} GPU result file(s) in bench/results "
+            "can be compared with python -m llmcupy.bench compare.")
 
 
 def _run_one(op_name: str, number: int, sizes: dict, args) -> dict:

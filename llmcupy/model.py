@@ -21,11 +21,25 @@ from .runtime import backend as _backend
 from .runtime import blas
 
 # The ops one training step uses, in the order they first run, and the CLI flag of each.
+# The fusions come last: each replaces unfused ops of the step, and is used only when selected
+# (``KernelChoice.set(op, n)``, ``--kernel OP=N`` or the trainer's ``--fused``):
+#   fused_residual_forward  a residual add and the LayerNorm after it (residual_forward + layernorm_forward)
+#   matmul_gelu_forward     the MLP up-projection and its GELU (matmul_forward + gelu_forward)
+#   flash_attention_*       attention without the (B, NH, T, T) matrices (attention_forward/backward);
+#                           selecting either of the two selects both
 STEP_OPS = (
     "encoder_forward", "layernorm_forward", "matmul_forward", "attention_forward", "residual_forward",
     "gelu_forward", "classifier_fused", "matmul_backward", "layernorm_backward", "gelu_backward",
     "attention_backward", "encoder_backward", "adamw",
+    "fused_residual_forward", "matmul_gelu_forward", "flash_attention_forward", "flash_attention_backward",
 )
+FUSION_OPS = ("fused_residual_forward", "matmul_gelu_forward", "flash_attention_forward", "flash_attention_backward")
+# what each fusion replaces, for the version table
+_REPLACED_BY = {
+    "fused_residual_forward": ("residual_forward",),
+    "matmul_gelu_forward": ("gelu_forward",),
+    "flash_attention_forward": ("attention_forward", "attention_backward"),
+}
 
 
 class ModelError(ValueError):
@@ -55,17 +69,47 @@ class KernelChoice:
         if block_size is not None:
             self.block_sizes[op] = int(block_size)
 
+    def uses(self, op: str) -> bool:
+        """Whether the step runs ``op``: every unfused op unless a fusion replaces it; a fusion if selected."""
+        if op in FUSION_OPS:
+            if op.startswith("flash_attention"):
+                return self.flash
+            return op in self.versions
+        return not any(op in replaced and self.uses(fusion) for fusion, replaced in _REPLACED_BY.items())
+
+    @property
+    def flash(self) -> bool:
+        return "flash_attention_forward" in self.versions or "flash_attention_backward" in self.versions
+
+    @property
+    def fused_residual(self) -> bool:
+        return "fused_residual_forward" in self.versions
+
+    @property
+    def fused_mlp(self) -> bool:
+        return "matmul_gelu_forward" in self.versions
+
+    def select_fusions(self) -> None:
+        """Turns every fusion on at its default version (the trainer's ``--fused``), keeping explicit choices."""
+        for op in FUSION_OPS:
+            if op not in self.versions:
+                self.set(op, ops_registry.get(op).default_version)
+
     def table(self) -> list[tuple[str, int, str]]:
+        """(op, version, summary) of every op the step runs (fusions only when selected)."""
         rows = []
         for op in STEP_OPS:
+            if not self.uses(op):
+                continue
             n = self.version(op)
             rows.append((op, n, ops_registry.get(op).versions[n].summary))
         return rows
 
 
-def activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict:
+def activation_shapes(cfg: GPT2Config, B: int, T: int, flash: bool = False) -> dict:
+    """The forward's buffers; with ``flash`` the (B, NH, T, T) ones give way to a (L, B, NH, T) lse."""
     L, C, NH, Vp = cfg.num_layers, cfg.channels, cfg.num_heads, cfg.padded_vocab_size
-    return {
+    shapes = {
         "encoded": (B, T, C),
         "ln1": (L, B, T, C), "ln1_mean": (L, B, T), "ln1_rstd": (L, B, T),
         "qkv": (L, B, T, 3 * C),          # the QKV projection (attention_backward's input)
@@ -85,11 +129,16 @@ def activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict:
         "qkvr": (3, B, NH, T, C // NH),
         "preatt": (B, NH, T, T),
     }
+    if flash:
+        for k in ("att", "qkvr", "preatt"):
+            del shapes[k]
+        shapes["att_lse"] = (L, B, NH, T)   # the row log-sum-exp: all the flash backward keeps
+    return shapes
 
 
-def grad_activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict:
+def grad_activation_shapes(cfg: GPT2Config, B: int, T: int, flash: bool = False) -> dict:
     C, NH = cfg.channels, cfg.num_heads
-    return {
+    shapes = {
         "dres": (B, T, C),                # the residual stream's gradient (layernorm backward adds into it)
         "dbtc": (B, T, C),
         "dqkv": (B, T, 3 * C),
@@ -97,6 +146,16 @@ def grad_activation_shapes(cfg: GPT2Config, B: int, T: int) -> dict:
         "datt": (B, NH, T, T),
         "dpreatt": (B, NH, T, T),
     }
+    if flash:
+        del shapes["datt"], shapes["dpreatt"]
+    return shapes
+
+
+def activation_bytes(cfg: GPT2Config, B: int, T: int, flash: bool = False) -> dict:
+    """Bytes of the forward activations and of the backward's activation gradients (FP32)."""
+    count = lambda shapes: sum(int(np.prod(s)) for s in shapes.values())  # noqa: E731
+    return {"activations": 4 * count(activation_shapes(cfg, B, T, flash)),
+            "activation_grads": 4 * count(grad_activation_shapes(cfg, B, T, flash))}
 
 
 class GPT2:
@@ -137,7 +196,8 @@ class GPT2:
         xp = self.xp
         try:
             # zeros, not empty: att's upper triangle and the padded logit columns must hold zeros
-            self.acts = {k: xp.zeros(s, np.float32) for k, s in activation_shapes(cfg, B, T).items()}
+            self.acts = {k: xp.zeros(s, np.float32)
+                         for k, s in activation_shapes(cfg, B, T, self.kernels.flash).items()}
             # every position's loss weighs 1/(B*T) in the mean (classifier versions take it as an array)
             self.dlosses = xp.full((B, T), 1.0 / (B * T), dtype=np.float32)
             self.tokens = xp.zeros((B, T), np.int32)
@@ -154,7 +214,7 @@ class GPT2:
             self.grads = xp.zeros_like(self.params)
             self.g = split_params(self.grads, self.config)
             self.dacts = {k: xp.zeros(s, np.float32)
-                          for k, s in grad_activation_shapes(self.config, self.B, self.T).items()}
+                          for k, s in grad_activation_shapes(self.config, self.B, self.T, self.kernels.flash).items()}
         except Exception as exc:
             raise _out_of_memory(exc, "gradients", self.B, self.T) from exc
 
@@ -220,32 +280,62 @@ class GPT2:
     def _forward_blocks(self) -> None:
         cfg, p, a = self.config, self.p, self.acts
         L, NH = cfg.num_layers, cfg.num_heads
+        k = self.kernels
         for l in range(L):
             res = a["encoded"] if l == 0 else a["residual3"][l - 1]
-            self.call("layernorm_forward", {"inp": res, "weight": p["ln1w"][l], "bias": p["ln1b"][l]},
-                      out={"out": a["ln1"][l], "mean": a["ln1_mean"][l], "rstd": a["ln1_rstd"][l]})
+            if l == 0 or not k.fused_residual:  # fused: the previous layer's residual add wrote ln1
+                self.call("layernorm_forward", {"inp": res, "weight": p["ln1w"][l], "bias": p["ln1b"][l]},
+                          out={"out": a["ln1"][l], "mean": a["ln1_mean"][l], "rstd": a["ln1_rstd"][l]})
             self.call("matmul_forward", {"inp": a["ln1"][l], "weight": p["qkvw"][l], "bias": p["qkvb"][l]},
                       out={"out": a["qkv"][l]})
-            self.call("attention_forward", {"inp": a["qkv"][l], "NH": NH, "preatt": a["preatt"]},
-                      out={"out": a["atty"][l], "att": a["att"][l], "qkvr": a["qkvr"]})
+            if k.flash:
+                self.call("flash_attention_forward", {"inp": a["qkv"][l], "NH": NH},
+                          out={"out": a["atty"][l], "lse": a["att_lse"][l]})
+            else:
+                self.call("attention_forward", {"inp": a["qkv"][l], "NH": NH, "preatt": a["preatt"]},
+                          out={"out": a["atty"][l], "att": a["att"][l], "qkvr": a["qkvr"]})
             self.call("matmul_forward", {"inp": a["atty"][l], "weight": p["attprojw"][l], "bias": p["attprojb"][l]},
                       out={"out": a["attproj"][l]})
-            self.call("residual_forward", {"inp1": res, "inp2": a["attproj"][l]}, out={"out": a["residual2"][l]})
-            self.call("layernorm_forward", {"inp": a["residual2"][l], "weight": p["ln2w"][l], "bias": p["ln2b"][l]},
-                      out={"out": a["ln2"][l], "mean": a["ln2_mean"][l], "rstd": a["ln2_rstd"][l]})
-            self.call("matmul_forward", {"inp": a["ln2"][l], "weight": p["fcw"][l], "bias": p["fcb"][l]},
-                      out={"out": a["fch"][l]})
-            self.call("gelu_forward", {"inp": a["fch"][l]}, out={"out": a["fch_gelu"][l]})
+            self._residual_layernorm(res, a["attproj"][l], a["residual2"][l], p["ln2w"][l], p["ln2b"][l],
+                                     a["ln2"][l], a["ln2_mean"][l], a["ln2_rstd"][l])
+            if k.fused_mlp:
+                self.call("matmul_gelu_forward", {"inp": a["ln2"][l], "weight": p["fcw"][l], "bias": p["fcb"][l]},
+                          out={"pre": a["fch"][l], "out": a["fch_gelu"][l]})
+            else:
+                self.call("matmul_forward", {"inp": a["ln2"][l], "weight": p["fcw"][l], "bias": p["fcb"][l]},
+                          out={"out": a["fch"][l]})
+                self.call("gelu_forward", {"inp": a["fch"][l]}, out={"out": a["fch_gelu"][l]})
             self.call("matmul_forward", {"inp": a["fch_gelu"][l], "weight": p["fcprojw"][l], "bias": p["fcprojb"][l]},
                       out={"out": a["fcproj"][l]})
-            self.call("residual_forward", {"inp1": a["residual2"][l], "inp2": a["fcproj"][l]},
-                      out={"out": a["residual3"][l]})
+            if k.fused_residual:
+                # the residual add of the MLP and the LayerNorm that follows it: the next layer's ln1,
+                # or after the last layer the final lnf
+                last = l == L - 1
+                self._residual_layernorm(
+                    a["residual2"][l], a["fcproj"][l], a["residual3"][l],
+                    p["lnfw"] if last else p["ln1w"][l + 1], p["lnfb"] if last else p["ln1b"][l + 1],
+                    a["lnf"] if last else a["ln1"][l + 1], a["lnf_mean"] if last else a["ln1_mean"][l + 1],
+                    a["lnf_rstd"] if last else a["ln1_rstd"][l + 1])
+            else:
+                self.call("residual_forward", {"inp1": a["residual2"][l], "inp2": a["fcproj"][l]},
+                          out={"out": a["residual3"][l]})
+
+    def _residual_layernorm(self, residual, inp, residual_out, weight, bias, normed, mean, rstd) -> None:
+        """residual_out = residual + inp, then normed = LayerNorm(residual_out): fused or two ops."""
+        if self.kernels.fused_residual:
+            self.call("fused_residual_forward", {"residual": residual, "inp": inp, "weight": weight, "bias": bias},
+                      out={"residual_out": residual_out, "normed": normed, "mean": mean, "rstd": rstd})
+            return
+        self.call("residual_forward", {"inp1": residual, "inp2": inp}, out={"out": residual_out})
+        self.call("layernorm_forward", {"inp": residual_out, "weight": weight, "bias": bias},
+                  out={"out": normed, "mean": mean, "rstd": rstd})
 
     def _forward_classifier(self) -> None:
         cfg, p, a = self.config, self.p, self.acts
         L, V = cfg.num_layers, cfg.vocab_size
-        self.call("layernorm_forward", {"inp": a["residual3"][L - 1], "weight": p["lnfw"], "bias": p["lnfb"]},
-                  out={"out": a["lnf"], "mean": a["lnf_mean"], "rstd": a["lnf_rstd"]})
+        if not self.kernels.fused_residual:  # fused: the last layer's residual add wrote lnf
+            self.call("layernorm_forward", {"inp": a["residual3"][L - 1], "weight": p["lnfw"], "bias": p["lnfb"]},
+                      out={"out": a["lnf"], "mean": a["lnf_mean"], "rstd": a["lnf_rstd"]})
         self.call("matmul_forward", {"inp": a["lnf"], "weight": p["wte"], "bias": None}, out={"out": a["logits"]})
         if self.has_targets:
             # softmax + loss + dlogits, in place: the logits become dlogits (llm.c's fused classifier)
@@ -306,8 +396,13 @@ class GPT2:
             dbtc.fill(0)
             self.call("matmul_backward", {"dinp": dbtc, "dweight": g["attprojw"][l], "dbias": g["attprojb"][l],
                                           "dout": dres, "inp": a["atty"][l], "weight": p["attprojw"][l]})
-            self.call("attention_backward", {"dout": dbtc, "inp": a["qkv"][l], "att": a["att"][l], "NH": NH},
-                      out={"dinp": d["dqkv"], "datt": d["datt"], "dpreatt": d["dpreatt"]})
+            if self.kernels.flash:
+                self.call("flash_attention_backward", {"dout": dbtc, "inp": a["qkv"][l], "out": a["atty"][l],
+                                                       "lse": a["att_lse"][l], "NH": NH},
+                          out={"dinp": d["dqkv"]})
+            else:
+                self.call("attention_backward", {"dout": dbtc, "inp": a["qkv"][l], "att": a["att"][l], "NH": NH},
+                          out={"dinp": d["dqkv"], "datt": d["datt"], "dpreatt": d["dpreatt"]})
             dbtc.fill(0)
             self.call("matmul_backward", {"dinp": dbtc, "dweight": g["qkvw"][l], "dbias": g["qkvb"][l],
                                           "dout": d["dqkv"], "inp": a["ln1"][l], "weight": p["qkvw"][l]})

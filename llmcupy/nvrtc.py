@@ -231,6 +231,10 @@ def cuda_include_dirs() -> list[Path]:
         if cccl != runtime:
             dirs.append(cccl)
     dirs.append(runtime)
+    # crt/mma.h (behind <mma.h>, the wmma API) ships with nvcc, not with the runtime wheel
+    nvcc = _first_dir([r / "nvidia" / "cuda_nvcc" / "include" for r in roots])
+    if nvcc is not None and (nvcc / "crt" / "mma.h").is_file() and not (runtime / "crt" / "mma.h").is_file():
+        dirs.append(nvcc)
     return dirs
 
 

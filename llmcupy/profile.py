@@ -43,6 +43,7 @@ from .model import GPT2, ModelError
 from .runtime import backend as _backend
 from .runtime import blas
 from .runtime.module import LAUNCH_OBSERVERS
+from .runtime.module import launch_count
 from .train import build_parser as build_train_parser
 from .fileio import FileFormatError
 from .train import check_loss, kernel_choice, load_model
@@ -325,6 +326,9 @@ def print_report(report: dict) -> None:
     for o in s["by_op"]:
         print(f"  {o['op']:<22} {o['ms']:>10.3f} ms {o['pct']:>6.1f}%   {o['calls']:>5} calls")
     print()
+    if report.get("launches_per_step") is not None:
+        print(f"launches per step: {report['launches_per_step']} kernel launches from {report['op_calls_per_step']} "
+              "op calls (catalogue kernels; cuBLAS calls through xp.matmul not included)")
     what = "GPU step" if gpu else "emulator step (CPU time, not a GPU's)"
     print(f"{what}: {step_ms:.3f} ms, {report['tokens_per_s']:.0f} tok/s (B={report['B']}, T={report['T']}; "
           f"wall clock, synchronised)")
@@ -410,6 +414,7 @@ def _profile(args, scope: contextlib.ExitStack) -> dict:
 
     recorder = Recorder(gpu)
     step_times, losses = [], []
+    launches_before = launch_count()
     ops_registry.add_hook(recorder)
     LAUNCH_OBSERVERS.append(recorder)
     try:
@@ -423,6 +428,7 @@ def _profile(args, scope: contextlib.ExitStack) -> dict:
     finally:
         ops_registry.remove_hook(recorder)
         LAUNCH_OBSERVERS.remove(recorder)
+    launches_per_step = (launch_count() - launches_before) // args.steps
 
     unprofiled = None
     if gpu:  # the profiler's events cost a little host time: the same steps without them, for reference
@@ -472,6 +478,8 @@ def _profile(args, scope: contextlib.ExitStack) -> dict:
         "kernels": {op: n for op, n, _ in kernels.table()},
         "losses": [float(v) for v in losses],
         "step_ms": step_ms, "step_ms_each": step_times, "tokens_per_s": B * T / (step_ms * 1e-3),
+        "launches_per_step": launches_per_step,
+        "op_calls_per_step": int(round(sum(r["calls"] for r in summary["ops"]))),
         "unprofiled_step_ms": unprofiled,
         "cuda_graph_step_ms": graph_ms,
         "bounds": bounds, "summary": summary, "notes": notes,

@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=_backend.CHOICES, default=None)
     for op in STEP_OPS:
         p.add_argument(kernel_flag(op), dest=f"kernel_{op}", type=int, metavar="N", help=f"{op} version")
+    p.add_argument("--fused", action="store_true",
+                   help="every fusion (fused residual + LayerNorm, matmul with GELU epilogue, flash attention)")
     p.add_argument("--kernel", action="append", default=[], metavar="OP=N[:BLOCK]")
     return p
 

@@ -29,6 +29,7 @@ from .config import GPT2Config, PRESETS, init_params
 from .fileio import FileFormatError
 from .model import GPT2, STEP_OPS, KernelChoice, ModelError
 from .runtime import blas
+from .runtime.module import launch_count
 from .runtime import backend as _backend
 
 DEFAULT_TRAIN = "data/tinyshakespeare/tiny_shakespeare_train.bin"
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     k = p.add_argument_group("kernel versions (python -m llmcupy.kernel --list shows them)")
     for op in STEP_OPS:
         k.add_argument(kernel_flag(op), dest=f"kernel_{op}", type=int, metavar="N", help=f"{op} version")
+    k.add_argument("--fused", action="store_true",
+                   help="use every fusion (fused residual + LayerNorm, matmul with GELU epilogue, flash attention) "
+                        "at its default version unless chosen above")
     k.add_argument("--kernel", action="append", default=[], metavar="OP=N[:BLOCK]",
                    help="any step op's version (and block size), e.g. --kernel attention_backward=7 or "
                         "--kernel layernorm_forward=3:512; repeatable")
@@ -117,6 +121,8 @@ def kernel_choice(args) -> KernelChoice:
         except ValueError:
             raise ops_registry.OpError(f"--kernel {spec!r}: N and BLOCK must be integers") from None
         choice.set(op, number, block)   # outside the try: its OpError (a ValueError) says what is wrong
+    if getattr(args, "fused", False):
+        choice.select_fusions()
     return choice
 
 
@@ -494,7 +500,9 @@ def benchmark(model: GPT2, loader, args, run=None) -> int:
     steps = args.steps if args.steps is not None else 10
     times = []
     graph = None
+    launches = []
     for i in range(args.warmup + steps):
+        launches_before = launch_count()
         t0 = time.perf_counter()
         if args.cuda_graph:  # the first step captures (a warm-up step unless --warmup 0), then replays
             loss, graph = graph_step(model, graph, x, y, args, i + 1)
@@ -509,12 +517,17 @@ def benchmark(model: GPT2, loader, args, run=None) -> int:
         ms = (time.perf_counter() - t0) * 1e3
         if i >= args.warmup:
             times.append(ms)
+            launches.append(launch_count() - launches_before)
             print(f"step {i - args.warmup + 1:4d}/{steps}: train loss {loss:f} ({ms:f} ms, {int(B * T / (ms / 1e3))} tok/s)")
     mean, best = float(np.mean(times)), float(np.min(times))
     print(f"benchmark: B={B} T={T}, {steps} steps after {args.warmup} warm-up: mean {mean:.3f} ms/step, "
           f"min {best:.3f} ms/step, {B * T / (mean / 1e3):.0f} tok/s"
           + (" with the CUDA graph" + (" (emulated: eager launches)" if graph.emulated else "")
              if args.cuda_graph else ""))
+    replayed = args.cuda_graph and graph is not None and not graph.emulated
+    print(f"launches per step: {max(launches)} kernel launches"
+          + (" from the host (the graph replay launches the captured kernels itself)" if replayed
+             else " (catalogue kernels; cuBLAS calls through xp.matmul not included)"))
     if _backend.is_sim():
         print("(times are the CPU emulator's, not a GPU's)")
     return 0

@@ -20,7 +20,7 @@ def _check(a, out):
         assert r["ok"], r
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("oc_mult", [3, 1, 4])  # QKV, projection, MLP up (C = 32 here)
 def test_trainer_widths_and_call_path(version, oc_mult):
     a = _inputs(C=128, OC=128 * oc_mult)
@@ -29,7 +29,7 @@ def test_trainer_widths_and_call_path(version, oc_mult):
     _check(a, out)
 
 
-@pytest.mark.parametrize("version", [1, 2, 4])
+@pytest.mark.parametrize("version", [1, 2, 4, 5])
 def test_lm_head_without_bias_on_2d_input(version):
     a = _inputs(T=128, C=64, OC=256, has_bias=0)
     a["inp"] = a["inp"].reshape(128, 64)
@@ -101,7 +101,7 @@ def test_bound_and_baseline():
     np.testing.assert_allclose(got, a["inp"].reshape(4, 8).astype(np.float64) @ a["weight"].T, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 def test_writes_every_element_of_a_dirty_out_buffer(version):
     # the model passes its own activation buffer; nothing may be left from what was there
     a = _inputs(T=128, C=64, OC=128, has_bias=version % 2)
@@ -109,3 +109,48 @@ def test_writes_every_element_of_a_dirty_out_buffer(version):
     out = OP(a["inp"], a["weight"], a["bias"], version=version, out={"out": buf})
     assert out is buf
     _check(a, out)
+
+
+# -- version 5: the warp-tiled SGEMM -------------------------------------------------------------
+
+
+def test_version5_misaligned_operands_take_the_scalar_path():
+    # C % 4 == 0 but weight starts 4 bytes past a 16-byte boundary: the slabs must move as floats
+    a = _inputs(T=70, C=40, OC=90)
+    buf = np.zeros(a["weight"].size + 1, np.float32)
+    w = buf[1:].reshape(a["weight"].shape)
+    w[...] = a["weight"]
+    _check(a, OP(a["inp"], w, a["bias"], version=5))
+
+
+def test_version5_misaligned_output_takes_scalar_stores():
+    a = _inputs(T=9, C=16, OC=12)
+    buf = np.full(9 * 12 + 1, np.nan, np.float32)
+    out = buf[1:].reshape(1, 9, 12)
+    OP.run(5, dict(a), out={"out": out})
+    _check(a, out)
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse", "random"])
+def test_version5_register_staged_path(order, no_hazards):
+    # devices before sm_80 have no cp.async: the next slab goes through registers. The emulator
+    # defines __CUDA_ARCH__ 800, so build that path explicitly with -DMM5_ASYNC=0.
+    from llmcupy import sim
+    from llmcupy.runtime.module import kernels_dir
+
+    mod = llmcupy.RawModule(code=OP.source_code(), options=(f"-I{kernels_dir()}", "-DMM5_ASYNC=0"))
+    k = mod.get_function("matmul_forward_kernel5")
+    for sizes in ({"T": 130, "C": 37, "OC": 133}, {"B": 2, "T": 70, "C": 48, "OC": 129}):
+        a = _inputs(**sizes)
+        bt, c, oc = a["inp"].shape[0] * a["inp"].shape[1], a["inp"].shape[2], a["weight"].shape[0]
+        out = np.full((bt, oc), np.nan, np.float32)
+        with sim.settings(order=order, seed=3):
+            k(((oc + 127) // 128, (bt + 127) // 128), (256,),
+              (out, a["inp"], a["weight"], a["bias"], np.int32(bt), np.int32(c), np.int32(oc)))
+        _check(a, out.reshape(a["inp"].shape[:2] + (oc,)))
+
+
+def test_version5_gpt2_widths_through_the_trainer_sizes():
+    # C = 768-style widths at a small B*T: several 16-wide slabs, several column tiles
+    a = _inputs(T=64, C=192, OC=576)
+    _check(a, OP(a["inp"], a["weight"], a["bias"], version=5))

@@ -48,6 +48,8 @@ def test_table_is_printed_and_labelled_as_emulator_time(emulator_run):
         assert re.search(rf"^{name} +\d+ ", out, re.M), name
     assert "other (memsets, host)" in out
     assert "emulator step (CPU time, not a GPU's)" in out
+    m = re.search(r"^launches per step: (\d+) kernel launches from (\d+) op calls", out, re.M)
+    assert m and int(m.group(2)) == sum(expected_calls(2).values()) and int(m.group(1)) > 0
     for phase in profile.PHASES:
         assert re.search(rf"^  {phase} +[\d.]+ ms +[\d.]+%", out, re.M), phase
 

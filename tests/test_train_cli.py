@@ -235,6 +235,23 @@ def test_benchmark(small_train_args):
     assert m, out
     assert 0 < float(m.group(2)) <= float(m.group(1))
     assert "val loss" not in out and "generating" not in out
+    assert re.search(r"^launches per step: \d+ kernel launches", out, re.M), out
+
+
+def test_fused_benchmark_launches_fewer_kernels_with_the_same_loss(small_train_args):
+    runs = {}
+    for flags in ([], ["--fused"]):
+        rc, out, err = _train(["--init", "d1", "-b", 1, "-t", 16, "--benchmark", "--steps", 1, "--warmup", 1]
+                              + flags + small_train_args)
+        assert rc == 0, err
+        launches = int(re.search(r"^launches per step: (\d+) kernel launches", out, re.M).group(1))
+        runs[bool(flags)] = (_losses(out), launches, out)
+    (plain_losses, plain_launches, _), (fused_losses, fused_launches, fused_out) = runs[False], runs[True]
+    # d1: one layer; the fusions replace residual + layernorm twice, matmul + GELU and the attention ladder
+    assert fused_launches < plain_launches
+    assert fused_losses == pytest.approx(plain_losses, rel=1e-5)
+    for op in ("fused_residual_forward", "matmul_gelu_forward", "flash_attention_forward", "flash_attention_backward"):
+        assert op in fused_out
 
 
 # ---------------------------------------------------------------------------------------------

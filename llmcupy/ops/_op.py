@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..runtime import backend as _backend
+from ..runtime.module import TRUSTED as _TRUSTED
 from ..runtime.module import load_kernel_file
 
 ALL_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024)
@@ -159,6 +160,113 @@ def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None):
     return buf
 
 
+# -- the eager launch path: launch plans -------------------------------------------------------
+#
+# Checking a call (validate, requires, out= shapes, then every kernel argument against its C
+# signature) costs tens of microseconds of Python, as much as a GPU kernel at GPT-2's sizes: a
+# 124M step launches ~300 times. The checks depend only on the call's *plan key*: the version and
+# block size, each array's shape, dtype, contiguity and writability, the values of scalar inputs,
+# and whether the run is graph-safe. So ``Op.run`` checks a call the first time its key is seen
+# and records a ``_LaunchPlan``; later calls with the same key replay it: no validation (except
+# host checks, which read values), no constraint checks, no kernel-argument checks (the launches
+# run ``trusted``), outputs rebuilt from ``out=`` and the recorded aliases. Alignment is the one
+# property a key cannot see without an address (and a NumPy address costs a microsecond), so the
+# plan keeps the arrays whose addresses the checks looked at (``address()`` records them) and
+# compares their alignment on every replay. Any change of shape, dtype, layout, alignment or
+# version takes the checked path again and records a new plan.
+
+_MAX_PLANS = 1024                # per op: a caller cycling through endless shapes stays bounded
+_RECORDING = [False]             # True while a checked run records the arrays address() looks at
+_RECORDED_ADDRESSES: set = set()
+
+
+class _Unplannable(Exception):
+    """An argument the plan key cannot describe (the call then always takes the checked path)."""
+
+
+def _describe(a):
+    if a is None:
+        return None
+    if type(a) is np.ndarray:
+        f = a.flags
+        return (a.shape, a.dtype, f.c_contiguous, f.writeable)
+    shape = getattr(a, "shape", None)
+    if shape is not None and hasattr(a, "flags"):
+        return (type(a), shape, a.dtype, a.flags.c_contiguous)
+    if isinstance(a, (bool, int, float, str, np.generic)):
+        return (type(a), a)  # a scalar input (NH, V): the checks may depend on its value
+    raise _Unplannable
+
+
+def _plan_key(number, block_size, graph_safe_run: bool, arrays: dict, out: dict | None):
+    try:
+        return (_backend.get_backend(), number, block_size, graph_safe_run,
+                tuple([(k, _describe(a)) for k, a in arrays.items()]),
+                None if out is None else tuple([(k, _describe(a)) for k, a in out.items()]))
+    except (_Unplannable, TypeError):  # TypeError: an unhashable scalar
+        return None
+
+
+def _alignment(x) -> int:
+    """The largest power of two (up to 256) that divides x's address."""
+    addr = _raw_address(x) & 255
+    return addr & -addr if addr else 256
+
+
+@dataclass
+class _LaunchPlan:
+    version: Version
+    block_size: int | None
+    aliases: tuple               # (output name, input name) pairs: outputs updated in place
+    alignments: tuple            # (where, name, alignment): arrays whose addresses the checks read
+
+    @classmethod
+    def record(cls, v: Version, block_size, arrays: dict, out: dict | None, aliases) -> "_LaunchPlan":
+        bs = v.default_block_size if block_size is None else int(block_size)
+        seen = []
+        for where, d in (("arrays", arrays), ("out", out or {})):
+            for name, a in d.items():
+                if a is not None and id(a) in _RECORDED_ADDRESSES:
+                    seen.append((where, name, _alignment(a)))
+        return cls(v, bs, aliases, tuple(seen))
+
+    def aligned_as_before(self, arrays: dict, out: dict | None) -> bool:
+        # at least as aligned as the checked call was: the alignment checks would pass again
+        for where, name, alignment in self.alignments:
+            a = (arrays if where == "arrays" else out).get(name)
+            if a is None or _alignment(a) < alignment:
+                return False
+        return True
+
+
+_PLANS_ENABLED = [True]
+
+
+@contextlib.contextmanager
+def launch_plans(enabled: bool):
+    """``with launch_plans(False): ...`` checks every call in full (the launch benchmark's baseline)."""
+    previous = _PLANS_ENABLED[0]
+    _PLANS_ENABLED[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _PLANS_ENABLED[0] = previous
+
+
+def plans_cached() -> int:
+    """How many launch plans the ops hold (for tests and the launch benchmark)."""
+    from . import _discover
+
+    return sum(len(op._plans) for op in _discover().values())
+
+
+def clear_plans() -> None:
+    from . import _discover
+
+    for op in _discover().values():
+        op._plans.clear()
+
+
 class _NoAllocation:
     """The array module a graph-safe ``Op.run`` hands ``allocate``: aliasing outputs pass, allocating fails."""
 
@@ -245,6 +353,7 @@ class Op:
     bound: Bound | None = None
     notes: str = ""
     extra: dict = field(default_factory=dict)
+    _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -305,7 +414,65 @@ class Op:
         None follows ``host_checks_enabled()``. Inside ``graph_safe(...)`` the op may not allocate
         outputs, its scratch comes from the workspace and the launch hooks (profiler) are skipped.
         """
-        v = self.version(self.default_version if version is None else version)
+        graph_safe_run = _WORKSPACE[0] is not None
+        number = self.default_version if version is None else version
+        key = _plan_key(number, block_size, graph_safe_run, arrays, out) if _PLANS_ENABLED[0] else None
+        plan = self._plans.get(key) if key is not None else None
+        if plan is not None and plan.aligned_as_before(arrays, out):
+            return self._replay(plan, arrays, out, host_checks, graph_safe_run)
+        _RECORDED_ADDRESSES.clear()
+        _RECORDING[0] = True
+        try:
+            outputs, aliases = self._checked_run(number, arrays, block_size, out, host_checks, graph_safe_run)
+        finally:
+            _RECORDING[0] = False
+        if key is not None and aliases is not None:
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()  # a caller cycling through endless shapes: keep memory bounded
+            self._plans[key] = _LaunchPlan.record(self.versions[int(number)], block_size, arrays, out, aliases)
+        return outputs
+
+    def _replay(self, plan, arrays, out, host_checks, graph_safe_run) -> dict:
+        """The launch path of a call whose checks passed before for the same plan key (see ``_LaunchPlan``)."""
+        v, bs = plan.version, plan.block_size
+        if self.validate_fn is not None and (_HOST_CHECKS[0] if host_checks is None else host_checks):
+            # host checks read array *values* (token ids), which the key does not cover: run them again
+            if host_checks is None:
+                self.validate_fn(arrays)
+            else:
+                with _host_checks_cm(host_checks):
+                    self.validate_fn(arrays)
+        if out is None:
+            outputs = self.allocate_fn(_NoAllocation(self.name) if graph_safe_run else _backend.xp(), arrays)
+        else:
+            outputs = dict(out)
+            for name, source in plan.aliases:
+                outputs[name] = arrays[source]
+        merged = {**arrays, **outputs}
+        hooks = None if graph_safe_run else _HOOKS
+        with _TRUSTED:
+            if hooks or _backend.get_backend() == "cuda":
+                self._launch_observed(v, bs, merged, hooks or ())
+            else:
+                v.launch(merged, bs)
+        return outputs
+
+    def _launch_observed(self, v, bs, merged, hooks) -> None:
+        with contextlib.ExitStack() as stack:
+            if _backend.get_backend() == "cuda":
+                # an NVTX range per op, so Nsight Systems shows the step op by op
+                from cupyx.profiler import time_range
+
+                stack.enter_context(time_range(f"{self.name} v{v.number}"))
+            for hook in list(hooks):
+                stack.enter_context(hook(self, v.number, bs, merged))
+            v.launch(merged, bs)
+
+    def _checked_run(self, version, arrays, block_size, out, host_checks, graph_safe_run):
+        """Every check, then the launch. Returns the outputs and, for a plan, which outputs alias
+        which inputs (None when a replay could not rebuild the outputs: one was allocated)."""
+        aliases = []
+        v = self.version(version)
         if not v.available:
             raise OpError(f"{self.name} version {v.number} is unavailable: {v.unavailable}")
         if self.validate_fn is not None:
@@ -323,7 +490,6 @@ class Op:
             problem = v.requires(arrays, bs)
             if problem:
                 raise OpError(f"{self.name} version {v.number}: {problem}")
-        graph_safe_run = _WORKSPACE[0] is not None
         if out is None:
             outputs = self.allocate_fn(_NoAllocation(self.name) if graph_safe_run else _backend.xp(), arrays)
         else:
@@ -337,26 +503,24 @@ class Op:
                     continue
                 if not isinstance(like, _Meta):
                     outputs[name] = like  # an input updated in place
+                    source = next((k for k, a in arrays.items() if a is like), None)
+                    if source is None:
+                        aliases = None
+                    elif aliases is not None:
+                        aliases.append((name, source))
                 elif graph_safe_run:
                     _NoAllocation(self.name).empty()
                 else:
                     # (only when missing: setdefault(name, xp.empty(...)) allocated a throwaway buffer per call)
                     outputs[name] = _backend.xp().empty(like.shape, like.dtype)
+                    aliases = None
         merged = {**arrays, **outputs}
         hooks = [] if graph_safe_run else list(_HOOKS)
         if hooks or _backend.get_backend() == "cuda":
-            with contextlib.ExitStack() as stack:
-                if _backend.get_backend() == "cuda":
-                    # an NVTX range per op, so Nsight Systems shows the step op by op
-                    from cupyx.profiler import time_range
-
-                    stack.enter_context(time_range(f"{self.name} v{v.number}"))
-                for hook in hooks:
-                    stack.enter_context(hook(self, v.number, bs, merged))
-                v.launch(merged, bs)
+            self._launch_observed(v, bs, merged, hooks)
         else:
             v.launch(merged, bs)
-        return outputs
+        return outputs, (tuple(aliases) if aliases is not None else None)
 
     def __call__(self, *args, version: int | None = None, block_size: int | None = None, out: dict | None = None,
                  **kwargs):
@@ -521,6 +685,12 @@ def address(x) -> int:
     For alignment checks: a float4 (128-bit) load or store needs a 16-byte aligned address, and a
     view such as ``buf[1:]`` starts 4 bytes past its base.
     """
+    if _RECORDING[0]:
+        _RECORDED_ADDRESSES.add(id(x))  # a launch plan must re-check this array's alignment
+    return _raw_address(x)
+
+
+def _raw_address(x) -> int:
     ptr = getattr(getattr(x, "data", None), "ptr", None)  # CuPy: x.data is a MemoryPointer
     return int(ptr) if ptr is not None else int(x.ctypes.data)
 
@@ -538,6 +708,14 @@ def misaligned(arrays: dict, names, align: int = 16, use: str = "float4 loads/st
 
 def kernel_of(op_name: str, kernel_name: str):
     """The kernel ``kernel_name`` of op ``op_name``'s .cu file (compiled on first use), ready to launch."""
-    from . import get  # imported here: the registry imports the op modules, which import this one
+    # cached per backend: the registry, module and function lookups cost microseconds per launch
+    key = (op_name, kernel_name, _backend.get_backend())
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        from . import get  # imported here: the registry imports the op modules, which import this one
 
-    return get(op_name).kernel(kernel_name)
+        kernel = _KERNELS[key] = get(op_name).kernel(kernel_name)
+    return kernel
+
+
+_KERNELS: dict = {}

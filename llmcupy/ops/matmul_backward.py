@@ -86,6 +86,28 @@ def _launch_v1(a, bs):
             (oc,), (bs,), (a["dbias"], a["dout"], np.int32(bt), np.int32(oc)), shared_mem=4 * bs)
 
 
+def _launch_v2(a, bs):
+    # both GEMMs on matmul_forward v5's kernel (accumulating epilogue); it wants K-contiguous
+    # operands (out = A @ B^T), so the K-major ones are copied transposed into scratch first
+    bt, c, oc = _dims(a)
+    dout2d = a["dout"].reshape(bt, oc)
+    inp2d = a["inp"].reshape(bt, c)
+    gemm = kernel_of("matmul_forward", "matmul_backward_gemm_kernel2")
+    w_t = scratch("matmul_backward", "weight_t", (c, oc))
+    w_t[...] = a["weight"].T
+    gemm(((c + 127) // 128, (bt + 127) // 128), (256,),
+         (a["dinp"], dout2d, w_t, np.int32(bt), np.int32(oc), np.int32(c)))
+    dout_t = scratch("matmul_backward", "dout_t", (oc, bt))
+    dout_t[...] = dout2d.T
+    inp_t = scratch("matmul_backward", "inp_t", (c, bt))
+    inp_t[...] = inp2d.T
+    gemm(((c + 127) // 128, (oc + 127) // 128), (256,),
+         (a["dweight"], dout_t, inp_t, np.int32(oc), np.int32(bt), np.int32(c)))
+    if a["dbias"] is not None:
+        kernel_of("matmul_backward", "matmul_backward_bias_kernel1")(
+            (oc,), (bs,), (a["dbias"], a["dout"], np.int32(bt), np.int32(oc)), shared_mem=4 * bs)
+
+
 def _power_of_two(a, bs):
     return None if bs & (bs - 1) == 0 else f"block size {bs} must be a power of two (tree reduction)"
 
@@ -112,6 +134,9 @@ OP = Op(
     versions={
         1: Version(1, "two cuBLAS SGEMMs (runtime.blas, beta = 1) + bias: block per channel, double sums, tree",
                    _launch_v1, block_sizes=(512,), default_block_size=512, requires=_power_of_two),
+        2: Version(2, "both GEMMs on matmul_forward v5's warp-tiled kernel with an accumulating epilogue "
+                      "(transposed copies of the K-major operands) + version 1's bias kernel",
+                   _launch_v2, block_sizes=(512,), default_block_size=512, requires=_power_of_two),
     },
     default_version=1,
     reference_fn=reference,
@@ -124,6 +149,7 @@ OP = Op(
         {"B": 1, "T": 1, "C": 7, "OC": 5},       # a single row, nothing a power of two
         {"B": 2, "T": 37, "C": 24, "OC": 40},    # rows not a multiple of anything
         {"B": 3, "T": 200, "C": 33, "OC": 12},   # B*T = 600 > 512: threads sum several rows
+        {"B": 1, "T": 130, "C": 136, "OC": 132, "has_bias": 0},  # v2: past 128-tiles in all three dims
     ],
     tolerance={"dinp": _TOL, "dweight": _TOL, "dbias": _TOL},
     tolerance_note=(

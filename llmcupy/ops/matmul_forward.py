@@ -4,7 +4,8 @@ Call path: ``op(inp, weight, bias, version=N)`` with inp (B, T, C) or (N, C), we
 bias (OC,) or None; returns out with inp's leading dimensions and OC columns.
 
 Block sizes are llm.c's "sqrt block sizes": a block size s here means an s x s block (s*s threads).
-Versions 1 and 2 sweep s in {4, 8, 16, 32} (16 to 1024 threads); version 4 always runs 16 x 16.
+Versions 1 and 2 sweep s in {4, 8, 16, 32} (16 to 1024 threads); version 4 always runs 16 x 16;
+version 5 always runs 256 threads (a 1-D block: its tiling is fixed by the kernel).
 """
 
 from __future__ import annotations
@@ -93,6 +94,13 @@ def _launch_v4(a, s):
                                       (a["out"], a["inp"], a["weight"], a["bias"], np.int32(c), np.int32(oc)))
 
 
+def _launch_v5(a, s):
+    bt, c, oc = _dims(a)
+    _kernel("matmul_forward_kernel5")(((oc + 127) // 128, (bt + 127) // 128), (256,),
+                                      (a["out"], a["inp"], a["weight"], a["bias"],
+                                       np.int32(bt), np.int32(c), np.int32(oc)))
+
+
 def _requires_v4(a, s):
     bt, c, oc = _dims(a)
     problems = []
@@ -133,6 +141,9 @@ OP = Op(
                    _launch_v3, block_sizes=(16,), default_block_size=16),
         4: Version(4, "128x128 tiles, 8x8 outputs per thread, float4 loads via shared memory (16x16 threads)",
                    _launch_v4, block_sizes=(16,), default_block_size=16, requires=_requires_v4),
+        5: Version(5, "warp-tiled SIMT SGEMM: 128x128 block / 64x32 warp / 8x8 thread tiles, double-buffered "
+                      "cp.async (sm_80+) slabs, bias epilogue, any shape (256 threads)",
+                   _launch_v5, block_sizes=(256,), default_block_size=256),
     },
     default_version=2,
     reference_fn=reference,
@@ -146,6 +157,8 @@ OP = Op(
         {"B": 2, "T": 5, "C": 24, "OC": 37, "has_bias": 0},     # no bias (the LM head's case)
         {"B": 1, "T": 128, "C": 96, "OC": 128},                 # one 128x128 tile, three C-chunks
         {"B": 2, "T": 128, "C": 64, "OC": 256, "has_bias": 0},  # 2x2 tiles, two C-chunks, no bias
+        {"B": 1, "T": 130, "C": 37, "OC": 133},                 # past every tile (128 rows/cols, 16-wide slab), C % 4 != 0
+        {"B": 3, "T": 47, "C": 52, "OC": 260, "has_bias": 0},   # float4 slabs with a partial last slab, OC % 128 != 0
     ],
     tolerance={"out": (1e-3, float(np.finfo(np.float32).eps))},
     tolerance_note=(

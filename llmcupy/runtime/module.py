@@ -18,7 +18,10 @@ import numpy as np
 
 from ..sim import compiler as sim_compiler
 from . import backend as _backend
-from .signature import KernelArgumentError, Param, check_arguments, parse_compiled_signature, parse_signature
+from .signature import (POINTEE_TYPES, KernelArgumentError, Param, check_arguments, parse_compiled_signature,
+                        parse_signature)
+
+_NULL = np.uint64(0)  # a null pointer argument on the cuda backend (see signature._check_pointer)
 
 # llm.c compiles its kernels with these numerics.
 DEFAULT_OPTIONS = ("--use_fast_math", "-std=c++17")
@@ -46,6 +49,80 @@ def _dims(value, what: str, kernel: str) -> tuple[int, int, int]:
     if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
         raise KernelArgumentError(f"{kernel}: {what} must be 1-3 positive ints, got {value!r}")
     return dims + (1,) * (3 - len(dims))
+
+
+class _Trusted:
+    """``with TRUSTED:`` launches skip the per-argument checks against the C signature.
+
+    Only for callers that checked the same call before: ``Op.run`` replaying a launch plan (the
+    arguments have the shapes, dtypes, layout and alignment that passed the checks). The vector
+    pointees' alignment (``float4*``) is still checked, since it is a property of each address.
+    """
+
+    depth = 0
+
+    def __enter__(self):
+        _Trusted.depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        _Trusted.depth -= 1
+        return False
+
+
+TRUSTED = _Trusted()
+
+# Kernel launches since the process started (every backend): the trainer's launches per step.
+LAUNCHES = [0]
+
+
+def launch_count() -> int:
+    return LAUNCHES[0]
+
+
+class _Stubbed:
+    """``with STUBBED:`` every check and all the Python of a launch run, but not the kernel itself.
+
+    For measuring the host cost of the launch path without a GPU (``python -m llmcupy.launchbench``);
+    outputs are left as they were.
+    """
+
+    depth = 0
+
+    def __enter__(self):
+        _Stubbed.depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        _Stubbed.depth -= 1
+        return False
+
+
+STUBBED = _Stubbed()
+
+
+def _pad3(dims) -> tuple:
+    if type(dims) is tuple:
+        n = len(dims)
+        if n == 3:
+            return dims
+        if n == 2:
+            return (dims[0], dims[1], 1)
+        if n == 1:
+            return (dims[0], 1, 1)
+    return _dims(dims, "grid/block", "kernel")
+
+
+_sim_launcher = None
+
+
+def _sim_launch(entry, name, grid3, block3, args, shared_mem) -> None:
+    global _sim_launcher
+    if _sim_launcher is None:
+        from ..sim import launcher as _sim_launcher_module
+
+        _sim_launcher = _sim_launcher_module
+    _sim_launcher.launch(entry, name, grid3, block3, args, shared_mem)
 
 
 class RawKernel:
@@ -88,7 +165,43 @@ class RawKernel:
     def __repr__(self) -> str:
         return f"<llmcupy.RawKernel {self.signature} on {self.backend}>"
 
+    def _aligned_params(self) -> list:
+        # (index, alignment) of the pointer parameters whose pointee needs more than 4 bytes
+        found = self.__dict__.get("_aligned")
+        if found is None:
+            found = self._aligned = [(i, POINTEE_TYPES[p.pointee][1]) for i, p in enumerate(self.params)
+                                     if p.is_pointer and POINTEE_TYPES.get(p.pointee, (None, 1))[1] > 4]
+        return found
+
+    def _launch_trusted(self, grid, block, args, shared_mem: int, stream) -> None:
+        LAUNCHES[0] += 1
+        if len(args) != len(self.params):
+            raise KernelArgumentError(f"{self.name}: takes {len(self.params)} argument(s), {len(args)} were given")
+        for i, align in self._aligned_params():
+            a = args[i]
+            if a is not None:
+                address = a.data.ptr if self.backend == "cuda" else a.ctypes.data
+                if address % align:
+                    raise KernelArgumentError(f"{self.name}: argument {i} ({self.params[i].describe()}): address "
+                                              f"{address:#x} is not {align}-byte aligned")
+        if _Stubbed.depth:
+            return
+        if self.backend == "cuda":
+            prepared = tuple([_NULL if a is None else a for a in args])
+            if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
+                self._kernel.max_dynamic_shared_size_bytes = int(shared_mem)
+                self.max_dynamic_shared_size_bytes = int(shared_mem)
+            if stream is None:
+                self._kernel(_pad3(grid), _pad3(block), prepared, shared_mem=shared_mem)
+            else:
+                self._kernel(_pad3(grid), _pad3(block), prepared, shared_mem=shared_mem, stream=stream)
+        else:
+            _sim_launch(self._entry, self.name, _pad3(grid), _pad3(block), list(args), int(shared_mem))
+
     def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None):
+        if _Trusted.depth:
+            return self._launch_trusted(grid, block, args, shared_mem, stream)
+        LAUNCHES[0] += 1
         grid3 = _dims(grid, "grid", self.name)
         block3 = _dims(block, "block", self.name)
         threads = block3[0] * block3[1] * block3[2]
@@ -97,6 +210,8 @@ class RawKernel:
         if not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
             raise KernelArgumentError(f"{self.name}: shared_mem must be a non-negative int, got {shared_mem!r}")
         prepared = check_arguments(self.name, self.params, args, self.backend)
+        if _Stubbed.depth:
+            return
         if self.backend == "cuda":
             if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
                 # Above 48 KiB CUDA wants an explicit opt-in per kernel.
@@ -114,9 +229,7 @@ class RawKernel:
         else:
             if shared_mem > 227 * 1024:
                 raise KernelArgumentError(f"{self.name}: {shared_mem} bytes of shared memory exceed any GPU's 227 KiB")
-            from ..sim.launcher import launch
-
-            launch(self._entry, self.name, grid3, block3, prepared, int(shared_mem))
+            _sim_launch(self._entry, self.name, grid3, block3, prepared, int(shared_mem))
 
 
 class RawModule:
