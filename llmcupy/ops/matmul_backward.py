@@ -13,7 +13,7 @@ import numpy as np
 
 from ..runtime import backend as _backend
 from ..runtime import blas
-from ._op import Bound, Op, Version, check_float32, kernel_of, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, need, scratch
 
 SOURCE = "matmul_backward.cu"
 
