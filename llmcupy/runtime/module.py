@@ -97,7 +97,8 @@ class RawKernel:
                 raise KernelArgumentError(f"{self.name}: {shared_mem} bytes of shared memory exceed any GPU's 227 KiB")
             from ..sim.launcher import launch
 
-            launch(self._entry, self.name, grid3, block3, prepared, int(shared_mem))
+            launch(self._entry, self.name, grid3, block3, prepared, int(shared_mem),
+                   self.module._sim_library.stack_bytes)
 
 
 class RawModule:
