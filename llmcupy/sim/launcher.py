@@ -133,8 +133,9 @@ def reset_hazards() -> None:
 class SimLibrary:
     """A compiled source: one entry point and one signature per kernel name."""
 
-    def __init__(self, code: str, kernels: list[str], options=(), filename: str = "kernel.cu"):
-        self.path = build_library(code, kernels, options, filename)
+    def __init__(self, code: str, kernels: list[str], options=(), filename: str = "kernel.cu", variables=()):
+        self.path = build_library(code, kernels, options, filename, list(variables))
+        self._variables = {name: i for i, name in enumerate(variables)}
         self._lib = ctypes.CDLL(str(self.path))
         self._index = {name: i for i, name in enumerate(kernels)}
         self.stack_bytes = stack_requirement(self.path)
@@ -143,6 +144,14 @@ class SimLibrary:
         fn = getattr(self._lib, f"llmcupy_sim_signature_{self._index[name]}")
         fn.restype = ctypes.c_char_p
         return fn().decode()
+
+    def global_address(self, name: str) -> tuple[int, int]:
+        """Address and size in bytes of a ``__constant__`` / ``__device__`` variable."""
+        fn = getattr(self._lib, f"llmcupy_sim_global_{self._variables[name]}")
+        fn.restype = ctypes.c_void_p
+        size = ctypes.c_ulonglong(0)
+        ptr = fn(ctypes.byref(size))
+        return int(ptr), int(size.value)
 
     def launcher(self, name: str):
         fn = getattr(self._lib, f"llmcupy_sim_entry_{self._index[name]}")

@@ -1039,11 +1039,16 @@ inline void describe_threads(Worker* w, Fiber* running) {
                w->fibers[t_end + 1].wait_what == f.wait_what)
             ++t_end;
         const char* verb = &f == running ? "were running, last seen at" : f.state == READY ? "last seen at" : "wait at";
+        char who[48];
+        if (t == t_end) std::snprintf(who, sizeof who, "thread %d", t);
+        else std::snprintf(who, sizeof who, "threads %d-%d", t, t_end);
         if (f.wait_line == 0 && f.state == READY)
-            std::snprintf(line, sizeof line, "  threads %d-%d %s the kernel's start (no sync point reached)\n", t, t_end,
-                          &f == running ? "were running from" : "had not left");
+            std::snprintf(line, sizeof line, "  %s %s the kernel's start (no sync point reached)\n", who,
+                          &f == running ? "ran from" : "had not left");
+        else if (f.wait_line == 0)
+            std::snprintf(line, sizeof line, "  %s %s %s\n", who, verb, f.wait_what);
         else
-            std::snprintf(line, sizeof line, "  threads %d-%d %s %s (line %d)\n", t, t_end, verb, f.wait_what, f.wait_line);
+            std::snprintf(line, sizeof line, "  %s %s %s (line %d)\n", who, verb, f.wait_what, f.wait_line);
         append_message(&w->counters, line);
         ++shown;
         t = t_end;
@@ -1071,7 +1076,9 @@ inline void report_timeout(Worker* w, Fiber* running) {
                   w->block_idx.z);
     append_message(&w->counters, line);
     describe_threads(w, running);
-    append_message(&w->counters, "(llmcupy.sim.settings(timeout=SECONDS) or LLMCUPY_SIM_TIMEOUT changes the limit; 0 turns it off)\n");
+    append_message(&w->counters, "A thread spinning on a plain variable never sees another thread's write in the emulator "
+                                 "(declare the flag volatile, or use an atomic). "
+                                 "llmcupy.sim.settings(timeout=SECONDS) or LLMCUPY_SIM_TIMEOUT changes the limit; 0 turns it off.\n");
     w->counters.timed_out = 1;
 }
 
