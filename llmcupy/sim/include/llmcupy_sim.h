@@ -566,6 +566,50 @@ inline int __any_sync(unsigned mask, int pred, int line = __builtin_LINE()) {
         if ((mask & (1u << l)) && llmcupy_sim::read_lane(g, l, 0)) return 1;
     return 0;
 }
+inline int __uni_sync(unsigned mask, int pred, int line = __builtin_LINE()) {
+    return __all_sync(mask, pred, line) || !__any_sync(mask, pred, line);
+}
+// __match_*_sync and __reduce_*_sync (sm_70 / sm_80): an all-gather of the mask's lanes.
+template <typename T>
+inline unsigned __match_any_sync(unsigned mask, T v, int line = __builtin_LINE()) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "__match_any_sync takes 32- or 64-bit values");
+    const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__match_any_sync", llmcupy_sim::COLL_SHFL);
+    unsigned out = 0;
+    for (int l = 0; l < 32; ++l)
+        if ((mask & (1u << l)) && std::memcmp(g.value[l], &v, sizeof(T)) == 0 && (g.valid & (1u << l))) out |= 1u << l;
+    return out;
+}
+template <typename T>
+inline unsigned __match_all_sync(unsigned mask, T v, int* pred, int line = __builtin_LINE()) {
+    unsigned same = __match_any_sync(mask, v, line);
+    *pred = same == (mask & llmcupy_sim::tls_worker->gathers[llmcupy_sim::tls_worker->cur->warp].valid);
+    return *pred ? mask : 0u;
+}
+namespace llmcupy_sim {
+template <typename T, typename Op>
+inline T warp_fold(unsigned mask, T v, Op op, int line, const char* what) {
+    const auto& g = warp_exchange(mask, &v, sizeof(T), line, what, COLL_SHFL);
+    bool first = true;
+    T acc = v;
+    for (int l = 0; l < 32; ++l) {
+        if (!(mask & (1u << l))) continue;
+        T x = read_lane(g, l, v);
+        acc = first ? x : op(acc, x);
+        first = false;
+    }
+    return acc;
+}
+}  // namespace llmcupy_sim
+inline unsigned __reduce_add_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a + b; }, line, "__reduce_add_sync"); }
+inline int __reduce_add_sync(unsigned m, int v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](int a, int b) { return int(unsigned(a) + unsigned(b)); }, line, "__reduce_add_sync"); }
+inline unsigned __reduce_min_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a < b ? a : b; }, line, "__reduce_min_sync"); }
+inline int __reduce_min_sync(unsigned m, int v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](int a, int b) { return a < b ? a : b; }, line, "__reduce_min_sync"); }
+inline unsigned __reduce_max_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a > b ? a : b; }, line, "__reduce_max_sync"); }
+inline int __reduce_max_sync(unsigned m, int v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](int a, int b) { return a > b ? a : b; }, line, "__reduce_max_sync"); }
+inline unsigned __reduce_and_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a & b; }, line, "__reduce_and_sync"); }
+inline unsigned __reduce_or_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a | b; }, line, "__reduce_or_sync"); }
+inline unsigned __reduce_xor_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a ^ b; }, line, "__reduce_xor_sync"); }
+
 // The lanes converged at this call: the scheduler releases it only when no other collective of the
 // warp can proceed, and then together with every lane of the warp waiting at the same call site, so
 // the answer is the largest group a GPU could have converged there (never lanes elsewhere).
@@ -1236,6 +1280,26 @@ inline void watchdog_handler(int, siginfo_t*, void* uctx) {
     std::abort();  // never resumed
 }
 
+// A feature the emulator cannot honour, met at run time: the launch stops with an error saying so.
+[[noreturn]] inline void device_unsupported(const char* what, int line) {
+    Worker* w = tls_worker;
+    if (w == nullptr || w->cur == nullptr || !w->in_fiber) {
+        std::fprintf(stderr, "llmcupy sim: %s\n", what);
+        std::abort();
+    }
+    Fiber* f = w->cur;
+    char msg[512];
+    std::snprintf(msg, sizeof msg, "kernel %s uses %s (line %d, block (%u,%u,%u), thread (%u,%u,%u))\n",
+                  w->kernel_name, what, line, w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y,
+                  f->tid.z);
+    if (!w->counters.error) append_message(&w->counters, msg);
+    w->counters.error = 1;
+    w->abandoned = true;
+    f->state = DONE;
+    switch_to_scheduler(w, true);
+    std::abort();  // never resumed
+}
+
 struct AltStack {
     std::vector<char> mem;
     AltStack() : mem(1 << 16) {
@@ -1290,9 +1354,10 @@ inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>
     total->barrier_after_exit += w->counters.barrier_after_exit;
     total->exited_lane_reads += w->counters.exited_lane_reads;
     bool failed = w->counters.deadlock || w->counters.assert_failed || w->counters.timed_out ||
-                  w->counters.shared_overflow;
-    bool reported = total->deadlock || total->assert_failed || total->timed_out || total->shared_overflow;
+                  w->counters.shared_overflow || w->counters.error;
+    bool reported = total->deadlock || total->assert_failed || total->timed_out || total->shared_overflow || total->error;
     if (failed && !reported) {
+        total->error = w->counters.error;
         total->deadlock = w->counters.deadlock;
         total->assert_failed = w->counters.assert_failed;
         total->timed_out = w->counters.timed_out;
@@ -1483,7 +1548,11 @@ LLMCUPY_SIM_TYPE_NAME(long long) LLMCUPY_SIM_TYPE_NAME(unsigned long long) LLMCU
 LLMCUPY_SIM_TYPE_NAME(char) LLMCUPY_SIM_TYPE_NAME(signed char) LLMCUPY_SIM_TYPE_NAME(unsigned char)
 LLMCUPY_SIM_TYPE_NAME(short) LLMCUPY_SIM_TYPE_NAME(unsigned short) LLMCUPY_SIM_TYPE_NAME(void)
 LLMCUPY_SIM_TYPE_NAME(float2) LLMCUPY_SIM_TYPE_NAME(float4) LLMCUPY_SIM_TYPE_NAME(int2)
-LLMCUPY_SIM_TYPE_NAME(int4) LLMCUPY_SIM_TYPE_NAME(double2)
+LLMCUPY_SIM_TYPE_NAME(int4) LLMCUPY_SIM_TYPE_NAME(double2) LLMCUPY_SIM_TYPE_NAME(uchar4) LLMCUPY_SIM_TYPE_NAME(char4)
+LLMCUPY_SIM_TYPE_NAME(uchar2) LLMCUPY_SIM_TYPE_NAME(short2) LLMCUPY_SIM_TYPE_NAME(ushort2) LLMCUPY_SIM_TYPE_NAME(short4)
+LLMCUPY_SIM_TYPE_NAME(uint2) LLMCUPY_SIM_TYPE_NAME(uint4) LLMCUPY_SIM_TYPE_NAME(float3) LLMCUPY_SIM_TYPE_NAME(int3)
+LLMCUPY_SIM_TYPE_NAME(double4) LLMCUPY_SIM_TYPE_NAME(longlong2) LLMCUPY_SIM_TYPE_NAME(ulonglong2)
+LLMCUPY_SIM_TYPE_NAME(float1) LLMCUPY_SIM_TYPE_NAME(int1)
 #undef LLMCUPY_SIM_TYPE_NAME
 
 template <typename T>
