@@ -1082,7 +1082,9 @@ inline void describe_threads(Worker* w, Fiber* running) {
                w->fibers[t_end + 1].state == f.state && w->fibers[t_end + 1].wait_line == f.wait_line &&
                w->fibers[t_end + 1].wait_what == f.wait_what)
             ++t_end;
-        const char* verb = &f == running ? "were running, last seen at" : f.state == READY ? "last seen at" : "wait at";
+        const char* verb = &f == running ? ": running, last seen at"
+                           : f.state == READY ? ": last seen at"
+                           : t == t_end ? " waits at" : " wait at";
         char who[48];
         if (t == t_end) std::snprintf(who, sizeof who, "thread %d", t);
         else std::snprintf(who, sizeof who, "threads %d-%d", t, t_end);
@@ -1090,9 +1092,9 @@ inline void describe_threads(Worker* w, Fiber* running) {
             std::snprintf(line, sizeof line, "  %s %s the kernel's start (no sync point reached)\n", who,
                           &f == running ? "ran from" : "had not left");
         else if (f.wait_line == 0)
-            std::snprintf(line, sizeof line, "  %s %s %s\n", who, verb, f.wait_what);
+            std::snprintf(line, sizeof line, "  %s%s %s\n", who, verb, f.wait_what);
         else
-            std::snprintf(line, sizeof line, "  %s %s %s (line %d)\n", who, verb, f.wait_what, f.wait_line);
+            std::snprintf(line, sizeof line, "  %s%s %s (line %d)\n", who, verb, f.wait_what, f.wait_line);
         append_message(&w->counters, line);
         ++shown;
         t = t_end;
