@@ -801,3 +801,157 @@ def test_unknown_inline_ptx_is_refused_naming_instruction_and_line():
         llmcupy.RawModule(code=code, target="sim", filename="vote.cu")
     text = str(info.value)
     assert "vote.cu:3" in text and "inline PTX 'vote.sync.all.pred p, q, 0xffffffff' is not supported" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Headers: cuda_fp16.h, cuda_bf16.h, cuda/std, cupy/complex.cuh, cuComplex.h, curand, CUB
+# ---------------------------------------------------------------------------------------------
+
+HEADERS = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda/std/limits>
+#include <cuda/std/cstdint>
+#include <cuda/std/type_traits>
+#include <cupy/complex.cuh>
+#include <cuComplex.h>
+#include <curand_kernel.h>
+#include <cub/block/block_reduce.cuh>
+#include <cub/warp/warp_reduce.cuh>
+__global__ void halves(const float* x, unsigned short* h, unsigned short* b, float* f, __half* total) {
+    int i = threadIdx.x;
+    __half a = __float2half(x[i]);
+    __nv_bfloat16 c = __float2bfloat16(x[i]);
+    h[i] = __half_as_ushort(a);
+    b[i] = __bfloat16_as_ushort(c);
+    __half2 pair = __floats2half2_rn(1.5f, -2.0f);
+    f[i] = __half2float(__hfma(a, __float2half(2.0f), __float2half(1.0f))) * 0 + __low2float(__hmul2(pair, pair))
+           + __high2float(pair) + __bfloat162float(c * __float2bfloat16(0.0f));
+    atomicAdd(total, __float2half(1.0f));
+    __half other = __shfl_xor_sync(0xffffffffu, a, 1);
+    if (i == 0) f[32] = __half2float(other);
+}
+__global__ void std_and_complex(float* out) {
+    out[0] = cuda::std::numeric_limits<float>::max();
+    out[1] = sizeof(cuda::std::int64_t) + (cuda::std::is_same<cuda::std::uint32_t, unsigned>::value ? 100 : 0);
+    complex<float> z(1.0f, 2.0f);
+    complex<float> w = z * z + thrust::conj(z);
+    out[2] = w.real();
+    out[3] = w.imag();
+    out[4] = abs(complex<float>(3.0f, 4.0f));
+    cuFloatComplex a = make_cuFloatComplex(1.0f, 2.0f), b = make_cuFloatComplex(3.0f, -1.0f);
+    cuFloatComplex c = cuCdivf(cuCmulf(a, b), b);
+    out[5] = cuCrealf(c);
+    out[6] = cuCimagf(c);
+}
+__global__ void random_numbers(float* u, float* n, unsigned* raw, unsigned long long seed) {
+    int id = blockIdx.x * blockDim.x + threadIdx.x;
+    curandStatePhilox4_32_10_t state;
+    curand_init(seed, id, 0, &state);
+    raw[id] = curand(&state);
+    for (int k = 0; k < 16; ++k) {
+        u[id * 16 + k] = curand_uniform(&state);
+        n[id * 16 + k] = curand_normal(&state);
+    }
+    curandState xorwow;
+    curand_init(seed, id, 0, &xorwow);
+    float v = curand_uniform(&xorwow);
+    if (!(v > 0.0f && v <= 1.0f)) u[id * 16] = -1.0f;
+}
+__global__ void cub_sums(const float* in, float* block_out, float* warp_out) {
+    typedef cub::BlockReduce<float, 128> BlockReduce;
+    typedef cub::WarpReduce<float, 16> WarpReduce;
+    __shared__ typename BlockReduce::TempStorage temp;
+    __shared__ typename WarpReduce::TempStorage warp_temp[8];
+    float v = in[blockIdx.x * 128 + threadIdx.x];
+    float total = BlockReduce(temp).Sum(v);
+    if (threadIdx.x == 0) block_out[blockIdx.x] = total;
+    float part = WarpReduce(warp_temp[threadIdx.x / 16]).Reduce(v, cub::Max());
+    if (threadIdx.x % 16 == 0) warp_out[blockIdx.x * 8 + threadIdx.x / 16] = part;
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_fp16_and_bf16_headers(order, no_hazards):
+    x = (np.random.default_rng(4).standard_normal(32) * 100).astype(np.float32)
+    x[:4] = [np.nan, np.inf, 70000.0, 1e-8]
+    h = np.zeros(32, np.uint16)
+    b = np.zeros(32, np.uint16)
+    f = np.zeros(33, np.float32)
+    total = np.zeros(1, np.float16)
+    with sim.settings(order=order):
+        module(HEADERS).get_function("halves")((1,), (32,), (x, h, b, f, total))
+    with np.errstate(over="ignore"):
+        assert (h == x.astype(np.float16).view(np.uint16)).all()   # round to nearest even, inf, NaN
+    bits = x.view(np.uint32).astype(np.uint64)
+    rne = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    assert (b[1:] == rne[1:]).all() and (b[0] & 0x7FC0) == 0x7FC0
+    assert (f[3:32] == 2.25 - 2.0).all() and np.isnan(f[:3]).all() and f[32] == np.float16(x[1])  # x * 0: NaN for inf, NaN
+    assert total[0] == 32
+
+
+def test_cuda_std_and_complex_headers(no_hazards):
+    out = np.zeros(7, np.float32)
+    module(HEADERS).get_function("std_and_complex")((1,), (1,), (out,))
+    z = complex(1, 2)
+    w = z * z + z.conjugate()
+    assert out[0] == np.finfo(np.float32).max and out[1] == 108
+    assert out[2] == w.real and out[3] == w.imag and out[4] == 5
+    np.testing.assert_allclose(out[5:], [1.0, 2.0], rtol=1e-6)
+
+
+def _philox(counter, key):
+    """Philox 4x32-10 (Salmon et al.) in Python."""
+    c, k = list(counter), list(key)
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [((p1 >> 32) ^ c[1] ^ k[0]) & 0xFFFFFFFF, p1 & 0xFFFFFFFF, ((p0 >> 32) ^ c[3] ^ k[1]) & 0xFFFFFFFF,
+             p0 & 0xFFFFFFFF]
+        k = [(k[0] + 0x9E3779B9) & 0xFFFFFFFF, (k[1] + 0xBB67AE85) & 0xFFFFFFFF]
+    return c
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_curand_philox_and_xorwow(order, no_hazards):
+    seed = 1234
+    u = np.zeros(64 * 16, np.float32)
+    n = np.zeros(64 * 16, np.float32)
+    raw = np.zeros(64, np.uint32)
+    with sim.settings(order=order):
+        module(HEADERS).get_function("random_numbers")((2,), (32,), (u, n, raw, np.uint64(seed)))
+    # thread id: subsequence id -> counter (0, 0, id, 0), key = seed; first draw is word 0
+    for tid in (0, 1, 63):
+        assert raw[tid] == _philox([0, 0, tid, 0], [seed, 0])[0]
+    assert (u > 0).all() and (u <= 1).all()
+    assert abs(u.mean() - 0.5) < 0.03 and abs(n.mean()) < 0.08 and abs(n.std() - 1) < 0.08
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_cub_block_and_warp_reduce(order, no_hazards):
+    x = np.random.default_rng(6).random(4 * 128).astype(np.float32)
+    block_out = np.zeros(4, np.float32)
+    warp_out = np.zeros(32, np.float32)
+    with sim.settings(order=order):
+        module(HEADERS).get_function("cub_sums")((4,), (128,), (x, block_out, warp_out))
+    np.testing.assert_allclose(block_out, x.reshape(4, 128).sum(1), rtol=1e-5)
+    assert (warp_out == x.reshape(32, 16).max(1)).all()
+
+
+@pytest.mark.gpu
+def test_curand_philox_matches_the_gpu():
+    """Run on a GPU: the emulator's Philox draws equal cuRAND's for the same seed and ids."""
+    import cupy
+
+    outs = {}
+    for target in ("cuda", "sim"):
+        xp = cupy if target == "cuda" else np
+        u = xp.zeros(64 * 16, xp.float32)
+        n = xp.zeros(64 * 16, xp.float32)
+        raw = xp.zeros(64, xp.uint32)
+        mod = llmcupy.RawModule(code=textwrap.dedent(HEADERS), target=target, name_expressions=["random_numbers"])
+        mod.get_function("random_numbers")((2,), (32,), (u, n, raw, np.uint64(99)))
+        outs[target] = [cupy.asnumpy(a) if target == "cuda" else a for a in (u, n, raw)]
+    assert (outs["cuda"][2] == outs["sim"][2]).all()
+    np.testing.assert_allclose(outs["cuda"][0], outs["sim"][0], rtol=1e-6)
+    np.testing.assert_allclose(outs["cuda"][1], outs["sim"][1], rtol=1e-4, atol=1e-5)

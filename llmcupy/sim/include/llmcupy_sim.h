@@ -637,7 +637,8 @@ inline T llmcupy_sim_atomic_rmw(T* addr, T val, int op) {
             default: break;
         }
     }
-    T old = *reinterpret_cast<volatile T*>(addr);
+    T old;
+    __atomic_load(addr, &old, __ATOMIC_SEQ_CST);
     while (true) {
         T next;
         switch (op) {
