@@ -663,10 +663,21 @@ inline unsigned long long poll_bits(T v) {
     std::memcpy(&bits, &v, sizeof(T) < 8 ? sizeof(T) : 8);
     return bits;
 }
+// Only an atomic that cannot change memory is a poll (add/sub/or/xor of 0, exchange with the value
+// already there, max/min that keeps the old value): the accumulating atomics of ordinary kernels
+// skip the bookkeeping, which needs the thread-local worker.
 template <typename T>
 inline T atomic_op(T* a, T v, int op, int line, const char* what) {
     T old = llmcupy_sim_atomic_rmw(a, v, op);
-    note_atomic(a, poll_bits(old), line, what);
+    bool unchanged;
+    switch (op) {
+        case 0: case 1: case 6: case 7: unchanged = poll_bits(v) == 0; break;
+        case 2: unchanged = poll_bits(v) == poll_bits(old); break;
+        case 3: unchanged = !(old < v); break;
+        case 4: unchanged = !(v < old); break;
+        default: unchanged = (poll_bits(old) & poll_bits(v)) == poll_bits(old); break;  // and
+    }
+    if (__builtin_expect(unchanged, 0)) note_atomic(a, poll_bits(old), line, what);
     return old;
 }
 }  // namespace llmcupy_sim
@@ -697,19 +708,17 @@ LLMCUPY_SIM_ATOMIC(atomicXor, 7)
 inline unsigned int atomicInc(unsigned int* a, unsigned int limit, int line = __builtin_LINE()) {
     unsigned int old = __atomic_load_n(a, __ATOMIC_SEQ_CST), next;
     do { next = old >= limit ? 0u : old + 1u; } while (!__atomic_compare_exchange_n(a, &old, next, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
-    llmcupy_sim::note_atomic(a, old, line, "atomicInc");
     return old;
 }
 inline unsigned int atomicDec(unsigned int* a, unsigned int limit, int line = __builtin_LINE()) {
     unsigned int old = __atomic_load_n(a, __ATOMIC_SEQ_CST), next;
     do { next = (old == 0u || old > limit) ? limit : old - 1u; } while (!__atomic_compare_exchange_n(a, &old, next, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
-    llmcupy_sim::note_atomic(a, old, line, "atomicDec");
     return old;
 }
 template <typename T>
 inline T atomicCAS(T* a, llmcupy_sim::nondeduced<T> compare, llmcupy_sim::nondeduced<T> val, int line = __builtin_LINE()) {
-    __atomic_compare_exchange(a, &compare, &val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    llmcupy_sim::note_atomic(a, llmcupy_sim::poll_bits(compare), line, "atomicCAS");
+    if (!__atomic_compare_exchange(a, &compare, &val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        llmcupy_sim::note_atomic(a, llmcupy_sim::poll_bits(compare), line, "atomicCAS");  // a failed CAS may be a spin
     return compare;
 }
 template <typename T>
