@@ -955,3 +955,20 @@ def test_curand_philox_matches_the_gpu():
     assert (outs["cuda"][2] == outs["sim"][2]).all()
     np.testing.assert_allclose(outs["cuda"][0], outs["sim"][0], rtol=1e-6)
     np.testing.assert_allclose(outs["cuda"][1], outs["sim"][1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_namespaced_kernels_and_get_global_on_the_gpu():
+    """Run on a GPU: the same module API works on the cuda backend."""
+    import cupy
+
+    mod = llmcupy.RawModule(code=textwrap.dedent(MODULE), target="cuda",
+                            name_expressions=["ops::scale", "ops::detail::twice<float>"])
+    mod.global_array("coef", np.float32)[:] = cupy.asarray([1, 2, 3, 4], cupy.float32)
+    mod.global_array("ops::gain", np.float32)[0] = 3.0
+    x = cupy.ones(8, cupy.float32)
+    y = cupy.zeros(8, cupy.float32)
+    mod.get_function("ops::scale")((2,), (4,), (y, x, np.int32(8)))
+    mod.get_function("ops::detail::twice<float>")((1,), (8,), (y,))
+    assert (cupy.asnumpy(y) == np.tile([6, 12, 18, 24], 2)).all()
+    assert mod.get_global("launches").mem.size >= 4

@@ -3,9 +3,13 @@
 // The emulator compiles an unchanged .cu file with g++ against this header. Every CUDA thread of a
 // block is a fiber (its own stack) and all fibers of a block run on one OS thread; blocks are spread
 // over a few OS threads. A fiber only gives up the CPU at a synchronisation point: __syncthreads()
-// and its variants, a warp collective (shuffle, vote, __syncwarp, cooperative-groups sync/reduce).
-// The scheduler then decides what is released, so between two barriers the threads of a block run
-// one after the other, in the order the launch asks for (forward, reverse or seeded random).
+// and its variants, a warp collective (shuffle, vote, __syncwarp, __activemask, cooperative-groups
+// sync/reduce/scan), and where a GPU thread may wait for another's progress: a volatile access (in
+// sources that declare volatile data), an atomic that leaves memory unchanged twice in a row or a
+// failed atomicCAS (a poll), __nanosleep. The scheduler then decides what is released, so between
+// two such points the threads of a block run one after the other, in the order the launch asks
+// for (forward, reverse or seeded random). Lanes of a warp are released from a collective together
+// only when every lane of the group waits at the same kind of collective with the same mask.
 //
 // What makes it a test tool (counted per launch and returned to Python):
 //   - shared memory is filled with 0xFF bytes (a NaN for float) when each block starts;
@@ -14,6 +18,9 @@
 //     they returned (undefined in CUDA, even if recent GPUs tolerate it);
 //   - exited_lane_reads: a warp collective that reads a lane which has exited or is not in the mask;
 //   - deadlock: no thread can make progress; reported with the source lines they wait at.
+// And as errors that stop the launch (a Python exception; the process lives on): a failed device
+// assert(), a write into the guard bytes around a shared array, a launch past the watchdog's time
+// limit (threads that never reach a sync point are interrupted by a signal), grid_group::sync().
 //
 // What it does not model: timing, coalescing, bank conflicts, FMA contraction and rounding order,
 // races between two barriers (a thread runs from one sync point to the next without interruption,
