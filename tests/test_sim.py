@@ -413,3 +413,14 @@ def test_disjoint_mask_collectives_do_not_disturb_a_wider_one(order, no_hazards)
     assert (out[32:] == np.repeat(v.reshape(2, 16).sum(1), 16)).all()
     module(DISJOINT_CODE).get_function("halves")((1,), (32,), (v, out))
     assert (out[32:] == v[np.arange(32) ^ 1]).all()
+
+
+def test_only_declared_volatile_data_takes_the_instrumented_build():
+    from llmcupy.runtime.module import kernels_dir
+    from llmcupy.sim.compiler import uses_volatile
+
+    # the catalogue's one volatile cast (a CAS loop's first guess) keeps the fast build
+    assert not uses_volatile((kernels_dir() / "layernorm_backward.cu").read_text())
+    assert not uses_volatile('asm volatile("membar.gl;");  // volatile in a comment')
+    assert uses_volatile("__device__ void r(volatile float* s) { s[0] += s[1]; }")
+    assert uses_volatile("__shared__ volatile int flag;")

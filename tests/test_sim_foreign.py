@@ -330,8 +330,9 @@ def test_spin_wait_between_warps_makes_progress(order):
 
 
 def _never_set(order):
-    with sim.settings(order=order, timeout=1.5):
-        module(FAILING).get_function("never_set")((1,), (64,), (np.zeros(1, np.int32),))
+    # four blocks on two workers: the stuck thread may run on the caller's thread or a pool thread
+    with sim.settings(order=order, timeout=1.5, workers=2):
+        module(FAILING).get_function("never_set")((4,), (64,), (np.zeros(1, np.int32),))
     return "finished"
 
 

@@ -187,7 +187,7 @@ def rewrite_shared(code: str) -> str:
         if not d or "," in decl or "=" in decl or d["type"].strip() in ("", "extern"):
             return None
         line = blanked.count("\n", 0, m.start()) + 1
-        dims = re.sub(r"\s+", "", d["dims"])
+        dims = " ".join(d["dims"].split())
         ctype = f"{d['type'].strip()}{dims}"
         ident = next(counter)
         if scopes.file_scope(m.start()):
@@ -220,8 +220,11 @@ def device_variables(code: str) -> list[str]:
     scopes = _Scopes(blanked)
     names = []
     for m in _DEVICE_VAR.finditer(blanked):
-        if not scopes.file_scope(m.start()) or re.search(r"\b(?:template|typedef|using|extern)\b", m["rest"]):
-            continue
+        before = blanked[max(0, m.start() - 40):m.start()]
+        if (not scopes.file_scope(m.start()) or re.search(r"\b(?:template|typedef|using|extern)\b", m["rest"])
+                or re.search(r"\bextern\s*(?:\"C\"\s*)?$", before)):
+            continue  # a declaration of a variable defined elsewhere has no storage here
+
         ns = scopes.namespace(m.start())
         name = f"{ns}::{m['name']}" if ns else m["name"]
         if name not in names:
@@ -471,7 +474,7 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
         base_flags += ["-fsanitize=address", "-fno-omit-frame-pointer"]
 
     body = rewrite_asm(rewrite_shared(code))
-    volatile = uses_volatile(code)
+    volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
     entries = []
     for i, name in enumerate(kernels):
         entries.append(
