@@ -973,3 +973,14 @@ def test_namespaced_kernels_and_get_global_on_the_gpu():
     mod.get_function("ops::detail::twice<float>")((1,), (8,), (y,))
     assert (cupy.asnumpy(y) == np.tile([6, 12, 18, 24], 2)).all()
     assert mod.get_global("launches").mem.size >= 4
+
+
+def test_benchmarks_run_without_the_watchdog_limit(monkeypatch):
+    from llmcupy import bench
+    from llmcupy.sim import launcher
+
+    seen = {}
+    monkeypatch.setattr(bench, "_run", lambda *a, **k: seen.setdefault("timeout", launcher._settings.timeout))
+    with sim.settings(timeout=30):
+        bench.run(["softmax_forward"], progress=False)
+        assert seen["timeout"] == 0 and launcher._settings.timeout == 30
