@@ -676,6 +676,8 @@ inline unsigned long long poll_bits(T v) {
 template <typename T>
 inline T atomic_op(T* a, T v, int op, int line, const char* what) {
     T old = llmcupy_sim_atomic_rmw(a, v, op);
+    // Flags are integers: floating-point atomics (accumulations, often of 0) never count as polls.
+    if constexpr (!std::is_integral_v<T>) return old;
     bool unchanged;
     switch (op) {
         case 0: case 1: case 6: case 7: unchanged = poll_bits(v) == 0; break;
