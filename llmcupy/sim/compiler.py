@@ -34,6 +34,7 @@ processes compiling the same source at once both end up with a complete library.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import os
@@ -64,9 +65,15 @@ _ASM = re.compile(r"\b(?:asm|__asm__|__asm)\b\s*(?:(?:volatile|__volatile__)\s*)
 _VOLATILE = re.compile(r"\bvolatile\b")
 
 
+def _blank(m: re.Match) -> str:
+    text = m.group(0)
+    return " " * len(text) if "\n" not in text else re.sub(r"[^\n]", " ", text)
+
+
+@functools.lru_cache(maxsize=64)
 def blank_comments(code: str) -> str:
     """The source with every comment replaced by spaces (newlines kept): same length, same lines."""
-    return _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), code)
+    return _COMMENT.sub(_blank, code)
 
 
 def _matching(text: str, open_pos: int) -> int:
@@ -121,8 +128,6 @@ class _Scopes:
             self.stacks.append(stack)
 
     def at(self, pos: int) -> list[tuple[str, str]]:
-        import bisect
-
         k = bisect.bisect_right(self.positions, pos) - 1
         return self.stacks[k] if k >= 0 else []
 
@@ -179,6 +184,7 @@ def rewrite_shared(code: str) -> str:
     code, blanked = _edit(code, blanked, _EXTERN_SHARED, dynamic)
     scopes = _Scopes(blanked)
     counter = iter(range(1_000_000))
+    newlines = [m.start() for m in re.finditer("\n", blanked)]
 
     def static(m: re.Match) -> str:
         decl = " ".join(_strip_attributes(m["rest"]).split())
@@ -186,7 +192,7 @@ def rewrite_shared(code: str) -> str:
         # several declarators, initialisers, extern: left to the `static thread_local` fallback
         if not d or "," in decl or "=" in decl or d["type"].strip() in ("", "extern"):
             return None
-        line = blanked.count("\n", 0, m.start()) + 1
+        line = bisect.bisect_left(newlines, m.start()) + 1
         dims = " ".join(d["dims"].split())
         ctype = f"{d['type'].strip()}{dims}"
         ident = next(counter)
@@ -389,6 +395,16 @@ def compiler_identity(cxx: str) -> str:
         ) from exc
 
 
+@functools.lru_cache(maxsize=1)
+def _include_dir_digest() -> bytes:
+    """Hash of the emulator's headers (read once per process)."""
+    digest = hashlib.sha256()
+    for p in sorted(q for q in INCLUDE_DIR.rglob("*") if q.is_file()):
+        digest.update(str(p.relative_to(INCLUDE_DIR)).encode())
+        digest.update(p.read_bytes())
+    return digest.digest()
+
+
 def cache_dir() -> Path:
     root = os.environ.get("LLMCUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "llmcupy")
     return Path(root) / "sim"
@@ -460,6 +476,20 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
                   variables: list[str] = ()) -> Path:
     """Compiles ``code`` with one entry point per name in ``kernels`` (and an address accessor per
     name in ``variables``); returns the .so path."""
+    memo_key = (code, tuple(kernels), tuple(options or ()), filename, tuple(variables),
+                os.environ.get("LLMCUPY_SIM_ASAN", ""), os.environ.get("CXX", "g++"), str(cache_dir()))
+    lib = _BUILT.get(memo_key)
+    if lib is not None and lib.exists():
+        return lib
+    lib = _build_library(code, kernels, options, filename, variables)
+    _BUILT[memo_key] = lib
+    return lib
+
+
+_BUILT: dict = {}  # the libraries this process built or found, by everything their key is made of
+
+
+def _build_library(code, kernels, options, filename, variables) -> Path:
     flags, include_dirs = translate_options(options)
     if not any(f.startswith("-std=") for f in flags):
         flags.append("-std=c++17")
@@ -500,8 +530,7 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
     digest = hashlib.sha256()
     for part in (unit, " ".join(flags + base_flags), compiler_identity(cxx)):
         digest.update(part.encode())
-    for p in sorted(q for q in INCLUDE_DIR.rglob("*") if q.is_file()):
-        digest.update(p.read_bytes())
+    digest.update(_include_dir_digest())
     for p in _included_files(code, include_dirs, set()):
         digest.update(p.read_bytes())
     key = digest.hexdigest()[:24]
