@@ -984,3 +984,49 @@ def test_benchmarks_run_without_the_watchdog_limit(monkeypatch):
     with sim.settings(timeout=30):
         bench.run(["softmax_forward"], progress=False)
         assert seen["timeout"] == 0 and launcher._settings.timeout == 30
+
+
+def test_asan_mode_reports_out_of_bounds_shared_memory_reads(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    libasan = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(libasan) or not os.path.exists(libasan):
+        pytest.skip("g++ has no AddressSanitizer runtime here")
+    script = textwrap.dedent("""
+        import sys, numpy as np, llmcupy
+        code = '''
+        extern __shared__ float dyn[];
+        __global__ void static_read(float* out) {
+            __shared__ float tile[32];
+            tile[threadIdx.x] = 1.0f;
+            __syncthreads();
+            out[threadIdx.x] = tile[threadIdx.x + 1];   // thread 31 reads one past the end
+        }
+        __global__ void dynamic_read(float* out) {
+            dyn[threadIdx.x] = 1.0f;
+            __syncthreads();
+            out[threadIdx.x] = dyn[threadIdx.x + 1];
+        }
+        __global__ void fine(float* out) {
+            __shared__ float tile[32];
+            tile[threadIdx.x] = 2.0f;
+            if (threadIdx.x == 0) dyn[0] = 0.0f;
+            __syncthreads();
+            out[threadIdx.x] = tile[31 - threadIdx.x] + dyn[0];
+        }
+        '''
+        m = llmcupy.RawModule(code=code, target="sim")
+        out = np.zeros(32, np.float32)
+        m.get_function("fine")((1,), (32,), (out,), shared_mem=4)
+        assert (out == 2).all()
+        m.get_function(sys.argv[1])((1,), (32,), (out,), shared_mem=128)
+    """)
+    env = dict(os.environ, LLMCUPY_SIM_ASAN="1", LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0",
+               LLMCUPY_CACHE_DIR=str(tmp_path))
+    for kernel in ("static_read", "dynamic_read"):
+        proc = subprocess.run([sys.executable, "-c", script, kernel], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode != 0, kernel
+        assert "use-after-poison" in proc.stderr and "READ of size 4" in proc.stderr, kernel

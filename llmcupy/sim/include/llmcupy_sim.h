@@ -65,6 +65,7 @@
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
+#include <sanitizer/asan_interface.h>
 #define LLMCUPY_SIM_ASAN 1
 #endif
 
@@ -434,6 +435,23 @@ inline T read_lane(const WarpGather& g, int src, T own) {
 constexpr size_t kGuardBytes = 16;
 constexpr unsigned char kGuardByte = 0xA5;
 
+// In the AddressSanitizer build the guard bytes are also poisoned, so ASan reports any access to
+// them, reads included, where it happens.
+inline void guard_poison(void* p, size_t n) {
+#ifdef LLMCUPY_SIM_ASAN
+    __asan_poison_memory_region(p, n);
+#else
+    (void)p, (void)n;
+#endif
+}
+inline void guard_unpoison(void* p, size_t n) {
+#ifdef LLMCUPY_SIM_ASAN
+    __asan_unpoison_memory_region(p, n);
+#else
+    (void)p, (void)n;
+#endif
+}
+
 template <typename T, int ID>
 inline T& shared_var(const char* name = "?", int line = 0) {
     constexpr size_t guard = alignof(T) > kGuardBytes ? alignof(T) : kGuardBytes;
@@ -441,9 +459,12 @@ inline T& shared_var(const char* name = "?", int line = 0) {
     static thread_local unsigned long long epoch = 0;
     if (__builtin_expect(epoch != tls_epoch, 0)) {
         epoch = tls_epoch;
+        guard_unpoison(storage, sizeof storage);
         if (tls_poison) std::memset(storage + guard, 0xFF, sizeof(T));
         std::memset(storage, kGuardByte, guard);
         std::memset(storage + guard + sizeof(T), kGuardByte, guard);
+        guard_poison(storage, guard);
+        guard_poison(storage + guard + sizeof(T), guard);
         if (tls_worker) tls_worker->guards.push_back({storage, storage + guard + sizeof(T), name, line, sizeof(T)});
     }
     return *reinterpret_cast<T*>(storage + guard);
@@ -1149,6 +1170,9 @@ inline void report_timeout(Worker* w, Fiber* running) {
 
 // Checks the guard bytes of the shared arrays this block used.
 inline void check_shared_guards(Worker* w) {
+#ifdef LLMCUPY_SIM_ASAN
+    return;  // the guards are poisoned: AddressSanitizer has reported any access to them already
+#endif
     auto bad = [](const unsigned char* p, size_t n) {
         for (size_t i = 0; i < n; ++i)
             if (p[i] != kGuardByte) return true;
@@ -1188,9 +1212,12 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
     w->block_idx = bidx;
     w->epoch = ++tls_epoch;
     w->guards.clear();
+    guard_unpoison(w->dyn_shared.data(), w->dyn_shared.size());
     if (cfg->poison && cfg->shared_mem) std::memset(w->dyn_shared.data() + kGuardBytes, 0xFF, cfg->shared_mem);
     std::memset(w->dyn_shared.data(), kGuardByte, kGuardBytes);
     std::memset(w->dyn_shared.data() + kGuardBytes + cfg->shared_mem, kGuardByte, kGuardBytes);
+    guard_poison(w->dyn_shared.data(), kGuardBytes);
+    guard_poison(w->dyn_shared.data() + kGuardBytes + cfg->shared_mem, kGuardBytes);
     int n = w->nthreads;
     for (int t = 0; t < n; ++t) {
         Fiber& f = w->fibers[t];
@@ -1349,6 +1376,7 @@ inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>
     w->cfg = cfg;
     w->nthreads = int(cfg->block[0] * cfg->block[1] * cfg->block[2]);
     ensure_fibers(w, w->nthreads, size_t(cfg->stack_bytes));
+    guard_unpoison(w->dyn_shared.data(), w->dyn_shared.capacity());
     w->dyn_shared.assign(cfg->shared_mem + 2 * kGuardBytes, 0);
     w->thunk = thunk;
     w->closure = closure;
