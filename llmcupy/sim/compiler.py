@@ -120,7 +120,8 @@ class _Scopes:
         for m in re.finditer(r"[{}]", text):
             i = m.start()
             if text[i] == "{":
-                found = self._OPENER.search(text[max(0, i - 200):i])
+                before = text[max(0, i - 200):i]
+                found = self._OPENER.search(before) if ("namespace" in before or "extern" in before) else None
                 stack = stack + [("ns", found["ns"] or "") if found else ("code", "")]
             else:
                 stack = stack[:-1]
@@ -208,12 +209,12 @@ def global_kernel_names(code: str) -> list[str]:
     """Names of the non-template ``__global__`` functions, qualified by their namespaces
     (templates need name expressions)."""
     blanked = blank_comments(code)
-    scopes = _Scopes(blanked)
+    scopes = _Scopes(blanked) if "namespace" in blanked else None
     names = []
     for m in _GLOBAL_FN.finditer(blanked):
         if m["template"]:
             continue
-        ns = scopes.namespace(m.start())
+        ns = scopes.namespace(m.start()) if scopes else ""
         name = f"{ns}::{m['name']}" if ns and "extern \"C\"" not in m.group(0) else m["name"]
         if name not in names:
             names.append(name)
@@ -223,9 +224,10 @@ def global_kernel_names(code: str) -> list[str]:
 def device_variables(code: str) -> list[str]:
     """Qualified names of the file-scope ``__constant__`` / ``__device__`` variables."""
     blanked = blank_comments(code)
-    scopes = _Scopes(blanked)
+    matches = list(_DEVICE_VAR.finditer(blanked))
+    scopes = _Scopes(blanked) if matches else None
     names = []
-    for m in _DEVICE_VAR.finditer(blanked):
+    for m in matches:
         before = blanked[max(0, m.start() - 40):m.start()]
         if (not scopes.file_scope(m.start()) or re.search(r"\b(?:template|typedef|using|extern)\b", m["rest"])
                 or re.search(r"\bextern\s*(?:\"C\"\s*)?$", before)):
@@ -399,10 +401,17 @@ def compiler_identity(cxx: str) -> str:
 def _include_dir_digest() -> bytes:
     """Hash of the emulator's headers (read once per process)."""
     digest = hashlib.sha256()
-    for p in sorted(q for q in INCLUDE_DIR.rglob("*") if q.is_file()):
-        digest.update(str(p.relative_to(INCLUDE_DIR)).encode())
-        digest.update(p.read_bytes())
+    files = sorted(os.path.relpath(os.path.join(d, f), INCLUDE_DIR) for d, _, fs in os.walk(INCLUDE_DIR) for f in fs)
+    for rel in files:
+        digest.update(rel.encode())
+        with open(os.path.join(INCLUDE_DIR, rel), "rb") as fh:
+            digest.update(fh.read())
     return digest.digest()
+
+
+@functools.lru_cache(maxsize=1)
+def _compiler_source_digest() -> bytes:
+    return hashlib.sha256(Path(__file__).read_bytes()).digest()
 
 
 def cache_dir() -> Path:
@@ -503,6 +512,25 @@ def _build_library(code, kernels, options, filename, variables) -> Path:
     if asan:
         base_flags += ["-fsanitize=address", "-fno-omit-frame-pointer"]
 
+    safe_name = re.sub(r"[^\w.-]", "_", filename)
+    # The key hashes the source as written plus this file (which holds the rewrite rules), so a
+    # cached library is found without rewriting the source first.
+    digest = hashlib.sha256()
+    for part in (code, "\0".join(kernels), "\0".join(variables), safe_name, " ".join(flags + base_flags),
+                 compiler_identity(cxx)):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    digest.update(_include_dir_digest())
+    digest.update(_compiler_source_digest())
+    for p in _included_files(code, include_dirs, set()):
+        digest.update(p.read_bytes())
+    key = digest.hexdigest()[:24]
+    out_dir = cache_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib = out_dir / f"{Path(safe_name).stem}-{key}{'-asan' if asan else ''}.so"
+    if lib.exists():
+        return lib
+
     body = rewrite_asm(rewrite_shared(code))
     volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
     entries = []
@@ -517,7 +545,6 @@ def _build_library(code, kernels, options, filename, variables) -> Path:
             f'extern "C" LLMCUPY_SIM_EXPORT void* llmcupy_sim_global_{i}(unsigned long long* size) '
             f"{{ *size = sizeof({name}); return (void*)&{name}; }}\n"
         )
-    safe_name = re.sub(r"[^\w.-]", "_", filename)
     unit = (
         ("#define LLMCUPY_SIM_VOLATILE_HOOKS 1\n" if volatile else "")
         + '#include "llmcupy_sim.h"\n'
@@ -526,19 +553,6 @@ def _build_library(code, kernels, options, filename, variables) -> Path:
         '#line 1 "llmcupy_sim_entries"\n'
         + "".join(entries)
     )
-
-    digest = hashlib.sha256()
-    for part in (unit, " ".join(flags + base_flags), compiler_identity(cxx)):
-        digest.update(part.encode())
-    digest.update(_include_dir_digest())
-    for p in _included_files(code, include_dirs, set()):
-        digest.update(p.read_bytes())
-    key = digest.hexdigest()[:24]
-    out_dir = cache_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lib = out_dir / f"{Path(safe_name).stem}-{key}{'-asan' if asan else ''}.so"
-    if lib.exists():
-        return lib
     includes = [f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
 
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
