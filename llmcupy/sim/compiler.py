@@ -26,8 +26,8 @@ For every kernel an ``extern "C"`` entry point is appended; it unpacks a ``void*
 into the kernel's own parameter types (the compiler checks them) and exports the parameter types
 as C spellings, which the runtime uses to check arguments exactly.
 
-Libraries are cached by the hash of everything that goes into them (source, included files, the
-emulator's headers, flags, compiler version), under ``$LLMCUPY_CACHE_DIR/sim`` (default
+Libraries are cached by the hash of everything that goes into them (source as written, included
+files, the emulator's headers, this file's rewrite rules, flags, compiler version), under ``$LLMCUPY_CACHE_DIR/sim`` (default
 ``~/.cache/llmcupy/sim``). A build writes to a temporary name and renames it into place, so two
 processes compiling the same source at once both end up with a complete library.
 """
