@@ -165,7 +165,16 @@ def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, 
 
     ``isolate`` (default: in the emulator) runs each version in a forked child so that a kernel which
     crashes the emulator fails only its own entry. ``log`` (default stdout) gets one line per version.
+    The emulator's watchdog time limit is off during a benchmark.
     """
+    from .sim import settings as sim_settings
+
+    with sim_settings(timeout=0):
+        return _run(op_names, small=small, seed=seed, repeat=repeat, isolate=isolate, command=command,
+                    progress=progress, verbose=verbose, log=log)
+
+
+def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, log) -> dict:
     from tqdm import tqdm
 
     from . import harness

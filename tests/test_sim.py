@@ -409,3 +409,50 @@ def test_raw_kernel_has_cupys_signature(no_hazards):
     k((4,), (32,), (y, x, np.float32(2.0), np.int32(100)))
     assert (y == 1 + 2 * x).all()
     assert "axpy(float* y, const float* x, float a, int n)" in repr(k)
+
+
+DISJOINT_CODE = r"""
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
+namespace cg = cooperative_groups;
+extern "C" __global__ void k(const int* in, int* out) {
+  int t = threadIdx.x, v = in[t];
+  auto tile = cg::tiled_partition<16>(cg::this_thread_block());
+  out[32 + t] = cg::reduce(tile, v, cg::plus<int>());
+  out[t] = __shfl_up_sync(0xffffffffu, v, 1);   // lane 16 must get lane 15's v
+}
+extern "C" __global__ void halves(const int* in, int* out) {
+  int t = threadIdx.x, v = in[t];
+  out[32 + t] = __shfl_xor_sync(t < 16 ? 0xffffu : 0xffff0000u, v, 1, 16);
+  out[t] = __shfl_up_sync(0xffffffffu, v, 1);
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_disjoint_mask_collectives_do_not_disturb_a_wider_one(order, no_hazards):
+    # the emulator-lab issue's repro: after two half-warp collectives a full-warp shuffle used to
+    # read stale posts (lane 16 got its own value)
+    v = np.arange(32, dtype=np.int32) * 3 + 1
+    up = np.concatenate([v[:1], v[:-1]])
+    for name in ("k", "halves"):
+        out = np.zeros(64, np.int32)
+        with sim.settings(order=order, seed=1):
+            module(DISJOINT_CODE).get_function(name)((1,), (32,), (v, out))
+        assert (out[:32] == up).all() and out[16] == v[15], name
+    out = np.zeros(64, np.int32)
+    module(DISJOINT_CODE).get_function("k")((1,), (32,), (v, out))
+    assert (out[32:] == np.repeat(v.reshape(2, 16).sum(1), 16)).all()
+    module(DISJOINT_CODE).get_function("halves")((1,), (32,), (v, out))
+    assert (out[32:] == v[np.arange(32) ^ 1]).all()
+
+
+def test_only_declared_volatile_data_takes_the_instrumented_build():
+    from llmcupy.runtime.module import kernels_dir
+    from llmcupy.sim.compiler import uses_volatile
+
+    # the catalogue's one volatile cast (a CAS loop's first guess) keeps the fast build
+    assert not uses_volatile((kernels_dir() / "layernorm_backward.cu").read_text())
+    assert not uses_volatile('asm volatile("membar.gl;");  // volatile in a comment')
+    assert uses_volatile("__device__ void r(volatile float* s) { s[0] += s[1]; }")
+    assert uses_volatile("__shared__ volatile int flag;")

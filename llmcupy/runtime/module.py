@@ -116,13 +116,13 @@ def _pad3(dims) -> tuple:
 _sim_launcher = None
 
 
-def _sim_launch(entry, name, grid3, block3, args, shared_mem) -> None:
+def _sim_launch(entry, name, grid3, block3, args, shared_mem, stack_bytes) -> None:
     global _sim_launcher
     if _sim_launcher is None:
         from ..sim import launcher as _sim_launcher_module
 
         _sim_launcher = _sim_launcher_module
-    _sim_launcher.launch(entry, name, grid3, block3, args, shared_mem)
+    _sim_launcher.launch(entry, name, grid3, block3, args, shared_mem, stack_bytes)
 
 
 class RawKernel:
@@ -196,7 +196,8 @@ class RawKernel:
             else:
                 self._kernel(_pad3(grid), _pad3(block), prepared, shared_mem=shared_mem, stream=stream)
         else:
-            _sim_launch(self._entry, self.name, _pad3(grid), _pad3(block), list(args), int(shared_mem))
+            _sim_launch(self._entry, self.name, _pad3(grid), _pad3(block), list(args), int(shared_mem),
+                        self.module._sim_library.stack_bytes)
 
     def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None):
         if _Trusted.depth:
@@ -229,7 +230,8 @@ class RawKernel:
         else:
             if shared_mem > 227 * 1024:
                 raise KernelArgumentError(f"{self.name}: {shared_mem} bytes of shared memory exceed any GPU's 227 KiB")
-            _sim_launch(self._entry, self.name, grid3, block3, prepared, int(shared_mem))
+            _sim_launch(self._entry, self.name, grid3, block3, prepared, int(shared_mem),
+                        self.module._sim_library.stack_bytes)
 
 
 class RawModule:
@@ -272,16 +274,18 @@ class RawModule:
                 name_expressions=expressions or None, **kwargs,
             )
         elif self.backend == "sim":
+            # kernels inside namespaces are found qualified ("ops::scale"), as name_expressions spell them
             names = sim_compiler.global_kernel_names(code)
             for expr in self.name_expressions:
                 if expr not in names:
                     names.append(expr)
             self.kernel_names = names
+            self.variable_names = sim_compiler.device_variables(code)
             self._sim_library = _SIM_LIBRARIES.get((code, self.options, tuple(names)))
             if self._sim_library is None:
                 from ..sim.launcher import SimLibrary
 
-                self._sim_library = SimLibrary(code, names, self.options, self.filename)
+                self._sim_library = SimLibrary(code, names, self.options, self.filename, self.variable_names)
                 _SIM_LIBRARIES[(code, self.options, tuple(names))] = self._sim_library
         else:
             raise ValueError(f"unknown target {self.backend!r}")
@@ -289,6 +293,37 @@ class RawModule:
     def compile(self, log_stream=None):
         if self.backend == "cuda":
             self._cupy_module.compile(log_stream)
+
+    def get_global(self, name: str):
+        """A ``__constant__`` or ``__device__`` variable's memory, as ``cupy.RawModule.get_global``:
+        a ``cupy.cuda.MemoryPointer`` on ``cuda``; on ``sim`` an object with the same ``ptr``,
+        ``size``, ``copy_from_host``, ``copy_to_host`` and ``memset``. :meth:`global_array` gives
+        an array view on either backend."""
+        if self.backend == "cuda":
+            return self._cupy_module.get_global(name)
+        if name not in self.variable_names:
+            raise AttributeError(
+                f"no __constant__ or __device__ variable {name!r} at file scope in {self.filename}; "
+                f"variables: {', '.join(self.variable_names) or 'none'}"
+            )
+        ptr, size = self._sim_library.global_address(name)
+        return SimGlobal(name, ptr, size)
+
+    def global_array(self, name: str, dtype, shape=None):
+        """The variable ``name`` as an ``xp`` array of ``dtype`` (``shape`` defaults to all of it),
+        sharing its memory: write it before a launch to set a ``__constant__`` table."""
+        dtype = np.dtype(dtype)
+        mem = self.get_global(name)
+        size = mem.size if self.backend == "sim" else mem.mem.size
+        count = size // dtype.itemsize
+        shape = (count,) if shape is None else tuple(np.atleast_1d(shape))
+        if int(np.prod(shape)) * dtype.itemsize > size:
+            raise ValueError(f"{name}: {size} bytes cannot hold an array of shape {shape} and dtype {dtype}")
+        if self.backend == "cuda":
+            import cupy
+
+            return cupy.ndarray(shape, dtype, memptr=mem)
+        return mem.array(dtype, shape)
 
     def get_function(self, name: str) -> RawKernel:
         kernel = self._functions.get(name)
@@ -300,6 +335,51 @@ class RawModule:
                 )
             kernel = self._functions[name] = RawKernel(self, name)
         return kernel
+
+
+class SimGlobal:
+    """A device variable of an emulator library: ``cupy.cuda.MemoryPointer``'s surface."""
+
+    def __init__(self, name: str, ptr: int, size: int):
+        self.name, self.ptr, self.size = name, ptr, size
+
+    def _address(self, mem) -> int:
+        import ctypes
+
+        if isinstance(mem, np.ndarray):
+            return mem.ctypes.data
+        return mem.value if isinstance(mem, ctypes.c_void_p) else int(mem)
+
+    def _check(self, size: int) -> int:
+        if not 0 <= size <= self.size:
+            raise ValueError(f"{self.name}: {size} bytes do not fit its {self.size} bytes")
+        return size
+
+    def copy_from_host(self, mem, size: int) -> None:
+        import ctypes
+
+        ctypes.memmove(self.ptr, self._address(mem), self._check(size))
+
+    def copy_to_host(self, mem, size: int) -> None:
+        import ctypes
+
+        ctypes.memmove(self._address(mem), self.ptr, self._check(size))
+
+    def memset(self, value: int, size: int) -> None:
+        import ctypes
+
+        ctypes.memset(self.ptr, value, self._check(size))
+
+    def array(self, dtype=np.uint8, shape=None) -> np.ndarray:
+        import ctypes
+
+        dtype = np.dtype(dtype)
+        buf = (ctypes.c_char * self.size).from_address(self.ptr)
+        flat = np.frombuffer(buf, dtype=dtype, count=self.size // dtype.itemsize)
+        return flat if shape is None else flat.reshape(shape)
+
+    def __repr__(self) -> str:
+        return f"<SimGlobal {self.name} at {self.ptr:#x}, {self.size} bytes>"
 
 
 _SIM_LIBRARIES: dict = {}

@@ -1,24 +1,40 @@
 """Builds a CUDA C source into a shared library the emulator can launch.
 
-The source is compiled unchanged except for two line-preserving rewrites (so compiler errors and
+The source is compiled unchanged except for line-preserving rewrites (so compiler errors and
 deadlock reports point at the right lines of the .cu file):
 
-* ``__shared__ T name[dims];`` becomes a reference to per-block storage that is poisoned with
-  0xFF bytes (NaN for floats) when each block starts;
-* ``extern __shared__ T name[];`` becomes a pointer to the launch's dynamic shared memory.
+* ``[static] __shared__ T name[dims];`` becomes a reference to per-block storage that is poisoned
+  with 0xFF bytes (NaN for floats) when each block starts (at file scope: an object that looks the
+  running block's storage up at every use);
+* ``extern __shared__ T name[];`` becomes a pointer to the launch's dynamic shared memory (at file
+  scope: an object that does the same at every use);
+* ``asm("...")`` statements with a PTX idiom the emulator knows (``%laneid``, ``%warpid``,
+  ``%smid``, ``%clock``, ``ld.global.nc``, fences) become the equivalent C++; any other inline PTX
+  is refused at compile time with the instruction named.
+
+A source that uses ``volatile`` is compiled with GCC's ThreadSanitizer instrumentation, whose hooks
+(defined by the emulator's header, no TSan runtime involved) let a thread yield at every volatile
+access: warp-synchronous code on ``volatile`` shared memory then runs in lock-step, and a spin-wait
+on a volatile flag makes progress.
+
+Kernels inside namespaces are found with their qualified names (``ops::scale``), as CuPy's
+``name_expressions`` spell them; ``__constant__`` and ``__device__`` variables get an exported
+accessor for ``RawModule.get_global``. The fiber stack a kernel needs is taken from
+``-fstack-usage`` and stored next to the library.
 
 For every kernel an ``extern "C"`` entry point is appended; it unpacks a ``void**`` argument array
 into the kernel's own parameter types (the compiler checks them) and exports the parameter types
 as C spellings, which the runtime uses to check arguments exactly.
 
-Libraries are cached by the hash of everything that goes into them (source, included files, the
-emulator's headers, flags, compiler version), under ``$LLMCUPY_CACHE_DIR/sim`` (default
+Libraries are cached by the hash of everything that goes into them (source as written, included
+files, the emulator's headers, this file's rewrite rules, flags, compiler version), under ``$LLMCUPY_CACHE_DIR/sim`` (default
 ``~/.cache/llmcupy/sim``). A build writes to a temporary name and renames it into place, so two
 processes compiling the same source at once both end up with a complete library.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import os
@@ -31,22 +47,100 @@ from pathlib import Path
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-_EXTERN_SHARED = re.compile(
-    r"extern\s+__shared__\s+(?:(?:__align__|alignas)\s*\(\s*\d+\s*\)\s*)?"
-    r"(?P<type>[A-Za-z_][\w:]*(?:\s*\*)?)\s+"
-    r"(?:(?:__align__|alignas)\s*\(\s*\d+\s*\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;"
-)
-_STATIC_SHARED = re.compile(
-    r"(?<![\w])__shared__\s+(?:(?:__align__|alignas)\s*\(\s*\d+\s*\)\s*)?"
-    r"(?P<type>(?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?)\s+"
-    r"(?:(?:__align__|alignas)\s*\(\s*\d+\s*\)\s*)?(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\]\n]+\]\s*)*);"
-)
 _GLOBAL_FN = re.compile(
     r"(?P<template>template\s*<[^{};]*?>\s*)?"
-    r"(?:extern\s+\"C\"\s+)?__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
+    r"(?:extern\s+\"C\"\s+)?(?:static\s+)?__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
     r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\("
 )
 _QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+_EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b(?P<rest>[^;{}]*?)\b(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
+_SHARED = re.compile(r"(?P<static>\bstatic\s+)?(?<![\w])__shared__\b(?P<rest>[^;{}]*);")
+_ALIGN = re.compile(r"\b(?:__align__|alignas|__attribute__)\s*\(")
+_DECLARATOR = re.compile(r"^(?P<type>.*?[\w>*&])\s*\b(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\]]+\]\s*)*)$", re.S)
+_DEVICE_VAR = re.compile(
+    r"\b(?:__constant__|__device__|__managed__)\b(?P<rest>[^;{}()]*?)\b(?P<name>[A-Za-z_]\w*)\s*"
+    r"(?:\[[^\]]*\]\s*)*(?:=[^;]*)?;"
+)
+_ASM = re.compile(r"\b(?:asm|__asm__|__asm)\b\s*(?:(?:volatile|__volatile__)\s*)?\(")
+_VOLATILE = re.compile(r"\bvolatile\b")
+
+
+def _blank(m: re.Match) -> str:
+    text = m.group(0)
+    return " " * len(text) if "\n" not in text else re.sub(r"[^\n]", " ", text)
+
+
+@functools.lru_cache(maxsize=64)
+def blank_comments(code: str) -> str:
+    """The source with every comment replaced by spaces (newlines kept): same length, same lines."""
+    return _COMMENT.sub(_blank, code)
+
+
+def _matching(text: str, open_pos: int) -> int:
+    """Index just past the parenthesis that closes the one at ``open_pos`` (strings respected)."""
+    depth, i, n = 0, open_pos, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"' or ch == "'":
+            j = i + 1
+            while j < n and text[j] != ch:
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return n
+
+
+def _strip_attributes(text: str) -> str:
+    """Removes ``__align__(...)``, ``alignas(...)`` and ``__attribute__((...))`` from a declaration."""
+    while True:
+        m = _ALIGN.search(text)
+        if not m:
+            return text
+        end = _matching(text, m.end() - 1)
+        text = text[:m.start()] + " " + text[end:]
+
+
+class _Scopes:
+    """Brace structure of a (comment-blanked) source: for a position, is it inside a function or
+    class body, and which namespaces enclose it."""
+
+    _OPENER = re.compile(r"(?:\bnamespace\s*(?P<ns>[\w:]*)\s*|\bextern\s*\"C\"\s*)$")
+
+    def __init__(self, text: str):
+        self.positions: list[int] = []  # every brace, with the stack of scopes after it
+        self.stacks: list[list[tuple[str, str]]] = []
+        stack: list[tuple[str, str]] = []
+        for m in re.finditer(r"[{}]", text):
+            i = m.start()
+            if text[i] == "{":
+                before = text[max(0, i - 200):i]
+                found = self._OPENER.search(before) if ("namespace" in before or "extern" in before) else None
+                stack = stack + [("ns", found["ns"] or "") if found else ("code", "")]
+            else:
+                stack = stack[:-1]
+            self.positions.append(i)
+            self.stacks.append(stack)
+
+    def at(self, pos: int) -> list[tuple[str, str]]:
+        k = bisect.bisect_right(self.positions, pos) - 1
+        return self.stacks[k] if k >= 0 else []
+
+    def file_scope(self, pos: int) -> bool:
+        return all(kind == "ns" for kind, _ in self.at(pos))
+
+    def namespace(self, pos: int) -> str:
+        return "::".join(name for kind, name in self.at(pos) if kind == "ns" and name)
+
+
+def _same_lines(original: str, replacement: str) -> str:
+    return replacement + "\n" * original.count("\n")
 
 
 class SimCompileError(RuntimeError):
@@ -58,27 +152,225 @@ def strip_comments(code: str) -> str:
     return _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n") or " ", code)
 
 
+def _edit(code: str, blanked: str, pattern: re.Pattern, fn) -> tuple[str, str]:
+    """Applies ``fn(match) -> replacement or None`` to the matches of ``pattern`` in the blanked
+    text, editing the original and the blanked text at the same positions."""
+    out, out_b, last = [], [], 0
+    for m in pattern.finditer(blanked):
+        new = fn(m)
+        if new is None:
+            continue
+        new = _same_lines(m.group(0), new)
+        out.append(code[last:m.start()] + new)
+        out_b.append(blanked[last:m.start()] + new)
+        last = m.end()
+    out.append(code[last:])
+    out_b.append(blanked[last:])
+    return "".join(out), "".join(out_b)
+
+
 def rewrite_shared(code: str) -> str:
     """Line-preserving rewrite of ``__shared__`` declarations (see the module docstring)."""
-    code = _EXTERN_SHARED.sub(
-        lambda m: f"{m['type']}* {m['name']} = llmcupy_sim::dynamic_shared<{m['type']}>();", code
-    )
+    blanked = blank_comments(code)
+    scopes = _Scopes(blanked)
+
+    def dynamic(m: re.Match) -> str:
+        ctype = " ".join(_strip_attributes(m["rest"]).split())
+        if not ctype:
+            return None
+        if scopes.file_scope(m.start()):
+            return f"llmcupy_sim::FileDynamicShared<{ctype}> {m['name']};"
+        return f"{ctype}* {m['name']} = llmcupy_sim::dynamic_shared<{ctype}>();"
+
+    code, blanked = _edit(code, blanked, _EXTERN_SHARED, dynamic)
+    scopes = _Scopes(blanked)
     counter = iter(range(1_000_000))
+    newlines = [m.start() for m in re.finditer("\n", blanked)]
 
     def static(m: re.Match) -> str:
-        dims = re.sub(r"\s+", "", m["dims"])
-        return f"auto& {m['name']} = llmcupy_sim::shared_var<{m['type']}{dims}, {next(counter)}>();"
+        decl = " ".join(_strip_attributes(m["rest"]).split())
+        d = _DECLARATOR.match(decl)
+        # several declarators, initialisers, extern: left to the `static thread_local` fallback
+        if not d or "," in decl or "=" in decl or d["type"].strip() in ("", "extern"):
+            return None
+        line = bisect.bisect_left(newlines, m.start()) + 1
+        dims = " ".join(d["dims"].split())
+        ctype = f"{d['type'].strip()}{dims}"
+        ident = next(counter)
+        if scopes.file_scope(m.start()):
+            return f'llmcupy_sim::FileShared<{ctype}, {ident}> {d["name"]}{{"{d["name"]}", {line}}};'
+        return f'auto& {d["name"]} = llmcupy_sim::shared_var<{ctype}, {ident}>("{d["name"]}", {line});'
 
-    return _STATIC_SHARED.sub(static, code)
+    code, _ = _edit(code, blanked, _SHARED, static)
+    return code
 
 
 def global_kernel_names(code: str) -> list[str]:
-    """Names of the non-template ``__global__`` functions (templates need name expressions)."""
+    """Names of the non-template ``__global__`` functions, qualified by their namespaces
+    (templates need name expressions)."""
+    blanked = blank_comments(code)
+    scopes = _Scopes(blanked) if "namespace" in blanked else None
     names = []
-    for m in _GLOBAL_FN.finditer(strip_comments(code)):
-        if not m["template"] and m["name"] not in names:
-            names.append(m["name"])
+    for m in _GLOBAL_FN.finditer(blanked):
+        if m["template"]:
+            continue
+        ns = scopes.namespace(m.start()) if scopes else ""
+        name = f"{ns}::{m['name']}" if ns and "extern \"C\"" not in m.group(0) else m["name"]
+        if name not in names:
+            names.append(name)
     return names
+
+
+def device_variables(code: str) -> list[str]:
+    """Qualified names of the file-scope ``__constant__`` / ``__device__`` variables."""
+    blanked = blank_comments(code)
+    matches = list(_DEVICE_VAR.finditer(blanked))
+    scopes = _Scopes(blanked) if matches else None
+    names = []
+    for m in matches:
+        before = blanked[max(0, m.start() - 40):m.start()]
+        if (not scopes.file_scope(m.start()) or re.search(r"\b(?:template|typedef|using|extern)\b", m["rest"])
+                or re.search(r"\bextern\s*(?:\"C\"\s*)?$", before)):
+            continue  # a declaration of a variable defined elsewhere has no storage here
+
+        ns = scopes.namespace(m.start())
+        name = f"{ns}::{m['name']}" if ns else m["name"]
+        if name not in names:
+            names.append(name)
+    return names
+
+
+# --- inline PTX ---------------------------------------------------------------------------------
+
+_SPECIAL_REGISTERS = {
+    "laneid": "llmcupy_sim::ptx_laneid()", "warpid": "llmcupy_sim::ptx_warpid()",
+    "smid": "0u", "nsmid": "1u", "gridid": "0ull",
+    "clock": "(unsigned)clock64()", "clock64": "(unsigned long long)clock64()", "clock_hi": "0u",
+    "globaltimer": "__globaltimer()", "globaltimer_lo": "(unsigned)__globaltimer()",
+    "lanemask_eq": "(1u << llmcupy_sim::ptx_laneid())",
+    "lanemask_lt": "((1u << llmcupy_sim::ptx_laneid()) - 1u)",
+    "lanemask_le": "((2u << llmcupy_sim::ptx_laneid()) - 1u)",
+    "lanemask_gt": "(~((2u << llmcupy_sim::ptx_laneid()) - 1u))",
+    "lanemask_ge": "(~((1u << llmcupy_sim::ptx_laneid()) - 1u))",
+    "tid.x": "threadIdx.x", "tid.y": "threadIdx.y", "tid.z": "threadIdx.z",
+    "ntid.x": "blockDim.x", "ntid.y": "blockDim.y", "ntid.z": "blockDim.z",
+    "ctaid.x": "blockIdx.x", "ctaid.y": "blockIdx.y", "ctaid.z": "blockIdx.z",
+    "nctaid.x": "gridDim.x", "nctaid.y": "gridDim.y", "nctaid.z": "gridDim.z",
+}
+_PTX_TYPES = {"f32": "float", "f64": "double", "u32": "unsigned int", "s32": "int", "b32": "unsigned int",
+              "u64": "unsigned long long", "s64": "long long", "b64": "unsigned long long",
+              "u16": "unsigned short", "s16": "short", "b16": "unsigned short", "u8": "unsigned char",
+              "s8": "signed char", "b8": "unsigned char"}
+_OPERAND = re.compile(r'\s*(?:\[\s*\w+\s*\]\s*)?"(?P<constraint>[^"]*)"\s*\(')
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    parts, depth, cur, i = [], 0, [], 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            j = i + 1
+            while j < len(text) and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            cur.append(text[i:j + 1])
+            i = j + 1
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    parts.append("".join(cur))
+    return parts
+
+
+def _operands(text: str) -> list[tuple[str, str]] | None:
+    ops = []
+    for part in _split_top(text, ","):
+        if not part.strip():
+            continue
+        m = _OPERAND.match(part)
+        if not m:
+            return None
+        expr = part[m.end():part.rindex(")")]
+        ops.append((m["constraint"], expr.strip()))
+    return ops
+
+
+def _translate_ptx(template: str, operands: list[tuple[str, str]]) -> str | None:
+    """C++ for one PTX statement sequence, or None if the emulator does not know it."""
+    out = []
+
+    def ref(token: str) -> str | None:
+        token = token.strip()
+        m = re.fullmatch(r"%(\d+)", token)
+        return f"({operands[int(m[1])][1]})" if m and int(m[1]) < len(operands) else None
+
+    for stmt in (x.strip() for x in template.split(";")):
+        if not stmt:
+            continue
+        stmt = stmt.replace("%%", "%")
+        m = re.fullmatch(r"mov\.[usb](32|64)\s+(%\d+)\s*,\s*%(\w+(?:\.[xyz])?)", stmt)
+        if m and m[3] in _SPECIAL_REGISTERS and ref(m[2]):
+            out.append(f"{ref(m[2])} = {_SPECIAL_REGISTERS[m[3]]};")
+            continue
+        m = re.fullmatch(r"ld\.global(?:\.nc|\.ca|\.cg|\.cs|\.lu|\.cv)?(?:\.L1::no_allocate|\.L2::\w+)*"
+                         r"(?:\.v(2|4))?\.(\w+)\s+(\{[^}]*\}|%\d+)\s*,\s*\[\s*(%\d+)\s*(?:\+\s*(\d+))?\s*\]", stmt)
+        if m and m[2] in _PTX_TYPES:
+            ctype = _PTX_TYPES[m[2]]
+            dests = [d.strip() for d in m[3].strip("{}").split(",")]
+            addr = ref(m[4])
+            if addr is None or any(ref(d) is None for d in dests):
+                return None
+            base = f"((const {ctype}*)((const char*){addr} + {m[5] or 0}))"
+            for k, d in enumerate(dests):
+                out.append(f"{ref(d)} = {base}[{k}];")
+            continue
+        if re.fullmatch(r"(membar\.(gl|sys|cta)|fence\.(sc|acq_rel)\.(gpu|sys|cta))", stmt):
+            out.append("__threadfence();")
+            continue
+        if re.fullmatch(r"bar\.sync\s+0|barrier\.sync\s+0|bar\.sync\s+0\s*,\s*%\d+", stmt) and "%" not in stmt:
+            out.append("__syncthreads();")
+            continue
+        m = re.fullmatch(r"nanosleep\.u32\s+(\S+)", stmt)
+        if m:
+            out.append("__nanosleep(0);")
+            continue
+        return None
+    return " ".join(out) if out else ";"
+
+
+def rewrite_asm(code: str) -> str:
+    """Line-preserving rewrite of inline PTX (see the module docstring)."""
+    blanked = blank_comments(code)
+    out, last = [], 0
+    for m in _ASM.finditer(blanked):
+        if m.start() < last:
+            continue
+        end = _matching(blanked, m.end() - 1)
+        inner = code[m.end():end - 1]
+        parts = _split_top(inner, ":")
+        template = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', parts[0])).replace("\\n", ";").replace("\\t", " ")
+        outputs = _operands(parts[1]) if len(parts) > 1 else []
+        inputs = _operands(parts[2]) if len(parts) > 2 else []
+        translated = None
+        if outputs is not None and inputs is not None:
+            translated = _translate_ptx(template, outputs + inputs)
+        if translated is None:
+            first = next((x.strip() for x in template.split(";") if x.strip()), template.strip()) or "(empty)"
+            first = first.replace("\\", "").replace('"', "'")
+            translated = (f'static_assert(llmcupy_sim::always_false<__LINE__>, "inline PTX \'{first}\' is not '
+                          f'supported by the emulator (it knows %laneid, %warpid, %smid, %clock, ld.global.nc, '
+                          f'fences); use the CUDA C intrinsic instead");')
+        out.append(code[last:m.start()] + _same_lines(code[m.start():end], f"do {{ {translated} }} while (0)"))
+        last = end
+    out.append(code[last:])
+    return "".join(out)
 
 
 def _included_files(code: str, include_dirs: list[Path], seen: set[Path]) -> list[Path]:
@@ -119,6 +411,23 @@ def compiler_identity(cxx: str) -> str:
         ) from exc
 
 
+@functools.lru_cache(maxsize=1)
+def _include_dir_digest() -> bytes:
+    """Hash of the emulator's headers (read once per process)."""
+    digest = hashlib.sha256()
+    files = sorted(os.path.relpath(os.path.join(d, f), INCLUDE_DIR) for d, _, fs in os.walk(INCLUDE_DIR) for f in fs)
+    for rel in files:
+        digest.update(rel.encode())
+        with open(os.path.join(INCLUDE_DIR, rel), "rb") as fh:
+            digest.update(fh.read())
+    return digest.digest()
+
+
+@functools.lru_cache(maxsize=1)
+def _compiler_source_digest() -> bytes:
+    return hashlib.sha256(Path(__file__).read_bytes()).digest()
+
+
 def cache_dir() -> Path:
     root = os.environ.get("LLMCUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "llmcupy")
     return Path(root) / "sim"
@@ -139,12 +448,71 @@ def translate_options(options) -> tuple[list[str], list[Path]]:
             flags.append("-D" + opt.split("=", 1)[1] if opt.startswith("--define") else opt)
         elif opt.startswith(("-std=", "--std=")):
             flags.append("-std=" + opt.split("=", 1)[1])
+        elif opt.startswith(("-arch=", "--gpu-architecture=")) or opt in ("-arch", "--gpu-architecture"):
+            arch = opt.split("=", 1)[1] if "=" in opt else next(it, "")
+            m = re.search(r"(?:sm|compute)_(\d+)", arch)
+            if m:  # __CUDA_ARCH__ as NVRTC sets it for this -arch, so `#if` guards pick the same branch
+                flags.append(f"-D__CUDA_ARCH__={int(m[1][:-1]) * 100 + int(m[1][-1]) * 10}")
         # --use_fast_math, -arch, --gpu-architecture, -lineinfo ...: no meaning on a CPU.
     return flags, include_dirs
 
 
-def build_library(code: str, kernels: list[str], options=(), filename: str = "kernel.cu") -> Path:
-    """Compiles ``code`` with one entry point per name in ``kernels``; returns the .so path."""
+# ThreadSanitizer's instrumentation without its runtime: the hooks live in llmcupy_sim.h.
+TSAN_FLAGS = ["-fsanitize=thread", "--param", "tsan-distinguish-volatile=1",
+              "--param", "tsan-instrument-func-entry-exit=0"]
+
+
+_VOLATILE_CAST = re.compile(r"\(\s*(?:const\s+)?volatile\s+(?:const\s+)?[\w:<>\s]+?[*&]+\s*\)")
+
+
+def uses_volatile(code: str) -> bool:
+    """Does the source declare ``volatile`` variables, pointers or parameters? The instrumentation
+    costs a lot (every memory access becomes a call), so a one-off volatile cast such as
+    ``*((volatile unsigned*)p)`` does not count: a spin on one such cast hits the watchdog instead."""
+    blanked = re.sub(r"\b(?:asm|__asm__|__asm)\s+(?:volatile|__volatile__)", "asm", blank_comments(code))
+    blanked = _VOLATILE_CAST.sub("()", blanked)
+    return bool(_VOLATILE.search(blanked))
+
+
+def stack_requirement(lib: Path) -> int:
+    """Bytes of fiber stack the library's kernels need (0: the default is enough)."""
+    try:
+        return int(Path(str(lib) + ".stack").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def _stack_from_su(folder: Path) -> int:
+    frames = [0]
+    for su in folder.glob("*.su"):
+        for line in su.read_text(errors="replace").splitlines():
+            fields = line.split("\t")
+            if len(fields) >= 2 and fields[1].strip().isdigit():
+                frames.append(int(fields[1]))
+    biggest = max(frames)
+    # A big local array lives in one kernel's frame; room for it twice (a helper's copy) plus the
+    # default 64 KiB for everything else. Small frames keep the default.
+    return 0 if biggest < 8192 else 2 * biggest + 64 * 1024
+
+
+def build_library(code: str, kernels: list[str], options=(), filename: str = "kernel.cu",
+                  variables: list[str] = ()) -> Path:
+    """Compiles ``code`` with one entry point per name in ``kernels`` (and an address accessor per
+    name in ``variables``); returns the .so path."""
+    memo_key = (code, tuple(kernels), tuple(options or ()), filename, tuple(variables),
+                os.environ.get("LLMCUPY_SIM_ASAN", ""), os.environ.get("CXX", "g++"), str(cache_dir()))
+    lib = _BUILT.get(memo_key)
+    if lib is not None and lib.exists():
+        return lib
+    lib = _build_library(code, kernels, options, filename, variables)
+    _BUILT[memo_key] = lib
+    return lib
+
+
+_BUILT: dict = {}  # the libraries this process built or found, by everything their key is made of
+
+
+def _build_library(code, kernels, options, filename, variables) -> Path:
     flags, include_dirs = translate_options(options)
     if not any(f.startswith("-std=") for f in flags):
         flags.append("-std=c++17")
@@ -158,28 +526,16 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
     if asan:
         base_flags += ["-fsanitize=address", "-fno-omit-frame-pointer"]
 
-    body = rewrite_shared(code)
-    entries = []
-    for i, name in enumerate(kernels):
-        entries.append(
-            f'extern "C" LLMCUPY_SIM_EXPORT int llmcupy_sim_entry_{i}(const llmcupy_sim::LaunchConfig* c, void** a, '
-            f"llmcupy_sim::LaunchResult* r) {{ return llmcupy_sim::launch(&{name}, \"{name}\", c, a, r); }}\n"
-            f'extern "C" LLMCUPY_SIM_EXPORT const char* llmcupy_sim_signature_{i}() {{ return llmcupy_sim::signature(&{name}); }}\n'
-        )
     safe_name = re.sub(r"[^\w.-]", "_", filename)
-    unit = (
-        '#include "llmcupy_sim.h"\n'
-        f'#line 1 "{safe_name}"\n'
-        f"{body}\n"
-        '#line 1 "llmcupy_sim_entries"\n'
-        + "".join(entries)
-    )
-
+    # The key hashes the source as written plus this file (which holds the rewrite rules), so a
+    # cached library is found without rewriting the source first.
     digest = hashlib.sha256()
-    for part in (unit, " ".join(flags + base_flags), compiler_identity(cxx)):
+    for part in (code, "\0".join(kernels), "\0".join(variables), safe_name, " ".join(flags + base_flags),
+                 compiler_identity(cxx)):
         digest.update(part.encode())
-    for p in sorted(INCLUDE_DIR.rglob("*.h")):
-        digest.update(p.read_bytes())
+        digest.update(b"\0")
+    digest.update(_include_dir_digest())
+    digest.update(_compiler_source_digest())
     for p in _included_files(code, include_dirs, set()):
         digest.update(p.read_bytes())
     key = digest.hexdigest()[:24]
@@ -189,15 +545,51 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
     if lib.exists():
         return lib
 
+    body = rewrite_asm(rewrite_shared(code))
+    volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
+    entries = []
+    for i, name in enumerate(kernels):
+        entries.append(
+            f'extern "C" LLMCUPY_SIM_EXPORT int llmcupy_sim_entry_{i}(const llmcupy_sim::LaunchConfig* c, void** a, '
+            f"llmcupy_sim::LaunchResult* r) {{ return llmcupy_sim::launch(&{name}, \"{name}\", c, a, r); }}\n"
+            f'extern "C" LLMCUPY_SIM_EXPORT const char* llmcupy_sim_signature_{i}() {{ return llmcupy_sim::signature(&{name}); }}\n'
+        )
+    for i, name in enumerate(variables):
+        entries.append(
+            f'extern "C" LLMCUPY_SIM_EXPORT void* llmcupy_sim_global_{i}(unsigned long long* size) '
+            f"{{ *size = sizeof({name}); return (void*)&{name}; }}\n"
+        )
+    unit = (
+        ("#define LLMCUPY_SIM_VOLATILE_HOOKS 1\n" if volatile else "")
+        + '#include "llmcupy_sim.h"\n'
+        f'#line 1 "{safe_name}"\n'
+        f"{body}\n"
+        '#line 1 "llmcupy_sim_entries"\n'
+        + "".join(entries)
+    )
+    includes = [f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
+
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
         src = Path(tmp) / "unit.cpp"
         src.write_text(unit)
         tmp_lib = Path(tmp) / "lib.so"
-        cmd = [cxx, *base_flags, *flags, f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs], str(src), "-o", str(tmp_lib)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=_compiler_env())
-        if proc.returncode != 0:
-            raise SimCompileError(f"the emulator could not compile {filename}:\n{proc.stderr.strip()}")
-        # Atomic publish: a concurrent reader sees either no library or a complete one.
+        if volatile:
+            # compile instrumented, link without TSan's runtime (the header defines the hooks)
+            obj = Path(tmp) / "unit.o"
+            steps = [[cxx, *[f for f in base_flags if f != "-shared"], *TSAN_FLAGS, "-fstack-usage", *flags, *includes,
+                      "-c", str(src), "-o", str(obj)],
+                     [cxx, "-shared", "-pthread", str(obj), "-o", str(tmp_lib)]]
+        else:
+            steps = [[cxx, *base_flags, "-fstack-usage", *flags, *includes, str(src), "-o", str(tmp_lib)]]
+        for cmd in steps:
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
+            if proc.returncode != 0:
+                raise SimCompileError(f"the emulator could not compile {filename}:\n{proc.stderr.strip()}")
+        stack = Path(tmp) / "lib.stack"
+        stack.write_text(str(_stack_from_su(Path(tmp))))
+        # Atomic publish: a concurrent reader sees either no library or a complete one (the stack
+        # size goes first: a library without it would run with the default stack).
+        os.replace(stack, Path(str(lib) + ".stack"))
         os.replace(tmp_lib, lib)
     return lib
 

@@ -9,6 +9,10 @@ a block of code with :func:`settings`::
 
 ``order`` is ``forward``, ``reverse`` or ``random`` (reshuffled at every release, seeded by
 ``seed``). Tests run every kernel in at least two orders and assert the counters stay zero.
+
+``timeout`` (seconds, default ``LLMCUPY_SIM_TIMEOUT`` or 120; 0 turns it off) is the watchdog's
+limit per launch: a launch that runs longer (a thread spinning on a flag nobody sets) is stopped
+with :class:`SimTimeoutError` naming the kernel and where its threads were last seen.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .compiler import build_library
+from .compiler import build_library, stack_requirement
 
 ORDERS = {"forward": 0, "reverse": 1, "random": 2}
 
@@ -31,7 +35,19 @@ class SimDeadlockError(RuntimeError):
 
 
 class SimLaunchError(RuntimeError):
-    """The emulator refused a launch configuration."""
+    """The emulator refused a launch configuration, or the launch failed on the device side."""
+
+
+class SimDeviceAssertError(SimLaunchError):
+    """A device-side ``assert()`` failed (a GPU reports cudaErrorAssert); names kernel, line, block, thread."""
+
+
+class SimTimeoutError(SimLaunchError):
+    """The watchdog stopped a launch that ran past the time limit; names where threads were last seen."""
+
+
+class SimSharedMemoryError(SimLaunchError):
+    """A write landed just outside a shared-memory array (an out-of-bounds index)."""
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -43,6 +59,8 @@ class _LaunchConfig(ctypes.Structure):
         ("workers", ctypes.c_int),
         ("seed", ctypes.c_ulonglong),
         ("poison", ctypes.c_int),
+        ("stack_bytes", ctypes.c_ulonglong),
+        ("timeout_ms", ctypes.c_ulonglong),
     ]
 
 
@@ -54,6 +72,9 @@ class _LaunchResult(ctypes.Structure):
         ("deadlock", ctypes.c_int),
         ("error", ctypes.c_int),
         ("message", ctypes.c_char * 2048),
+        ("assert_failed", ctypes.c_int),
+        ("timed_out", ctypes.c_int),
+        ("shared_overflow", ctypes.c_int),
     ]
 
 
@@ -66,6 +87,7 @@ class _Settings:
     seed: int = 0
     workers: int = field(default_factory=lambda: int(os.environ.get("LLMCUPY_SIM_WORKERS", os.cpu_count() or 1)))
     poison: bool = True
+    timeout: float = field(default_factory=lambda: float(os.environ.get("LLMCUPY_SIM_TIMEOUT", "120") or 0))
 
 
 _settings = _Settings()
@@ -75,13 +97,17 @@ _launches = 0
 
 
 @contextlib.contextmanager
-def settings(order: str | None = None, seed: int | None = None, workers: int | None = None, poison: bool | None = None):
-    """Temporarily changes the thread order, seed, worker count or shared-memory poisoning."""
+def settings(order: str | None = None, seed: int | None = None, workers: int | None = None, poison: bool | None = None,
+             timeout: float | None = None):
+    """Temporarily changes the thread order, seed, worker count, shared-memory poisoning or watchdog limit."""
     global _settings
     if order is not None and order not in ORDERS:
         raise ValueError(f"unknown thread order {order!r}; choose one of {', '.join(ORDERS)}")
     saved = _Settings(**vars(_settings))
-    for key, value in (("order", order), ("seed", seed), ("workers", workers), ("poison", poison)):
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
+    for key, value in (("order", order), ("seed", seed), ("workers", workers), ("poison", poison),
+                       ("timeout", timeout)):
         if value is not None:
             setattr(_settings, key, value)
     try:
@@ -107,15 +133,25 @@ def reset_hazards() -> None:
 class SimLibrary:
     """A compiled source: one entry point and one signature per kernel name."""
 
-    def __init__(self, code: str, kernels: list[str], options=(), filename: str = "kernel.cu"):
-        self.path = build_library(code, kernels, options, filename)
+    def __init__(self, code: str, kernels: list[str], options=(), filename: str = "kernel.cu", variables=()):
+        self.path = build_library(code, kernels, options, filename, list(variables))
+        self._variables = {name: i for i, name in enumerate(variables)}
         self._lib = ctypes.CDLL(str(self.path))
         self._index = {name: i for i, name in enumerate(kernels)}
+        self.stack_bytes = stack_requirement(self.path)
 
     def signature(self, name: str) -> str:
         fn = getattr(self._lib, f"llmcupy_sim_signature_{self._index[name]}")
         fn.restype = ctypes.c_char_p
         return fn().decode()
+
+    def global_address(self, name: str) -> tuple[int, int]:
+        """Address and size in bytes of a ``__constant__`` / ``__device__`` variable."""
+        fn = getattr(self._lib, f"llmcupy_sim_global_{self._variables[name]}")
+        fn.restype = ctypes.c_void_p
+        size = ctypes.c_ulonglong(0)
+        ptr = fn(ctypes.byref(size))
+        return int(ptr), int(size.value)
 
     def launcher(self, name: str):
         fn = getattr(self._lib, f"llmcupy_sim_entry_{self._index[name]}")
@@ -124,7 +160,7 @@ class SimLibrary:
         return fn
 
 
-def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0) -> None:
+def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack_bytes: int = 0) -> None:
     """Runs ``entry`` (from :meth:`SimLibrary.launcher`) over ``grid`` x ``block``.
 
     ``args`` are already checked: NumPy arrays (passed by address), ``None`` (a null pointer) or
@@ -151,6 +187,8 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0) -> No
     cfg.workers = max(1, _settings.workers)
     cfg.seed = _settings.seed
     cfg.poison = int(_settings.poison)
+    cfg.stack_bytes = stack_bytes
+    cfg.timeout_ms = int(round(_settings.timeout * 1000))
     res = _LaunchResult()
     rc = entry(ctypes.byref(cfg), addresses, ctypes.byref(res))
     with _counters_lock:
@@ -159,5 +197,12 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0) -> No
             _counters[k] += getattr(res, k)
     if res.error:
         raise SimLaunchError(f"{name}: {res.message.decode(errors='replace')}")
+    message = res.message.decode(errors="replace").rstrip()
+    if res.assert_failed:
+        raise SimDeviceAssertError(message)
+    if res.timed_out:
+        raise SimTimeoutError(message)
+    if res.shared_overflow:
+        raise SimSharedMemoryError(message)
     if rc == 2 or res.deadlock:
         raise SimDeadlockError(res.message.decode(errors="replace").rstrip())

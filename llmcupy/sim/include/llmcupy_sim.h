@@ -3,9 +3,13 @@
 // The emulator compiles an unchanged .cu file with g++ against this header. Every CUDA thread of a
 // block is a fiber (its own stack) and all fibers of a block run on one OS thread; blocks are spread
 // over a few OS threads. A fiber only gives up the CPU at a synchronisation point: __syncthreads()
-// and its variants, a warp collective (shuffle, vote, __syncwarp, cooperative-groups sync/reduce).
-// The scheduler then decides what is released, so between two barriers the threads of a block run
-// one after the other, in the order the launch asks for (forward, reverse or seeded random).
+// and its variants, a warp collective (shuffle, vote, __syncwarp, __activemask, cooperative-groups
+// sync/reduce/scan), and where a GPU thread may wait for another's progress: a volatile access (in
+// sources that declare volatile data), an atomic that leaves memory unchanged twice in a row or a
+// failed atomicCAS (a poll), __nanosleep. The scheduler then decides what is released, so between
+// two such points the threads of a block run one after the other, in the order the launch asks
+// for (forward, reverse or seeded random). Lanes of a warp are released from a collective together
+// only when every lane of the group waits at the same kind of collective with the same mask.
 //
 // What makes it a test tool (counted per launch and returned to Python):
 //   - shared memory is filled with 0xFF bytes (a NaN for float) when each block starts;
@@ -14,6 +18,9 @@
 //     they returned (undefined in CUDA, even if recent GPUs tolerate it);
 //   - exited_lane_reads: a warp collective that reads a lane which has exited or is not in the mask;
 //   - deadlock: no thread can make progress; reported with the source lines they wait at.
+// And as errors that stop the launch (a Python exception; the process lives on): a failed device
+// assert(), a write into the guard bytes around a shared array, a launch past the watchdog's time
+// limit (threads that never reach a sync point are interrupted by a signal), grid_group::sync().
 //
 // What it does not model: timing, coalescing, bank conflicts, FMA contraction and rounding order,
 // races between two barriers (a thread runs from one sync point to the next without interruption,
@@ -39,10 +46,14 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <limits>
+#include <ctime>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <chrono>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -54,6 +65,7 @@
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
+#include <sanitizer/asan_interface.h>
 #define LLMCUPY_SIM_ASAN 1
 #endif
 
@@ -68,33 +80,49 @@
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-#define __constant__ static
+// Not `static`: RawModule.get_global finds __constant__ and __device__ variables by address.
+#define __constant__
 // The Python side rewrites every `__shared__` declaration it recognises (see sim/compiler.py) so
 // that it is poisoned per block; anything it does not recognise still works, unpoisoned.
 #define __shared__ static thread_local
 #define __CUDACC__ 1
+// As under NVRTC, so `#if` guards take the device branch; -arch=sm_XY sets it (sim/compiler.py).
+#ifndef __CUDA_ARCH__
 #define __CUDA_ARCH__ 800
+#endif
+#define __CUDACC_RTC__ 1
+#define __CUDACC_VER_MAJOR__ 12
+#define __CUDACC_VER_MINOR__ 0
 #define LLMCUPY_SIM 1
 #define LLMCUPY_SIM_EXPORT __attribute__((visibility("default")))
 
 // ---------------------------------------------------------------------------------------------
 // Vector types, with CUDA's alignment (float4 is 16-byte aligned, which the float4 loads need)
 // ---------------------------------------------------------------------------------------------
-#define LLMCUPY_SIM_VEC(NAME, T, ALIGN)                                                         \
-    struct alignas(ALIGN) NAME##1 { T x; };                                                    \
-    struct alignas(ALIGN * 2) NAME##2 { T x, y; };                                             \
-    struct NAME##3 { T x, y, z; };                                                            \
-    struct alignas(ALIGN * 4) NAME##4 { T x, y, z, w; };                                       \
-    inline NAME##1 make_##NAME##1(T x) { return {x}; }                                         \
-    inline NAME##2 make_##NAME##2(T x, T y) { return {x, y}; }                                 \
-    inline NAME##3 make_##NAME##3(T x, T y, T z) { return {x, y, z}; }                         \
+// All of CUDA's vector_types.h: NAME1..NAME4 with CUDA's alignment for 1, 2 and 4 components
+// (3-component types are aligned like their element) and the make_NAME<k> constructors.
+#define LLMCUPY_SIM_VEC(NAME, T, A2, A4)                                                         \
+    struct alignas(sizeof(T)) NAME##1 { T x; };                                                   \
+    struct alignas(A2) NAME##2 { T x, y; };                                                      \
+    struct NAME##3 { T x, y, z; };                                                               \
+    struct alignas(A4) NAME##4 { T x, y, z, w; };                                                \
+    inline NAME##1 make_##NAME##1(T x) { return {x}; }                                            \
+    inline NAME##2 make_##NAME##2(T x, T y) { return {x, y}; }                                    \
+    inline NAME##3 make_##NAME##3(T x, T y, T z) { return {x, y, z}; }                            \
     inline NAME##4 make_##NAME##4(T x, T y, T z, T w) { return {x, y, z, w}; }
-LLMCUPY_SIM_VEC(float, float, 4)
-LLMCUPY_SIM_VEC(int, int, 4)
-LLMCUPY_SIM_VEC(uint, unsigned int, 4)
+LLMCUPY_SIM_VEC(char, signed char, 2, 4)
+LLMCUPY_SIM_VEC(uchar, unsigned char, 2, 4)
+LLMCUPY_SIM_VEC(short, short, 4, 8)
+LLMCUPY_SIM_VEC(ushort, unsigned short, 4, 8)
+LLMCUPY_SIM_VEC(int, int, 8, 16)
+LLMCUPY_SIM_VEC(uint, unsigned int, 8, 16)
+LLMCUPY_SIM_VEC(long, long, 16, 16)
+LLMCUPY_SIM_VEC(ulong, unsigned long, 16, 16)
+LLMCUPY_SIM_VEC(longlong, long long, 16, 16)
+LLMCUPY_SIM_VEC(ulonglong, unsigned long long, 16, 16)
+LLMCUPY_SIM_VEC(float, float, 8, 16)
+LLMCUPY_SIM_VEC(double, double, 16, 16)
 #undef LLMCUPY_SIM_VEC
-struct alignas(16) double2 { double x, y; };
-inline double2 make_double2(double x, double y) { return {x, y}; }
 
 struct dim3 {
     unsigned int x = 1, y = 1, z = 1;
@@ -114,6 +142,8 @@ struct LaunchConfig {
     int workers;        // OS threads used for blocks
     unsigned long long seed;
     int poison;         // fill shared memory with 0xFF at block start
+    unsigned long long stack_bytes;   // fiber stack the kernel needs (from -fstack-usage), 0: default
+    unsigned long long timeout_ms;    // watchdog: abandon the launch after this long, 0: no limit
 };
 
 struct LaunchResult {
@@ -123,9 +153,16 @@ struct LaunchResult {
     int deadlock;
     int error;
     char message[2048];
+    int assert_failed;        // a device assert() failed (message names kernel, line, block, thread)
+    int timed_out;            // the watchdog stopped the launch (message says where threads were)
+    int shared_overflow;      // a write landed just outside a shared-memory array
 };
 
 enum FiberState : int { READY = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3 };
+// What a lane waits at, for matching lanes of one warp collective: lanes are released together only
+// when each waits at the same kind of collective with the same mask. Shuffles of different modes
+// (idx/up/down/xor) and the votes mix as on sm_70+, where they are one instruction each.
+enum CollectiveKind : int { COLL_OTHER = 0, COLL_SYNCWARP = 1, COLL_SHFL = 2, COLL_VOTE = 3, COLL_ACTIVEMASK = 4 };
 enum BarrierKind : int { BAR_PLAIN = 0, BAR_COUNT = 1, BAR_AND = 2, BAR_OR = 3 };
 
 constexpr int kMaxThreads = 1024;
@@ -144,7 +181,11 @@ struct Fiber {
     int wait_line = 0;                    // source line of the barrier or collective it waits at
     const char* wait_what = "";
     unsigned int wait_mask = 0;
+    int wait_kind = COLL_OTHER;
     int predicate = 0;                    // for __syncthreads_count/and/or
+    const void* poll_addr = nullptr;      // last atomic's address and value: repeated polls yield
+    unsigned long long poll_value = 0;
+    int poll_repeats = 0;
     alignas(16) unsigned char post[kPostBytes];
 };
 
@@ -175,7 +216,11 @@ struct Worker {
     std::mt19937_64 rng;
     LaunchResult counters{};
     bool abandoned = false;
+    bool in_fiber = false;                // a fiber (not the scheduler) runs on this OS thread
     const char* kernel_name = "";
+    const LaunchConfig* cfg = nullptr;
+    struct SharedGuard { unsigned char* lo; unsigned char* hi; const char* name; int line; size_t bytes; };
+    std::vector<SharedGuard> guards;      // canaries around the shared arrays this block touched
 #ifdef LLMCUPY_SIM_ASAN
     void* fake_stack = nullptr;
     const void* sched_stack_bottom = nullptr;
@@ -266,6 +311,7 @@ inline void init_fiber_stack(Fiber* f) {
 
 inline void switch_to_fiber(Worker* w, Fiber* f) {
     w->cur = f;
+    w->in_fiber = true;
 #ifdef LLMCUPY_SIM_ASAN
     __sanitizer_start_switch_fiber(&w->fake_stack, f->stack, f->stack_size);
 #endif
@@ -277,6 +323,7 @@ inline void switch_to_fiber(Worker* w, Fiber* f) {
 #ifdef LLMCUPY_SIM_ASAN
     __sanitizer_finish_switch_fiber(w->fake_stack, nullptr, nullptr);
 #endif
+    w->in_fiber = false;
 }
 
 inline void switch_to_scheduler(Worker* w, bool finished = false) {
@@ -323,16 +370,48 @@ inline void wait_at_barrier(int kind, int pred, int line, const char* what) {
 
 // Posts `bytes` bytes of `value` for the lanes named in `mask`, waits until every live lane of the
 // mask has posted, and returns the gathered snapshot of the warp.
-inline const WarpGather& warp_exchange(unsigned mask, const void* value, size_t bytes, int line, const char* what) {
+inline const WarpGather& warp_exchange(unsigned mask, const void* value, size_t bytes, int line, const char* what,
+                                       int kind = COLL_OTHER) {
     Worker* w = tls_worker;
     Fiber* f = w->cur;
     if (bytes) std::memcpy(f->post, value, bytes);
     f->state = AT_WARP;
     f->wait_mask = mask | (1u << f->lane);
+    f->wait_kind = kind;
     f->wait_line = line;
     f->wait_what = what;
     switch_to_scheduler(w);
     return w->gathers[f->warp];
+}
+
+// Gives the CPU to the other threads of the block without waiting for anything: used where a GPU
+// thread could be waiting for another thread's progress (a volatile access, a repeated atomic poll),
+// which independent thread scheduling (sm_70+) guarantees.
+inline void yield_fiber(int line, const char* what) {
+    Worker* w = tls_worker;
+    if (w == nullptr || !w->in_fiber) return;
+    Fiber* f = w->cur;
+    f->wait_line = line;
+    f->wait_what = what;
+    switch_to_scheduler(w);  // state stays READY: the scheduler resumes it on its next pass
+}
+
+// An atomic that returns the same old value at the same address as this thread's previous atomic is
+// a poll (a spin lock, a flag wait): after two in a row the thread yields so the writer can run.
+inline void note_atomic(const void* addr, unsigned long long old, int line, const char* what) {
+    Worker* w = tls_worker;
+    if (w == nullptr || !w->in_fiber) return;
+    Fiber* f = w->cur;
+    if (f->poll_addr == addr && f->poll_value == old) {
+        if (++f->poll_repeats >= 2) {
+            f->poll_repeats = 0;
+            yield_fiber(line, what);
+        }
+    } else {
+        f->poll_addr = addr;
+        f->poll_value = old;
+        f->poll_repeats = 0;
+    }
 }
 
 inline int current_lane() { return tls_worker->cur->lane; }
@@ -351,22 +430,73 @@ inline T read_lane(const WarpGather& g, int src, T own) {
 }
 
 // Shared memory: one storage per declaration site and per OS thread (= per running block),
-// poisoned the first time a block touches it.
+// poisoned the first time a block touches it. Guard bytes on both sides are checked when the block
+// ends, so a write just outside the array is reported at the launch that made it.
+constexpr size_t kGuardBytes = 16;
+constexpr unsigned char kGuardByte = 0xA5;
+
+// In the AddressSanitizer build the guard bytes are also poisoned, so ASan reports any access to
+// them, reads included, where it happens.
+inline void guard_poison(void* p, size_t n) {
+#ifdef LLMCUPY_SIM_ASAN
+    __asan_poison_memory_region(p, n);
+#else
+    (void)p, (void)n;
+#endif
+}
+inline void guard_unpoison(void* p, size_t n) {
+#ifdef LLMCUPY_SIM_ASAN
+    __asan_unpoison_memory_region(p, n);
+#else
+    (void)p, (void)n;
+#endif
+}
+
 template <typename T, int ID>
-inline T& shared_var() {
-    alignas(16) static thread_local unsigned char storage[sizeof(T)];
+inline T& shared_var(const char* name = "?", int line = 0) {
+    constexpr size_t guard = alignof(T) > kGuardBytes ? alignof(T) : kGuardBytes;
+    alignas(guard) static thread_local unsigned char storage[sizeof(T) + 2 * guard];
     static thread_local unsigned long long epoch = 0;
-    if (epoch != tls_epoch) {
+    if (__builtin_expect(epoch != tls_epoch, 0)) {
         epoch = tls_epoch;
-        if (tls_poison) std::memset(storage, 0xFF, sizeof(T));
+        guard_unpoison(storage, sizeof storage);
+        if (tls_poison) std::memset(storage + guard, 0xFF, sizeof(T));
+        std::memset(storage, kGuardByte, guard);
+        std::memset(storage + guard + sizeof(T), kGuardByte, guard);
+        guard_poison(storage, guard);
+        guard_poison(storage + guard + sizeof(T), guard);
+        if (tls_worker) tls_worker->guards.push_back({storage, storage + guard + sizeof(T), name, line, sizeof(T)});
     }
-    return *reinterpret_cast<T*>(storage);
+    return *reinterpret_cast<T*>(storage + guard);
 }
 
 template <typename T>
 inline T* dynamic_shared() {
-    return reinterpret_cast<T*>(tls_worker->dyn_shared.data());
+    return reinterpret_cast<T*>(tls_worker->dyn_shared.data() + kGuardBytes);
 }
+
+// A `__shared__` variable declared at file scope (outside any function): every use looks up the
+// running block's storage, because a file-scope object is created once, when the library loads.
+template <typename T, int ID>
+struct FileShared {
+    const char* name;
+    int line;
+    T& get() const { return shared_var<T, ID>(name, line); }
+    operator T&() const { return get(); }
+    template <typename I> decltype(auto) operator[](I i) const { return get()[i]; }
+    template <typename U, typename A = T, typename = std::enable_if_t<std::is_array_v<A>>>
+    explicit operator U*() const { return reinterpret_cast<U*>(&get()); }
+    auto operator&() const { return &get(); }
+    template <typename V> const FileShared& operator=(const V& v) const { get() = v; return *this; }
+};
+template <typename T>
+struct FileDynamicShared {
+    T* get() const { return dynamic_shared<T>(); }
+    operator T*() const { return get(); }
+    template <typename I> T& operator[](I i) const { return get()[i]; }
+    template <typename U, typename = std::enable_if_t<!std::is_same_v<U, T>>>
+    explicit operator U*() const { return reinterpret_cast<U*>(get()); }
+};
 
 }  // namespace llmcupy_sim
 
@@ -389,52 +519,59 @@ inline int __syncthreads_or(int pred, int line = __builtin_LINE()) {
     return llmcupy_sim::tls_worker->barrier_result;
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu, int line = __builtin_LINE()) {
-    llmcupy_sim::warp_exchange(mask, nullptr, 0, line, "__syncwarp");
+    llmcupy_sim::warp_exchange(mask, nullptr, 0, line, "__syncwarp", llmcupy_sim::COLL_SYNCWARP);
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 // ---------------------------------------------------------------------------------------------
 // Warp shuffles and votes (a masked all-gather; `width` splits the warp into segments)
 // ---------------------------------------------------------------------------------------------
+// Shuffles follow the PTX ISA's shfl.sync with CUDA's clamp operand c = ((32 - width) << 8) | 0x1f
+// (0 for up): segmask = 32 - width, the segment's last lane maxLane = (lane & segmask) | (~segmask
+// & 31), its first minLane = lane & segmask. A source past the allowed end returns the caller's own
+// value; an xor source in an *earlier* segment is read (the programming guide's note).
 template <typename T>
 inline T __shfl_sync(unsigned mask, T v, int src, int width = 32, int line = __builtin_LINE()) {
     static_assert(sizeof(T) <= llmcupy_sim::kPostBytes, "value too large for a warp shuffle");
     int lane = llmcupy_sim::current_lane();
-    const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_sync");
-    int base = lane & ~(width - 1);
-    return llmcupy_sim::read_lane(g, base + (src & (width - 1)), v);
+    const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_sync", llmcupy_sim::COLL_SHFL);
+    int segmask = (32 - width) & 31;
+    int j = (lane & segmask) | (src & 31 & ~segmask);
+    if (j > ((lane & segmask) | (31 & ~segmask))) return v;
+    return llmcupy_sim::read_lane(g, j, v);
 }
 template <typename T>
 inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, int line = __builtin_LINE()) {
     int lane = llmcupy_sim::current_lane();
-    const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_up_sync");
-    int base = lane & ~(width - 1);
-    int src = lane - int(delta);
-    if (src < base) return v;
-    return llmcupy_sim::read_lane(g, src, v);
+    const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_up_sync", llmcupy_sim::COLL_SHFL);
+    int segmask = (32 - width) & 31;
+    int j = lane - int(delta & 31);
+    if (j < (lane & segmask)) return v;
+    return llmcupy_sim::read_lane(g, j, v);
 }
 template <typename T>
 inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32, int line = __builtin_LINE()) {
     int lane = llmcupy_sim::current_lane();
-    const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_down_sync");
-    int base = lane & ~(width - 1);
-    int src = lane + int(delta);
-    if (src >= base + width) return v;
-    return llmcupy_sim::read_lane(g, src, v);
+    const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_down_sync", llmcupy_sim::COLL_SHFL);
+    int segmask = (32 - width) & 31;
+    int j = lane + int(delta & 31);
+    if (j > ((lane & segmask) | (31 & ~segmask))) return v;
+    return llmcupy_sim::read_lane(g, j, v);
 }
 template <typename T>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32, int line = __builtin_LINE()) {
     int lane = llmcupy_sim::current_lane();
-    const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_xor_sync");
-    int base = lane & ~(width - 1);
-    int src = lane ^ lane_mask;
-    if (src < base || src >= base + width) return v;
-    return llmcupy_sim::read_lane(g, src, v);
+    const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_xor_sync", llmcupy_sim::COLL_SHFL);
+    int segmask = (32 - width) & 31;
+    int j = lane ^ (lane_mask & 31);
+    if (j > ((lane & segmask) | (31 & ~segmask))) return v;
+    return llmcupy_sim::read_lane(g, j, v);
 }
 inline unsigned __ballot_sync(unsigned mask, int pred, int line = __builtin_LINE()) {
     int p = pred != 0;
-    const auto& g = llmcupy_sim::warp_exchange(mask, &p, sizeof(int), line, "__ballot_sync");
+    const auto& g = llmcupy_sim::warp_exchange(mask, &p, sizeof(int), line, "__ballot_sync", llmcupy_sim::COLL_VOTE);
     unsigned out = 0;
     for (int l = 0; l < 32; ++l) {
         if (!(mask & (1u << l))) continue;
@@ -445,26 +582,70 @@ inline unsigned __ballot_sync(unsigned mask, int pred, int line = __builtin_LINE
 }
 inline int __all_sync(unsigned mask, int pred, int line = __builtin_LINE()) {
     int p = pred != 0;
-    const auto& g = llmcupy_sim::warp_exchange(mask, &p, sizeof(int), line, "__all_sync");
+    const auto& g = llmcupy_sim::warp_exchange(mask, &p, sizeof(int), line, "__all_sync", llmcupy_sim::COLL_VOTE);
     for (int l = 0; l < 32; ++l)
         if ((mask & (1u << l)) && !llmcupy_sim::read_lane(g, l, 1)) return 0;
     return 1;
 }
 inline int __any_sync(unsigned mask, int pred, int line = __builtin_LINE()) {
     int p = pred != 0;
-    const auto& g = llmcupy_sim::warp_exchange(mask, &p, sizeof(int), line, "__any_sync");
+    const auto& g = llmcupy_sim::warp_exchange(mask, &p, sizeof(int), line, "__any_sync", llmcupy_sim::COLL_VOTE);
     for (int l = 0; l < 32; ++l)
         if ((mask & (1u << l)) && llmcupy_sim::read_lane(g, l, 0)) return 1;
     return 0;
 }
-inline unsigned __activemask() {
-    auto* w = llmcupy_sim::tls_worker;
-    int warp = w->cur->warp;
-    unsigned m = 0;
+inline int __uni_sync(unsigned mask, int pred, int line = __builtin_LINE()) {
+    return __all_sync(mask, pred, line) || !__any_sync(mask, pred, line);
+}
+// __match_*_sync and __reduce_*_sync (sm_70 / sm_80): an all-gather of the mask's lanes.
+template <typename T>
+inline unsigned __match_any_sync(unsigned mask, T v, int line = __builtin_LINE()) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "__match_any_sync takes 32- or 64-bit values");
+    const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__match_any_sync", llmcupy_sim::COLL_SHFL);
+    unsigned out = 0;
+    for (int l = 0; l < 32; ++l)
+        if ((mask & (1u << l)) && std::memcmp(g.value[l], &v, sizeof(T)) == 0 && (g.valid & (1u << l))) out |= 1u << l;
+    return out;
+}
+template <typename T>
+inline unsigned __match_all_sync(unsigned mask, T v, int* pred, int line = __builtin_LINE()) {
+    unsigned same = __match_any_sync(mask, v, line);
+    *pred = same == (mask & llmcupy_sim::tls_worker->gathers[llmcupy_sim::tls_worker->cur->warp].valid);
+    return *pred ? mask : 0u;
+}
+namespace llmcupy_sim {
+template <typename T, typename Op>
+inline T warp_fold(unsigned mask, T v, Op op, int line, const char* what) {
+    const auto& g = warp_exchange(mask, &v, sizeof(T), line, what, COLL_SHFL);
+    bool first = true;
+    T acc = v;
     for (int l = 0; l < 32; ++l) {
-        int t = warp * 32 + l;
-        if (t < w->nthreads && w->fibers[t].state != llmcupy_sim::DONE) m |= 1u << l;
+        if (!(mask & (1u << l))) continue;
+        T x = read_lane(g, l, v);
+        acc = first ? x : op(acc, x);
+        first = false;
     }
+    return acc;
+}
+}  // namespace llmcupy_sim
+inline unsigned __reduce_add_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a + b; }, line, "__reduce_add_sync"); }
+inline int __reduce_add_sync(unsigned m, int v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](int a, int b) { return int(unsigned(a) + unsigned(b)); }, line, "__reduce_add_sync"); }
+inline unsigned __reduce_min_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a < b ? a : b; }, line, "__reduce_min_sync"); }
+inline int __reduce_min_sync(unsigned m, int v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](int a, int b) { return a < b ? a : b; }, line, "__reduce_min_sync"); }
+inline unsigned __reduce_max_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a > b ? a : b; }, line, "__reduce_max_sync"); }
+inline int __reduce_max_sync(unsigned m, int v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](int a, int b) { return a > b ? a : b; }, line, "__reduce_max_sync"); }
+inline unsigned __reduce_and_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a & b; }, line, "__reduce_and_sync"); }
+inline unsigned __reduce_or_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a | b; }, line, "__reduce_or_sync"); }
+inline unsigned __reduce_xor_sync(unsigned m, unsigned v, int line = __builtin_LINE()) { return llmcupy_sim::warp_fold(m, v, [](unsigned a, unsigned b) { return a ^ b; }, line, "__reduce_xor_sync"); }
+
+// The lanes converged at this call: the scheduler releases it only when no other collective of the
+// warp can proceed, and then together with every lane of the warp waiting at the same call site, so
+// the answer is the largest group a GPU could have converged there (never lanes elsewhere).
+inline unsigned __activemask(int line = __builtin_LINE()) {
+    const auto& g = llmcupy_sim::warp_exchange(0u, nullptr, 0, line, "__activemask", llmcupy_sim::COLL_ACTIVEMASK);
+    (void)g;
+    unsigned m;
+    std::memcpy(&m, llmcupy_sim::tls_worker->cur->post, sizeof m);
     return m;
 }
 
@@ -484,7 +665,8 @@ inline T llmcupy_sim_atomic_rmw(T* addr, T val, int op) {
             default: break;
         }
     }
-    T old = *reinterpret_cast<volatile T*>(addr);
+    T old;
+    __atomic_load(addr, &old, __ATOMIC_SEQ_CST);
     while (true) {
         T next;
         switch (op) {
@@ -497,31 +679,82 @@ inline T llmcupy_sim_atomic_rmw(T* addr, T val, int op) {
         if (__atomic_compare_exchange(addr, &old, &next, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) return old;
     }
 }
-template <typename T> inline T atomicAdd(T* a, T v) { return llmcupy_sim_atomic_rmw(a, v, 0); }
-template <typename T> inline T atomicSub(T* a, T v) { return llmcupy_sim_atomic_rmw(a, v, 1); }
-template <typename T> inline T atomicExch(T* a, T v) { return llmcupy_sim_atomic_rmw(a, v, 2); }
-template <typename T> inline T atomicMax(T* a, T v) { return llmcupy_sim_atomic_rmw(a, v, 3); }
-template <typename T> inline T atomicMin(T* a, T v) { return llmcupy_sim_atomic_rmw(a, v, 4); }
-template <typename T> inline T atomicAnd(T* a, T v) { return llmcupy_sim_atomic_rmw(a, v, 5); }
-template <typename T> inline T atomicOr(T* a, T v) { return llmcupy_sim_atomic_rmw(a, v, 6); }
-template <typename T> inline T atomicXor(T* a, T v) { return llmcupy_sim_atomic_rmw(a, v, 7); }
+// CUDA declares plain overloads per pointer type (atomicAdd(unsigned*, unsigned), ...), so the value
+// converts to the pointee: deduce T from the pointer only. Each atomic also notes a repeated poll of
+// one address (see note_atomic), so a spin lock or a flag wait between threads of a block progresses.
+namespace llmcupy_sim {
+template <typename T> struct same_type { using type = T; };
+template <typename T> using nondeduced = typename same_type<T>::type;
+template <typename T>
+inline unsigned long long poll_bits(T v) {
+    unsigned long long bits = 0;
+    std::memcpy(&bits, &v, sizeof(T) < 8 ? sizeof(T) : 8);
+    return bits;
+}
+// Only an atomic that cannot change memory is a poll (add/sub/or/xor of 0, exchange with the value
+// already there, max/min that keeps the old value): the accumulating atomics of ordinary kernels
+// skip the bookkeeping, which needs the thread-local worker.
+template <typename T>
+inline T atomic_op(T* a, T v, int op, int line, const char* what) {
+    T old = llmcupy_sim_atomic_rmw(a, v, op);
+    // Flags are integers: floating-point atomics (accumulations, often of 0) never count as polls.
+    if constexpr (!std::is_integral_v<T>) return old;
+    bool unchanged;
+    switch (op) {
+        case 0: case 1: case 6: case 7: unchanged = poll_bits(v) == 0; break;
+        case 2: unchanged = poll_bits(v) == poll_bits(old); break;
+        case 3: unchanged = !(old < v); break;
+        case 4: unchanged = !(v < old); break;
+        default: unchanged = (poll_bits(old) & poll_bits(v)) == poll_bits(old); break;  // and
+    }
+    if (__builtin_expect(unchanged, 0)) note_atomic(a, poll_bits(old), line, what);
+    return old;
+}
+}  // namespace llmcupy_sim
+#define LLMCUPY_SIM_ATOMIC(NAME, OP)                                                                    \
+    template <typename T>                                                                              \
+    inline T NAME(T* a, llmcupy_sim::nondeduced<T> v, int line = __builtin_LINE()) {                    \
+        return llmcupy_sim::atomic_op(a, v, OP, line, #NAME);                                           \
+    }                                                                                                  \
+    template <typename T>                                                                              \
+    inline T NAME##_block(T* a, llmcupy_sim::nondeduced<T> v, int line = __builtin_LINE()) {            \
+        return llmcupy_sim::atomic_op(a, v, OP, line, #NAME);                                           \
+    }                                                                                                  \
+    template <typename T>                                                                              \
+    inline T NAME##_system(T* a, llmcupy_sim::nondeduced<T> v, int line = __builtin_LINE()) {           \
+        return llmcupy_sim::atomic_op(a, v, OP, line, #NAME);                                           \
+    }
+LLMCUPY_SIM_ATOMIC(atomicAdd, 0)
+LLMCUPY_SIM_ATOMIC(atomicSub, 1)
+LLMCUPY_SIM_ATOMIC(atomicExch, 2)
+LLMCUPY_SIM_ATOMIC(atomicMax, 3)
+LLMCUPY_SIM_ATOMIC(atomicMin, 4)
+LLMCUPY_SIM_ATOMIC(atomicAnd, 5)
+LLMCUPY_SIM_ATOMIC(atomicOr, 6)
+LLMCUPY_SIM_ATOMIC(atomicXor, 7)
+#undef LLMCUPY_SIM_ATOMIC
 // CUDA's wrapping counters: inc stores (old >= limit) ? 0 : old + 1, dec stores
 // (old == 0 || old > limit) ? limit : old - 1; both return old.
-inline unsigned int atomicInc(unsigned int* a, unsigned int limit) {
+inline unsigned int atomicInc(unsigned int* a, unsigned int limit, int line = __builtin_LINE()) {
     unsigned int old = __atomic_load_n(a, __ATOMIC_SEQ_CST), next;
     do { next = old >= limit ? 0u : old + 1u; } while (!__atomic_compare_exchange_n(a, &old, next, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
     return old;
 }
-inline unsigned int atomicDec(unsigned int* a, unsigned int limit) {
+inline unsigned int atomicDec(unsigned int* a, unsigned int limit, int line = __builtin_LINE()) {
     unsigned int old = __atomic_load_n(a, __ATOMIC_SEQ_CST), next;
     do { next = (old == 0u || old > limit) ? limit : old - 1u; } while (!__atomic_compare_exchange_n(a, &old, next, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
     return old;
 }
 template <typename T>
-inline T atomicCAS(T* a, T compare, T val) {
-    __atomic_compare_exchange(a, &compare, &val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+inline T atomicCAS(T* a, llmcupy_sim::nondeduced<T> compare, llmcupy_sim::nondeduced<T> val, int line = __builtin_LINE()) {
+    if (!__atomic_compare_exchange(a, &compare, &val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        llmcupy_sim::note_atomic(a, llmcupy_sim::poll_bits(compare), line, "atomicCAS");  // a failed CAS may be a spin
     return compare;
 }
+template <typename T>
+inline T atomicCAS_block(T* a, llmcupy_sim::nondeduced<T> c, llmcupy_sim::nondeduced<T> v, int line = __builtin_LINE()) { return atomicCAS(a, c, v, line); }
+template <typename T>
+inline T atomicCAS_system(T* a, llmcupy_sim::nondeduced<T> c, llmcupy_sim::nondeduced<T> v, int line = __builtin_LINE()) { return atomicCAS(a, c, v, line); }
 
 // ---------------------------------------------------------------------------------------------
 // Cache-hinted loads and stores are plain loads and stores on a CPU.
@@ -555,12 +788,150 @@ inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+inline float __saturatef(float x) { return x > 0.f ? (x > 1.f ? 1.f : x) : 0.f; }  // NaN -> 0, as cvt.sat
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float exp10f(float x) { return std::pow(10.0f, x); }
-inline int __float2int_rn(float x) { return int(std::nearbyint(x)); }
-inline int __float2int_rz(float x) { return int(x); }
+// Float-to-integer conversions follow PTX's cvt: NaN gives 0 and out-of-range values saturate to
+// the type's limits (a plain C++ cast is undefined there; x86 gives INT_MIN).
+namespace llmcupy_sim {
+template <typename I, typename F>
+inline I cvt_sat(F x) {
+    if (std::isnan(x)) return I(0);
+    if (x <= F(std::numeric_limits<I>::min())) return std::numeric_limits<I>::min();
+    if (x >= F(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
+    return I(x);
+}
+}  // namespace llmcupy_sim
+inline int __float2int_rn(float x) { return llmcupy_sim::cvt_sat<int>(std::nearbyint(x)); }
+inline int __float2int_rz(float x) { return llmcupy_sim::cvt_sat<int>(std::trunc(x)); }
+inline int __float2int_rd(float x) { return llmcupy_sim::cvt_sat<int>(std::floor(x)); }
+inline int __float2int_ru(float x) { return llmcupy_sim::cvt_sat<int>(std::ceil(x)); }
+inline unsigned __float2uint_rn(float x) { return llmcupy_sim::cvt_sat<unsigned>(std::nearbyint(x)); }
+inline unsigned __float2uint_rz(float x) { return llmcupy_sim::cvt_sat<unsigned>(std::trunc(x)); }
+inline unsigned __float2uint_rd(float x) { return llmcupy_sim::cvt_sat<unsigned>(std::floor(x)); }
+inline unsigned __float2uint_ru(float x) { return llmcupy_sim::cvt_sat<unsigned>(std::ceil(x)); }
+inline long long __float2ll_rn(float x) { return llmcupy_sim::cvt_sat<long long>(std::nearbyint(x)); }
+inline long long __float2ll_rz(float x) { return llmcupy_sim::cvt_sat<long long>(std::trunc(x)); }
+inline unsigned long long __float2ull_rn(float x) { return llmcupy_sim::cvt_sat<unsigned long long>(std::nearbyint(x)); }
+inline unsigned long long __float2ull_rz(float x) { return llmcupy_sim::cvt_sat<unsigned long long>(std::trunc(x)); }
+inline int __double2int_rn(double x) { return llmcupy_sim::cvt_sat<int>(std::nearbyint(x)); }
+inline int __double2int_rz(double x) { return llmcupy_sim::cvt_sat<int>(std::trunc(x)); }
+inline int __double2int_rd(double x) { return llmcupy_sim::cvt_sat<int>(std::floor(x)); }
+inline int __double2int_ru(double x) { return llmcupy_sim::cvt_sat<int>(std::ceil(x)); }
+inline unsigned __double2uint_rn(double x) { return llmcupy_sim::cvt_sat<unsigned>(std::nearbyint(x)); }
+inline unsigned __double2uint_rz(double x) { return llmcupy_sim::cvt_sat<unsigned>(std::trunc(x)); }
+inline long long __double2ll_rn(double x) { return llmcupy_sim::cvt_sat<long long>(std::nearbyint(x)); }
+inline long long __double2ll_rz(double x) { return llmcupy_sim::cvt_sat<long long>(std::trunc(x)); }
+inline float __int2float_rn(int x) { return float(x); }
+inline float __int2float_rz(int x) { return float(x); }
+inline float __uint2float_rn(unsigned x) { return float(x); }
+inline float __ll2float_rn(long long x) { return float(x); }
+inline float __ull2float_rn(unsigned long long x) { return float(x); }
+inline double __int2double_rn(int x) { return double(x); }
+inline double __uint2double_rn(unsigned x) { return double(x); }
+inline double __ll2double_rn(long long x) { return double(x); }
+inline float __double2float_rn(double x) { return float(x); }
+inline float __double2float_rz(double x) {
+    float f = float(x);
+    if (std::isfinite(x) && std::fabs(double(f)) > std::fabs(x)) f = std::nextafter(f, 0.0f);
+    return f;
+}
+inline long long __double_as_longlong(double x) { long long i; std::memcpy(&i, &x, 8); return i; }
+inline double __longlong_as_double(long long i) { double x; std::memcpy(&x, &i, 8); return x; }
+inline int __double2hiint(double x) { return int(__double_as_longlong(x) >> 32); }
+inline int __double2loint(double x) { return int(__double_as_longlong(x) & 0xffffffff); }
+inline double __hiloint2double(int hi, int lo) { return __longlong_as_double((long long)((unsigned long long)(unsigned)hi << 32 | (unsigned)lo)); }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline double __drcp_rn(double a) { return 1.0 / a; }
+inline double __dsqrt_rn(double a) { return std::sqrt(a); }
+inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __frsqrt_rn(float x) { return float(1.0 / std::sqrt(double(x))); }
+inline float sinpif(float x) { return float(std::sin(M_PI * double(x))); }
+inline float cospif(float x) { return float(std::cos(M_PI * double(x))); }
+inline double sinpi(double x) { return std::sin(M_PI * x); }
+inline double cospi(double x) { return std::cos(M_PI * x); }
+inline void sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
+inline void sincos(double x, double* s, double* c) { *s = std::sin(x); *c = std::cos(x); }
+inline void __sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
+inline void sincospif(float x, float* s, float* c) { *s = sinpif(x); *c = cospif(x); }
+inline float rcbrtf(float x) { return 1.0f / std::cbrt(x); }
+inline float rhypotf(float a, float b) { return 1.0f / std::hypot(a, b); }
+inline float norm3df(float a, float b, float c) { return float(std::sqrt(double(a) * a + double(b) * b + double(c) * c)); }
+inline float rnorm3df(float a, float b, float c) { return 1.0f / norm3df(a, b, c); }
+inline float norm4df(float a, float b, float c, float d) { return float(std::sqrt(double(a) * a + double(b) * b + double(c) * c + double(d) * d)); }
+inline float normcdff(float x) { return 0.5f * std::erfc(-x / std::sqrt(2.0f)); }
+inline double normcdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+inline float erfinvf(float y) {
+    // Bisection on erf in double: slow but exact to float precision, and never diverges.
+    if (!(y > -1.0f && y < 1.0f)) return y == -1.0f ? -INFINITY : y == 1.0f ? INFINITY : NAN;
+    double lo = -6.0, hi = 6.0;
+    for (int i = 0; i < 64; ++i) {
+        double mid = 0.5 * (lo + hi);
+        (std::erf(mid) < double(y) ? lo : hi) = mid;
+    }
+    return float(0.5 * (lo + hi));
+}
+inline float normcdfinvf(float p) { return float(std::sqrt(2.0) * double(erfinvf(2.0f * p - 1.0f))); }
+inline float erfcinvf(float y) { return erfinvf(1.0f - y); }
+inline int __mul24(int a, int b) { return int((long long)((a << 8) >> 8) * ((b << 8) >> 8)); }
+inline unsigned __umul24(unsigned a, unsigned b) { return (a & 0xffffffu) * (b & 0xffffffu); }
+inline int __mulhi(int a, int b) { return int(((long long)a * b) >> 32); }
+inline unsigned __umulhi(unsigned a, unsigned b) { return unsigned(((unsigned long long)a * b) >> 32); }
+inline long long __mul64hi(long long a, long long b) { return (long long)(((__int128)a * b) >> 64); }
+inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) { return (unsigned long long)(((unsigned __int128)a * b) >> 64); }
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) c += int((signed char)(a >> (8 * i))) * int((signed char)(b >> (8 * i)));
+    return c;
+}
+inline unsigned __dp4a(unsigned a, unsigned b, unsigned c) {
+    for (int i = 0; i < 4; ++i) c += ((a >> (8 * i)) & 0xffu) * ((b >> (8 * i)) & 0xffu);
+    return c;
+}
+inline int __dp2a_lo(int a, int b, int c) {
+    for (int i = 0; i < 2; ++i) c += int((short)(a >> (16 * i))) * int((signed char)(b >> (8 * i)));
+    return c;
+}
+inline unsigned __brev(unsigned x) {
+    x = ((x >> 1) & 0x55555555u) | ((x & 0x55555555u) << 1);
+    x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
+    x = ((x >> 4) & 0x0f0f0f0fu) | ((x & 0x0f0f0f0fu) << 4);
+    return __builtin_bswap32(x);
+}
+inline unsigned long long __brevll(unsigned long long x) {
+    return (unsigned long long)__brev(unsigned(x)) << 32 | __brev(unsigned(x >> 32));
+}
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    unsigned long long v = (unsigned long long)y << 32 | x;
+    unsigned out = 0;
+    for (int i = 0; i < 4; ++i) out |= unsigned((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return out;
+}
+inline unsigned __funnelshift_l(unsigned lo, unsigned hi, unsigned s) { unsigned long long v = (unsigned long long)hi << 32 | lo; return unsigned((v << (s & 31)) >> 32); }
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) { unsigned long long v = (unsigned long long)hi << 32 | lo; return unsigned(v >> (s & 31)); }
+inline unsigned __funnelshift_lc(unsigned lo, unsigned hi, unsigned s) { return __funnelshift_l(lo, hi, s > 32 ? 32 : s); }
+inline unsigned __funnelshift_rc(unsigned lo, unsigned hi, unsigned s) { unsigned long long v = (unsigned long long)hi << 32 | lo; return unsigned(v >> (s > 32 ? 32 : s)); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
+inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline unsigned __sad(int a, int b, unsigned c) { return c + unsigned(a > b ? a - b : b - a); }
+inline unsigned __usad(unsigned a, unsigned b, unsigned c) { return c + (a > b ? a - b : b - a); }
+inline int __hadd(int a, int b) { return int(((long long)a + b) >> 1); }
+inline int __rhadd(int a, int b) { return int(((long long)a + b + 1) >> 1); }
+inline unsigned __uhadd(unsigned a, unsigned b) { return unsigned(((unsigned long long)a + b) >> 1); }
+inline unsigned __urhadd(unsigned a, unsigned b) { return unsigned(((unsigned long long)a + b + 1) >> 1); }
+inline unsigned umin(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned umax(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long llmin(long long a, long long b) { return a < b ? a : b; }
+inline long long llmax(long long a, long long b) { return a > b ? a : b; }
+inline unsigned long long ullmin(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+inline unsigned long long ullmax(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+inline void __nanosleep(unsigned) { llmcupy_sim::yield_fiber(__builtin_LINE(), "__nanosleep"); }
 inline int __float_as_int(float x) { int i; std::memcpy(&i, &x, 4); return i; }
 inline unsigned __float_as_uint(float x) { unsigned i; std::memcpy(&i, &x, 4); return i; }
 inline float __int_as_float(int i) { float x; std::memcpy(&x, &i, 4); return x; }
@@ -568,7 +939,21 @@ inline float __uint_as_float(unsigned i) { float x; std::memcpy(&x, &i, 4); retu
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
-inline long long clock64() { return 0; }
+// Clocks advance (monotonic per thread; a delay loop ends), in CPU time-stamp ticks, not GPU cycles.
+inline long long clock64() {
+#if defined(__x86_64__)
+    return (long long)__builtin_ia32_rdtsc();
+#else
+    return (long long)std::chrono::steady_clock::now().time_since_epoch().count();
+#endif
+}
+namespace llmcupy_sim { inline int clock32() { return int(clock64()); } }
+#define clock() llmcupy_sim::clock32()
+inline unsigned long long __globaltimer() {
+    return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+using std::signbit;
 using std::isinf;
 using std::isnan;
 using std::isfinite;
@@ -592,28 +977,31 @@ namespace llmcupy_sim {
 // ---------------------------------------------------------------------------------------------
 // Scheduler
 // ---------------------------------------------------------------------------------------------
-inline size_t fiber_stack_size() {
-    static size_t size = [] {
+inline size_t fiber_stack_size(size_t needed = 0) {
+    static size_t base = [] {
         const char* env = std::getenv("LLMCUPY_SIM_STACK_KB");
         size_t kb = env ? size_t(std::atol(env)) : 64;
         return std::max<size_t>(kb, 16) * 1024;
     }();
-    return size;
+    size_t page = size_t(sysconf(_SC_PAGESIZE));
+    return (std::max(base, needed) + page - 1) / page * page;
 }
 
-inline void ensure_fibers(Worker* w, int n) {
-    if (int(w->fibers.size()) >= n) return;
+inline void ensure_fibers(Worker* w, int n, size_t needed) {
     size_t page = size_t(sysconf(_SC_PAGESIZE));
-    size_t size = fiber_stack_size();
+    size_t size = fiber_stack_size(needed);
     size_t old = w->fibers.size();
     // Fiber holds raw pointers only; growing the vector before any fiber runs is safe.
-    w->fibers.resize(n);
-    for (size_t i = old; i < size_t(n); ++i) {
-        void* mem = mmap(nullptr, size + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (int(old) < n) w->fibers.resize(n);
+    for (size_t i = 0; i < w->fibers.size(); ++i) {
+        Fiber& f = w->fibers[i];
+        if (f.stack != nullptr && f.stack_size >= size) continue;
+        if (f.stack != nullptr) munmap(f.stack - page, f.stack_size + page);  // too small for this kernel
+        void* mem = mmap(nullptr, size + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (mem == MAP_FAILED) { std::fprintf(stderr, "llmcupy sim: cannot map a fiber stack of %zu bytes (fiber %zu): %s\n", size + page, i, std::strerror(errno)); std::abort(); }
         mprotect(mem, page, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting
-        w->fibers[i].stack = static_cast<char*>(mem) + page;
-        w->fibers[i].stack_size = size;
+        f.stack = static_cast<char*>(mem) + page;
+        f.stack_size = size;
     }
 }
 
@@ -623,40 +1011,72 @@ inline void append_message(LaunchResult* r, const char* text) {
     std::snprintf(r->message + used, sizeof(r->message) - used, "%s", text);
 }
 
-// Releases every warp group whose live lanes have all arrived. Returns how many fibers it released.
+inline bool same_collective(const Fiber& a, const Fiber& b) {
+    if (a.wait_kind != b.wait_kind) return false;
+    return a.wait_kind != COLL_OTHER || a.wait_what == b.wait_what || std::strcmp(a.wait_what, b.wait_what) == 0;
+}
+
+// Releases warp groups whose lanes have all arrived. A group is the mask of its first waiting lane
+// (less the lanes that exited); it is released only when every lane of it waits at the same kind of
+// collective with the same mask, so lanes still inside a narrower collective (two tiles of 16, an
+// if/else with disjoint masks) are never handed a wider collective's snapshot. Returns how many
+// fibers it released.
 inline int release_warps(Worker* w) {
     int released = 0;
     int nwarps = (w->nthreads + 31) / 32;
     for (int warp = 0; warp < nwarps; ++warp) {
-        unsigned live = 0, waiting = 0;
-        for (int l = 0; l < 32; ++l) {
-            int t = warp * 32 + l;
-            if (t >= w->nthreads) break;
-            int s = w->fibers[t].state;
+        unsigned live = 0, waiting = 0, activemask = 0;
+        Fiber* lanes = &w->fibers[warp * 32];
+        int nlanes = std::min(32, w->nthreads - warp * 32);
+        for (int l = 0; l < nlanes; ++l) {
+            int s = lanes[l].state;
             if (s != DONE) live |= 1u << l;
-            if (s == AT_WARP) waiting |= 1u << l;
+            if (s == AT_WARP) {
+                if (lanes[l].wait_kind == COLL_ACTIVEMASK) activemask |= 1u << l;
+                else waiting |= 1u << l;
+            }
         }
         unsigned pending = waiting;
+        bool done = false;
         while (pending) {
             int l = __builtin_ctz(pending);
-            Fiber& f = w->fibers[warp * 32 + l];
+            Fiber& f = lanes[l];
             unsigned group = f.wait_mask & live;
-            if ((group & waiting) == group) {
+            bool ok = (group & waiting) == group;
+            for (unsigned m = group; ok && m; m &= m - 1) {
+                const Fiber& member = lanes[__builtin_ctz(m)];
+                ok = (member.wait_mask & live) == group && same_collective(member, f);
+            }
+            if (ok) {
                 WarpGather& g = w->gathers[warp];
                 g.valid = group;
-                for (int m = 0; m < 32; ++m) {
-                    if (!(group & (1u << m))) continue;
-                    Fiber& member = w->fibers[warp * 32 + m];
-                    std::memcpy(g.value[m], member.post, kPostBytes);
+                for (unsigned m = group; m; m &= m - 1) {
+                    Fiber& member = lanes[__builtin_ctz(m)];
+                    std::memcpy(g.value[__builtin_ctz(m)], member.post, kPostBytes);
                     member.state = READY;
                     ++released;
                 }
-                waiting &= ~group;
                 // One snapshot per warp per round: the released lanes read it before anyone in
                 // this warp can post again, because the scheduler runs every READY fiber first.
+                done = true;
                 break;
             }
             pending &= ~(1u << l);
+        }
+        if (done || !activemask) continue;
+        // Nothing else in this warp can move: the lanes at the first __activemask call site are
+        // the converged group.
+        int first = __builtin_ctz(activemask);
+        unsigned group = 0;
+        for (unsigned m = activemask; m; m &= m - 1) {
+            const Fiber& member = lanes[__builtin_ctz(m)];
+            if (member.wait_line == lanes[first].wait_line) group |= 1u << __builtin_ctz(m);
+        }
+        for (unsigned m = group; m; m &= m - 1) {
+            Fiber& member = lanes[__builtin_ctz(m)];
+            std::memcpy(member.post, &group, sizeof group);
+            member.state = READY;
+            ++released;
         }
     }
     return released;
@@ -688,33 +1108,116 @@ inline int release_block_barrier(Worker* w) {
     return waiting;
 }
 
-inline void report_deadlock(Worker* w) {
+// Where every unfinished thread of the block is: the sync point it waits at, or for a running
+// thread the last place the emulator saw it (its last sync point, yield or atomic poll).
+inline void describe_threads(Worker* w, Fiber* running) {
     char line[256];
-    std::snprintf(line, sizeof line,
-                  "deadlock in kernel %s, block (%u,%u,%u): no thread can proceed.\n",
-                  w->kernel_name, w->block_idx.x, w->block_idx.y, w->block_idx.z);
-    append_message(&w->counters, line);
     int shown = 0;
     for (int t = 0; t < w->nthreads && shown < 12; ++t) {
         Fiber& f = w->fibers[t];
         if (f.state == DONE) continue;
         // Collapse runs of threads waiting at the same place into one line.
         int t_end = t;
-        while (t_end + 1 < w->nthreads && w->fibers[t_end + 1].state == f.state &&
-               w->fibers[t_end + 1].wait_line == f.wait_line)
+        while (t_end + 1 < w->nthreads && &w->fibers[t_end + 1] != running && &f != running &&
+               w->fibers[t_end + 1].state == f.state && w->fibers[t_end + 1].wait_line == f.wait_line &&
+               w->fibers[t_end + 1].wait_what == f.wait_what)
             ++t_end;
-        std::snprintf(line, sizeof line, "  threads %d-%d wait at %s (line %d)\n", t, t_end, f.wait_what,
-                      f.wait_line);
+        const char* verb = &f == running ? ": running, last seen at"
+                           : f.state == READY ? ": last seen at"
+                           : t == t_end ? " waits at" : " wait at";
+        char who[48];
+        if (t == t_end) std::snprintf(who, sizeof who, "thread %d", t);
+        else std::snprintf(who, sizeof who, "threads %d-%d", t, t_end);
+        if (f.wait_line == 0 && f.state == READY)
+            std::snprintf(line, sizeof line, "  %s %s the kernel's start (no sync point reached)\n", who,
+                          &f == running ? "ran from" : "had not left");
+        else if (f.wait_line == 0)
+            std::snprintf(line, sizeof line, "  %s%s %s\n", who, verb, f.wait_what);
+        else
+            std::snprintf(line, sizeof line, "  %s%s %s (line %d)\n", who, verb, f.wait_what, f.wait_line);
         append_message(&w->counters, line);
         ++shown;
         t = t_end;
     }
 }
 
+inline void report_deadlock(Worker* w) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "deadlock in kernel %s, block (%u,%u,%u): no thread can proceed.\n",
+                  w->kernel_name, w->block_idx.x, w->block_idx.y, w->block_idx.z);
+    append_message(&w->counters, line);
+    describe_threads(w, nullptr);
+}
+
+// The watchdog (see run_grid) sets this when a launch runs past its time limit.
+inline std::atomic<int> g_timed_out{0};
+
+inline void report_timeout(Worker* w, Fiber* running) {
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "kernel %s ran past the emulator's time limit of %.1f s (a thread waiting for something "
+                  "that never happens?); block (%u,%u,%u):\n",
+                  w->kernel_name, double(w->cfg->timeout_ms) / 1000.0, w->block_idx.x, w->block_idx.y,
+                  w->block_idx.z);
+    append_message(&w->counters, line);
+    describe_threads(w, running);
+    append_message(&w->counters, "A thread spinning on a plain variable never sees another thread's write in the emulator "
+                                 "(declare the flag volatile, or use an atomic). "
+                                 "llmcupy.sim.settings(timeout=SECONDS) or LLMCUPY_SIM_TIMEOUT changes the limit; 0 turns it off.\n");
+    w->counters.timed_out = 1;
+}
+
+// Checks the guard bytes of the shared arrays this block used.
+inline void check_shared_guards(Worker* w) {
+#ifdef LLMCUPY_SIM_ASAN
+    return;  // the guards are poisoned: AddressSanitizer has reported any access to them already
+#endif
+    auto bad = [](const unsigned char* p, size_t n) {
+        for (size_t i = 0; i < n; ++i)
+            if (p[i] != kGuardByte) return true;
+        return false;
+    };
+    char line[400];
+    for (const auto& g : w->guards) {
+        size_t guard = size_t(g.hi - g.lo) - g.bytes;
+        bool below = bad(g.lo, guard), above = bad(g.hi, guard);
+        if (!below && !above) continue;
+        std::snprintf(line, sizeof line,
+                      "kernel %s, block (%u,%u,%u): a write landed %s shared array '%s' (line %d, %zu bytes): "
+                      "an out-of-bounds shared-memory index\n",
+                      w->kernel_name, w->block_idx.x, w->block_idx.y, w->block_idx.z,
+                      below ? "just before" : "just past the end of", g.name, g.line, g.bytes);
+        append_message(&w->counters, line);
+        w->counters.shared_overflow = 1;
+        w->abandoned = true;
+        return;
+    }
+    const auto& d = w->dyn_shared;
+    size_t bytes = d.size() - 2 * kGuardBytes;
+    bool below = bad(d.data(), kGuardBytes), above = bad(d.data() + kGuardBytes + bytes, kGuardBytes);
+    if (below || above) {
+        std::snprintf(line, sizeof line,
+                      "kernel %s, block (%u,%u,%u): a write landed %s the dynamic shared memory (extern __shared__, "
+                      "%zu bytes = the launch's shared_mem): an out-of-bounds index or too small a shared_mem\n",
+                      w->kernel_name, w->block_idx.x, w->block_idx.y, w->block_idx.z,
+                      below ? "just before" : "just past the end of", bytes);
+        append_message(&w->counters, line);
+        w->counters.shared_overflow = 1;
+        w->abandoned = true;
+    }
+}
+
 inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
     w->block_idx = bidx;
     w->epoch = ++tls_epoch;
-    if (cfg->poison && !w->dyn_shared.empty()) std::memset(w->dyn_shared.data(), 0xFF, w->dyn_shared.size());
+    w->guards.clear();
+    guard_unpoison(w->dyn_shared.data(), w->dyn_shared.size());
+    if (cfg->poison && cfg->shared_mem) std::memset(w->dyn_shared.data() + kGuardBytes, 0xFF, cfg->shared_mem);
+    std::memset(w->dyn_shared.data(), kGuardByte, kGuardBytes);
+    std::memset(w->dyn_shared.data() + kGuardBytes + cfg->shared_mem, kGuardByte, kGuardBytes);
+    guard_poison(w->dyn_shared.data(), kGuardBytes);
+    guard_poison(w->dyn_shared.data() + kGuardBytes + cfg->shared_mem, kGuardBytes);
     int n = w->nthreads;
     for (int t = 0; t < n; ++t) {
         Fiber& f = w->fibers[t];
@@ -724,6 +1227,9 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
         f.lane = t % 32;
         f.state = READY;
         f.wait_line = 0;
+        f.wait_what = "";
+        f.poll_addr = nullptr;
+        f.poll_repeats = 0;
         init_fiber_stack(&f);
     }
     w->order.resize(n);
@@ -731,20 +1237,35 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
     int finished = 0;
     while (true) {
         if (cfg->order == 2) std::shuffle(w->order.begin(), w->order.end(), w->rng);
+        int ready = 0;
         for (int i = 0; i < n; ++i) {
             Fiber& f = w->fibers[w->order[i]];
-            if (f.state == READY) switch_to_fiber(w, &f);
+            if (f.state == READY) {
+                switch_to_fiber(w, &f);
+                if (w->abandoned) {  // a failed assert, or the watchdog stopped a running thread
+                    if (g_timed_out.load(std::memory_order_relaxed) && !w->counters.assert_failed) report_timeout(w, &f);
+                    return;
+                }
+                ready += f.state == READY;  // it yielded (a volatile access or a poll)
+            }
         }
         finished = 0;
         for (int t = 0; t < n; ++t) finished += w->fibers[t].state == DONE;
         if (finished == n) break;
+        if (g_timed_out.load(std::memory_order_relaxed)) {
+            report_timeout(w, nullptr);
+            w->abandoned = true;
+            return;
+        }
         if (release_warps(w)) continue;
         if (release_block_barrier(w)) continue;
+        if (ready) continue;
         report_deadlock(w);
         w->counters.deadlock = 1;
         w->abandoned = true;
         return;
     }
+    check_shared_guards(w);
 }
 
 // Signal handling: a kernel that faults (out-of-bounds access, fiber stack overflow) says where.
@@ -756,7 +1277,7 @@ inline void fault_handler(int sig) {
         int n = std::snprintf(msg, sizeof msg,
                               "\nllmcupy sim: kernel %s crashed with %s in block (%u,%u,%u), thread (%u,%u,%u): "
                               "an out-of-bounds memory access or a fiber stack overflow "
-                              "(LLMCUPY_SIM_STACK_KB raises the 64 KiB default)\n",
+                              "(LLMCUPY_SIM_STACK_KB raises the fiber stack)\n",
                               w->kernel_name, sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : "a signal",
                               w->block_idx.x, w->block_idx.y, w->block_idx.z, w->cur->tid.x, w->cur->tid.y,
                               w->cur->tid.z);
@@ -764,6 +1285,67 @@ inline void fault_handler(int sig) {
     }
     signal(sig, SIG_DFL);
     raise(sig);
+}
+
+// The watchdog's signal: a thread that runs past the time limit without reaching any point where
+// the emulator looks (a spin on a plain variable) is interrupted here. Only when the signal hit the
+// running fiber's own stack is it safe to leave it: the scheduler takes over and abandons the block.
+constexpr int kWatchdogSignal = SIGURG;
+inline void watchdog_handler(int, siginfo_t*, void* uctx) {
+    Worker* w = tls_fault_worker;
+    if (w == nullptr || !w->in_fiber || w->cur == nullptr || !g_timed_out.load()) return;
+#if defined(__x86_64__) && defined(__linux__)
+    uintptr_t sp = uintptr_t(static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_RSP]);
+    Fiber* f = w->cur;
+    if (sp < uintptr_t(f->stack) || sp > uintptr_t(f->stack) + f->stack_size) return;
+    w->abandoned = true;
+    w->in_fiber = false;
+    switch_to_scheduler(w, true);
+#else
+    (void)uctx;  // elsewhere only threads that reach a sync point or yield are stopped
+#endif
+}
+
+// A device-side assert() that fails: the launch stops with an error naming the place, as a GPU's
+// launch fails with cudaErrorAssert; the Python process lives on.
+[[noreturn]] inline void device_assert_fail(const char* expr, const char* file, int line) {
+    Worker* w = tls_worker;
+    if (w == nullptr || w->cur == nullptr || !w->in_fiber) {
+        std::fprintf(stderr, "%s:%d: assertion `%s' failed outside a kernel\n", file, line, expr);
+        std::abort();
+    }
+    Fiber* f = w->cur;
+    char msg[512];
+    std::snprintf(msg, sizeof msg,
+                  "device assert failed in kernel %s: `%s` at %s:%d, block (%u,%u,%u), thread (%u,%u,%u)\n",
+                  w->kernel_name, expr, file, line, w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x,
+                  f->tid.y, f->tid.z);
+    if (!w->counters.assert_failed) append_message(&w->counters, msg);
+    w->counters.assert_failed = 1;
+    w->abandoned = true;
+    f->state = DONE;
+    switch_to_scheduler(w, true);
+    std::abort();  // never resumed
+}
+
+// A feature the emulator cannot honour, met at run time: the launch stops with an error saying so.
+[[noreturn]] inline void device_unsupported(const char* what, int line) {
+    Worker* w = tls_worker;
+    if (w == nullptr || w->cur == nullptr || !w->in_fiber) {
+        std::fprintf(stderr, "llmcupy sim: %s\n", what);
+        std::abort();
+    }
+    Fiber* f = w->cur;
+    char msg[512];
+    std::snprintf(msg, sizeof msg, "kernel %s uses %s (line %d, block (%u,%u,%u), thread (%u,%u,%u))\n",
+                  w->kernel_name, what, line, w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y,
+                  f->tid.z);
+    if (!w->counters.error) append_message(&w->counters, msg);
+    w->counters.error = 1;
+    w->abandoned = true;
+    f->state = DONE;
+    switch_to_scheduler(w, true);
+    std::abort();  // never resumed
 }
 
 struct AltStack {
@@ -776,6 +1358,11 @@ struct AltStack {
     }
 };
 
+// OS threads that run a launch's blocks, so the watchdog can interrupt them.
+constexpr int kMaxWorkers = 256;
+inline pthread_t g_worker_threads[kMaxWorkers];
+inline std::atomic<int> g_worker_busy[kMaxWorkers];
+
 inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>* next, unsigned long long nblocks,
                         std::atomic<int>* abort_flag, void (*thunk)(void*), void* closure, const char* name,
                         LaunchResult* total, std::atomic<int>* lock, int worker_index) {
@@ -786,15 +1373,21 @@ inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>
     tls_worker = w;
     tls_fault_worker = w;
     tls_poison = cfg->poison;
+    w->cfg = cfg;
     w->nthreads = int(cfg->block[0] * cfg->block[1] * cfg->block[2]);
-    ensure_fibers(w, w->nthreads);
-    w->dyn_shared.assign(cfg->shared_mem, 0);
+    ensure_fibers(w, w->nthreads, size_t(cfg->stack_bytes));
+    guard_unpoison(w->dyn_shared.data(), w->dyn_shared.capacity());
+    w->dyn_shared.assign(cfg->shared_mem + 2 * kGuardBytes, 0);
     w->thunk = thunk;
     w->closure = closure;
     w->counters = LaunchResult{};
     w->abandoned = false;
     w->kernel_name = name;
     w->rng.seed(cfg->seed * 0x9E3779B97F4A7C15ull + unsigned(worker_index));
+    if (worker_index < kMaxWorkers) {
+        g_worker_threads[worker_index] = pthread_self();
+        g_worker_busy[worker_index].store(1);
+    }
     while (!abort_flag->load()) {
         unsigned long long b = next->fetch_add(1);
         if (b >= nblocks) break;
@@ -803,12 +1396,21 @@ inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>
         run_block(w, cfg, bidx);
         if (w->abandoned) { abort_flag->store(1); break; }
     }
+    if (worker_index < kMaxWorkers) g_worker_busy[worker_index].store(0);
+    w->in_fiber = false;
     while (lock->exchange(1)) {}
     total->divergent_barriers += w->counters.divergent_barriers;
     total->barrier_after_exit += w->counters.barrier_after_exit;
     total->exited_lane_reads += w->counters.exited_lane_reads;
-    if (w->counters.deadlock && !total->deadlock) {
-        total->deadlock = 1;
+    bool failed = w->counters.deadlock || w->counters.assert_failed || w->counters.timed_out ||
+                  w->counters.shared_overflow || w->counters.error;
+    bool reported = total->deadlock || total->assert_failed || total->timed_out || total->shared_overflow || total->error;
+    if (failed && !reported) {
+        total->error = w->counters.error;
+        total->deadlock = w->counters.deadlock;
+        total->assert_failed = w->counters.assert_failed;
+        total->timed_out = w->counters.timed_out;
+        total->shared_overflow = w->counters.shared_overflow;
         std::memcpy(total->message, w->counters.message, sizeof total->message);
     }
     lock->store(0);
@@ -817,6 +1419,7 @@ inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>
 
 // OS threads that run blocks, kept for the life of the process: a Worker and its fiber stacks
 // belong to one OS thread, so creating threads per launch would map new stacks every launch.
+// The pool also keeps one watchdog thread, armed per launch with a deadline.
 class WorkerPool {
   public:
     // Called with the launch mutex held. Never destroyed: its threads are detached. After fork()
@@ -832,12 +1435,13 @@ class WorkerPool {
         return *pool;
     }
     // Runs job(0) on the calling thread and job(1..n-1) on pool threads; returns when all finish.
-    void run(int n, const std::function<void(int)>& job) {
+    void run(int n, const std::function<void(int)>& job, unsigned long long timeout_ms) {
         std::unique_lock<std::mutex> lk(mutex_);
         while (int(threads_) < n - 1) {
             int index = int(threads_++) + 1;
             std::thread([this, index] { loop(index); }).detach();
         }
+        if (timeout_ms) arm(timeout_ms, n);
         job_ = &job;
         wanted_ = n;
         pending_ = n - 1;
@@ -848,9 +1452,39 @@ class WorkerPool {
         lk.lock();
         done_.wait(lk, [this] { return pending_ == 0; });
         job_ = nullptr;
+        if (timeout_ms) {
+            std::lock_guard<std::mutex> dg(dog_mutex_);
+            armed_ = false;
+        }
     }
 
   private:
+    void arm(unsigned long long timeout_ms, int n) {
+        std::lock_guard<std::mutex> dg(dog_mutex_);
+        if (!dog_started_) {
+            dog_started_ = true;
+            std::thread([this] { watch(); }).detach();
+        }
+        deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        dog_workers_ = std::min(n, kMaxWorkers);
+        armed_ = true;
+        dog_cv_.notify_all();
+    }
+    void watch() {
+        std::unique_lock<std::mutex> lk(dog_mutex_);
+        while (true) {
+            dog_cv_.wait(lk, [this] { return armed_; });
+            if (dog_cv_.wait_until(lk, deadline_, [this] { return !armed_; })) continue;
+            // Time is up: every worker stops at its next look at the flag; one that runs a thread
+            // that never looks is interrupted by the signal, repeated until the launch ends.
+            g_timed_out.store(1);
+            while (armed_) {
+                for (int i = 0; i < dog_workers_; ++i)
+                    if (g_worker_busy[i].load()) pthread_kill(g_worker_threads[i], kWatchdogSignal);
+                dog_cv_.wait_for(lk, std::chrono::milliseconds(20), [this] { return !armed_; });
+            }
+        }
+    }
     void loop(int index) {
         unsigned long long seen = 0;
         std::unique_lock<std::mutex> lk(mutex_);
@@ -871,6 +1505,11 @@ class WorkerPool {
     unsigned long long generation_ = 0;
     unsigned threads_ = 0;
     int wanted_ = 0, pending_ = 0;
+    std::mutex dog_mutex_;
+    std::condition_variable dog_cv_;
+    bool dog_started_ = false, armed_ = false;
+    int dog_workers_ = 0;
+    std::chrono::steady_clock::time_point deadline_;
 };
 
 inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure, const char* name,
@@ -891,23 +1530,41 @@ inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure
     g_grid_dim = dim3(cfg->grid[0], cfg->grid[1], cfg->grid[2]);
     g_block_dim = dim3(cfg->block[0], cfg->block[1], cfg->block[2]);
     if (nblocks == 0) return 0;
-    struct sigaction sa{}, old_segv{}, old_bus{};
+    struct sigaction sa{}, old_segv{}, old_bus{}, dog{}, old_dog{};
     sa.sa_handler = fault_handler;
     sa.sa_flags = SA_ONSTACK;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGSEGV, &sa, &old_segv);
     sigaction(SIGBUS, &sa, &old_bus);
+    if (cfg->timeout_ms) {
+        // SA_NODEFER: the handler never returns when it abandons a thread, so it must not leave
+        // its own signal blocked.
+        dog.sa_sigaction = watchdog_handler;
+        dog.sa_flags = SA_ONSTACK | SA_SIGINFO | SA_NODEFER | SA_RESTART;
+        sigemptyset(&dog.sa_mask);
+        sigaction(kWatchdogSignal, &dog, &old_dog);
+    }
+    g_timed_out.store(0);
     std::atomic<unsigned long long> next{0};
     std::atomic<int> abort_flag{0}, lock{0};
     int workers = std::max(1, cfg->workers);
     if ((unsigned long long)workers > nblocks) workers = int(nblocks);
     WorkerPool::instance().run(workers, [&](int i) {
         worker_loop(cfg, &next, nblocks, &abort_flag, thunk, closure, name, res, &lock, i);
-    });
+    }, cfg->timeout_ms);
     sigaction(SIGSEGV, &old_segv, nullptr);
     sigaction(SIGBUS, &old_bus, nullptr);
+    if (cfg->timeout_ms) sigaction(kWatchdogSignal, &old_dog, nullptr);
+    if (g_timed_out.load() && !res->timed_out && !res->deadlock && !res->assert_failed && !res->shared_overflow) {
+        // The limit passed while the last blocks were finishing: the launch did complete.
+        g_timed_out.store(0);
+    }
     return res->deadlock ? 2 : 0;
 }
+
+template <int> constexpr bool always_false = false;
+inline unsigned ptx_laneid() { return unsigned(tls_worker->cur->lane); }
+inline unsigned ptx_warpid() { return unsigned(tls_worker->cur->warp); }
 
 // Unpacks the argument array (one pointer to each argument's bytes, as cuLaunchKernel takes
 // them) into the kernel's own parameter types and runs the grid.
@@ -940,7 +1597,11 @@ LLMCUPY_SIM_TYPE_NAME(long long) LLMCUPY_SIM_TYPE_NAME(unsigned long long) LLMCU
 LLMCUPY_SIM_TYPE_NAME(char) LLMCUPY_SIM_TYPE_NAME(signed char) LLMCUPY_SIM_TYPE_NAME(unsigned char)
 LLMCUPY_SIM_TYPE_NAME(short) LLMCUPY_SIM_TYPE_NAME(unsigned short) LLMCUPY_SIM_TYPE_NAME(void)
 LLMCUPY_SIM_TYPE_NAME(float2) LLMCUPY_SIM_TYPE_NAME(float4) LLMCUPY_SIM_TYPE_NAME(int2)
-LLMCUPY_SIM_TYPE_NAME(int4) LLMCUPY_SIM_TYPE_NAME(double2)
+LLMCUPY_SIM_TYPE_NAME(int4) LLMCUPY_SIM_TYPE_NAME(double2) LLMCUPY_SIM_TYPE_NAME(uchar4) LLMCUPY_SIM_TYPE_NAME(char4)
+LLMCUPY_SIM_TYPE_NAME(uchar2) LLMCUPY_SIM_TYPE_NAME(short2) LLMCUPY_SIM_TYPE_NAME(ushort2) LLMCUPY_SIM_TYPE_NAME(short4)
+LLMCUPY_SIM_TYPE_NAME(uint2) LLMCUPY_SIM_TYPE_NAME(uint4) LLMCUPY_SIM_TYPE_NAME(float3) LLMCUPY_SIM_TYPE_NAME(int3)
+LLMCUPY_SIM_TYPE_NAME(double4) LLMCUPY_SIM_TYPE_NAME(longlong2) LLMCUPY_SIM_TYPE_NAME(ulonglong2)
+LLMCUPY_SIM_TYPE_NAME(float1) LLMCUPY_SIM_TYPE_NAME(int1)
 #undef LLMCUPY_SIM_TYPE_NAME
 
 template <typename T>
@@ -967,3 +1628,60 @@ inline const char* signature(void (*)(A...)) {
 }
 
 }  // namespace llmcupy_sim
+
+// A device assert() fails the launch with a Python exception instead of aborting the process (the
+// emulator's <assert.h> / <cassert> route here too).
+#undef assert
+#ifdef NDEBUG
+#define assert(e) ((void)0)
+#else
+#define assert(e) ((e) ? (void)0 : llmcupy_sim::device_assert_fail(#e, __FILE__, __LINE__))
+#endif
+#define __assertfail(msg, file, line, fn, size) llmcupy_sim::device_assert_fail(msg, file, line)
+
+#ifdef LLMCUPY_SIM_VOLATILE_HOOKS
+// ThreadSanitizer's hooks, compiled into sources that use `volatile` (see sim/compiler.py). A
+// volatile access made by a CUDA thread yields, so the threads of a block take their volatile
+// accesses in turns: warp-synchronous code on volatile shared memory runs in lock-step, and a
+// thread spinning on a volatile flag lets the writer run. Every other hook does nothing.
+#define LLMCUPY_SIM_NOSAN extern "C" __attribute__((no_sanitize_thread, used))
+#define LLMCUPY_SIM_VOLATILE_HOOK(KIND, N) \
+    LLMCUPY_SIM_NOSAN void __tsan_volatile_##KIND##N(void*) { llmcupy_sim::yield_fiber(0, "a volatile " #KIND); }
+#define LLMCUPY_SIM_NOP_HOOK(NAME) LLMCUPY_SIM_NOSAN void NAME(void*) {}
+#define LLMCUPY_SIM_SIZES(M, KIND) M(KIND, 1) M(KIND, 2) M(KIND, 4) M(KIND, 8) M(KIND, 16)
+LLMCUPY_SIM_SIZES(LLMCUPY_SIM_VOLATILE_HOOK, read)
+LLMCUPY_SIM_SIZES(LLMCUPY_SIM_VOLATILE_HOOK, write)
+#define LLMCUPY_SIM_PLAIN(KIND, N) LLMCUPY_SIM_NOP_HOOK(__tsan_##KIND##N) LLMCUPY_SIM_NOP_HOOK(__tsan_unaligned_##KIND##N) \
+    LLMCUPY_SIM_NOSAN void __tsan_unaligned_volatile_##KIND##N(void*) { llmcupy_sim::yield_fiber(0, "a volatile " #KIND); }
+LLMCUPY_SIM_SIZES(LLMCUPY_SIM_PLAIN, read)
+LLMCUPY_SIM_SIZES(LLMCUPY_SIM_PLAIN, write)
+LLMCUPY_SIM_NOSAN void __tsan_init() {}
+LLMCUPY_SIM_NOSAN void __tsan_func_entry(void*) {}
+LLMCUPY_SIM_NOSAN void __tsan_func_exit() {}
+LLMCUPY_SIM_NOSAN void __tsan_read_range(void*, unsigned long) {}
+LLMCUPY_SIM_NOSAN void __tsan_write_range(void*, unsigned long) {}
+LLMCUPY_SIM_NOSAN void __tsan_vptr_update(void**, void*) {}
+LLMCUPY_SIM_NOSAN void __tsan_vptr_read(void**) {}
+LLMCUPY_SIM_NOSAN void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+LLMCUPY_SIM_NOSAN void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
+#define LLMCUPY_SIM_TSAN_ATOMIC(N, T)                                                                          \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN void __tsan_atomic##N##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_exchange(volatile T* a, T v, int) { return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) { return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN int __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {              \
+        return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); }                      \
+    LLMCUPY_SIM_NOSAN int __tsan_atomic##N##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {                \
+        return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); }                      \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_compare_exchange_val(volatile T* a, T c, T v, int, int) {                    \
+        __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); return c; }
+LLMCUPY_SIM_TSAN_ATOMIC(8, unsigned char)
+LLMCUPY_SIM_TSAN_ATOMIC(16, unsigned short)
+LLMCUPY_SIM_TSAN_ATOMIC(32, unsigned int)
+LLMCUPY_SIM_TSAN_ATOMIC(64, unsigned long long)
+#endif

@@ -23,4 +23,18 @@ inline T reduce(const thread_block_tile<N>& tile, T value, Op op, int line = __b
     return acc;
 }
 
+template <typename T, typename Op>
+inline T reduce(const coalesced_group& group, T value, Op op, int line = __builtin_LINE()) {
+    const auto& g = llmcupy_sim::warp_exchange(group.mask(), &value, sizeof(T), line, "cg::reduce");
+    bool first = true;
+    T acc = value;
+    for (int l = 0; l < 32; ++l) {
+        if (!(group.mask() & (1u << l))) continue;
+        T x = llmcupy_sim::read_lane(g, l, value);
+        acc = first ? x : op(acc, x);
+        first = false;
+    }
+    return acc;
+}
+
 }  // namespace cooperative_groups

@@ -1,0 +1,78 @@
+// The emulator's stand-in for a subset of CUB (CCCL's headers refuse a host compiler): block- and
+// warp-wide reductions, cub::BlockReduce and cub::WarpReduce with Sum / Reduce (also with a
+// number of valid items), and the cub::Sum / Max / Min functors. The fold runs in rank order, so
+// float results may differ from CUB's tree in the last bits. Other CUB parts (scans, sorts, loads,
+// device-wide algorithms) are not provided.
+#pragma once
+#include "../llmcupy_sim.h"
+
+namespace cub {
+
+struct Sum { template <typename T> T operator()(const T& a, const T& b) const { return a + b; } };
+struct Max { template <typename T> T operator()(const T& a, const T& b) const { return a < b ? b : a; } };
+struct Min { template <typename T> T operator()(const T& a, const T& b) const { return b < a ? b : a; } };
+
+enum BlockReduceAlgorithm { BLOCK_REDUCE_RAKING_COMMUTATIVE_ONLY, BLOCK_REDUCE_RAKING, BLOCK_REDUCE_WARP_REDUCTIONS };
+
+// The aggregate is valid in thread 0, as in CUB; reusing the temporary storage needs a
+// __syncthreads() first, as in CUB.
+template <typename T, int BLOCK_DIM_X, BlockReduceAlgorithm ALGORITHM = BLOCK_REDUCE_WARP_REDUCTIONS,
+          int BLOCK_DIM_Y = 1, int BLOCK_DIM_Z = 1, int LEGACY_PTX_ARCH = 0>
+class BlockReduce {
+    static constexpr int kThreads = BLOCK_DIM_X * BLOCK_DIM_Y * BLOCK_DIM_Z;
+
+  public:
+    struct TempStorage { T values[kThreads]; };
+    explicit BlockReduce(TempStorage& storage) : storage_(storage) {}
+
+    template <typename Op>
+    T Reduce(T input, Op op, int num_valid = kThreads, int line = __builtin_LINE()) {
+        int rank = int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+        storage_.values[rank] = input;
+        __syncthreads(line);
+        if (rank != 0) return input;
+        T acc = storage_.values[0];
+        for (int i = 1; i < num_valid && i < kThreads; ++i) acc = op(acc, storage_.values[i]);
+        return acc;
+    }
+    template <int N, typename Op>
+    T Reduce(T (&items)[N], Op op, int line = __builtin_LINE()) {
+        T acc = items[0];
+        for (int i = 1; i < N; ++i) acc = op(acc, items[i]);
+        return Reduce(acc, op, kThreads, line);
+    }
+    T Sum(T input, int line = __builtin_LINE()) { return Reduce(input, cub::Sum(), kThreads, line); }
+    T Sum(T input, int num_valid, int line = __builtin_LINE()) { return Reduce(input, cub::Sum(), num_valid, line); }
+    template <int N>
+    T Sum(T (&items)[N], int line = __builtin_LINE()) { return Reduce(items, cub::Sum(), line); }
+
+  private:
+    TempStorage& storage_;
+};
+
+// Logical warps of LOGICAL_WARP_THREADS lanes; the aggregate is valid in each logical warp's lane 0.
+template <typename T, int LOGICAL_WARP_THREADS = 32, int LEGACY_PTX_ARCH = 0>
+class WarpReduce {
+    static_assert(LOGICAL_WARP_THREADS >= 1 && LOGICAL_WARP_THREADS <= 32, "logical warps of 1 to 32 lanes");
+
+  public:
+    struct TempStorage { unsigned char unused; };
+    explicit WarpReduce(TempStorage&) {}
+
+    template <typename Op>
+    T Reduce(T input, Op op, int valid_items = LOGICAL_WARP_THREADS, int line = __builtin_LINE()) {
+        static_assert(sizeof(T) <= llmcupy_sim::kPostBytes, "value too large for a warp reduction in the emulator");
+        int lane = llmcupy_sim::current_lane();
+        int first = (lane / LOGICAL_WARP_THREADS) * LOGICAL_WARP_THREADS;
+        unsigned bits = LOGICAL_WARP_THREADS == 32 ? 0xffffffffu : ((1u << LOGICAL_WARP_THREADS) - 1u);
+        const auto& g = llmcupy_sim::warp_exchange(bits << first, &input, sizeof(T), line, "cub::WarpReduce");
+        T acc = llmcupy_sim::read_lane(g, first, input);
+        for (int l = 1; l < valid_items && l < LOGICAL_WARP_THREADS; ++l)
+            acc = op(acc, llmcupy_sim::read_lane(g, first + l, input));
+        return acc;
+    }
+    T Sum(T input, int line = __builtin_LINE()) { return Reduce(input, cub::Sum(), LOGICAL_WARP_THREADS, line); }
+    T Sum(T input, int valid_items, int line = __builtin_LINE()) { return Reduce(input, cub::Sum(), valid_items, line); }
+};
+
+}  // namespace cub

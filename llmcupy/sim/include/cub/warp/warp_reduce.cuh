@@ -1,0 +1,3 @@
+// Stand-in for <cub/warp/warp_reduce.cuh> in the CPU emulator: the supported subset is in llmcupy_sim_cub.h.
+#pragma once
+#include "../llmcupy_sim_cub.h"

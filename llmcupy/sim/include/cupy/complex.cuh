@@ -1,0 +1,11 @@
+// Stand-in for CuPy's <cupy/complex.cuh> in the CPU emulator: complex<T> (as in CuPy's kernels,
+// also thrust::complex) is the host's std::complex, with the same operators and functions.
+#pragma once
+#include "../llmcupy_sim.h"
+#include <complex>
+namespace thrust {
+using std::complex;
+using std::abs; using std::arg; using std::conj; using std::exp; using std::log; using std::norm;
+using std::polar; using std::pow; using std::sqrt; using std::sin; using std::cos; using std::tanh;
+}
+using thrust::complex;
