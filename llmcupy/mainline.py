@@ -85,7 +85,9 @@ def output_dir(args) -> str | None:
     if os.path.isdir(o):
         return o
     if o.endswith(("/", os.sep)) or wants_dir:
-        if os.path.exists(o):
+        # not `exists` alone: another rank may create the folder between the isdir above and here,
+        # and every rank must reach the same verdict (a refusal is said by rank 0 for all)
+        if os.path.exists(o) and not os.path.isdir(o):
             raise RunError(f"-o {o}: a file exists there, but -n/-y need a folder for the log and checkpoints; "
                            "name a folder (or drop -n/-y to use -o as the log file)")
         return o
