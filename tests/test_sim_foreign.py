@@ -1030,3 +1030,164 @@ def test_asan_mode_reports_out_of_bounds_shared_memory_reads(tmp_path):
                               timeout=300)
         assert proc.returncode != 0, kernel
         assert "use-after-poison" in proc.stderr and "READ of size 4" in proc.stderr, kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# cooperative_groups/memcpy_async.h: double-buffered tiles copied by the group, visible after the wait
+# ---------------------------------------------------------------------------------------------
+
+MEMCPY_ASYNC = r"""
+#include <cooperative_groups.h>
+#include <cooperative_groups/memcpy_async.h>
+#include <cooperative_groups/reduce.h>
+#include <cuda/barrier>
+namespace cg = cooperative_groups;
+
+// Each block streams its `tiles` tiles of blockDim.x floats through two shared buffers: the copy of
+// tile k + 1 is issued after the wait for tile k, so it overlaps the work on tile k. Each thread
+// reads the element at 7 * t % T, which another thread of the block copied: only the wait's group
+// barrier makes it visible.
+__global__ void block_sum_wait(const float* in, float* out, int tiles) {
+    extern __shared__ float buf[];  // 2 * blockDim.x
+    cg::thread_block block = cg::this_thread_block();
+    const int T = blockDim.x, t = threadIdx.x;
+    const float* src = in + (size_t)blockIdx.x * tiles * T;
+    float acc = 0.0f;
+    cg::memcpy_async(block, buf, src, sizeof(float) * T);
+    for (int k = 0; k < tiles; ++k) {
+        cg::wait(block);  // tile k landed (the only batch in flight)
+        if (k + 1 < tiles) cg::memcpy_async(block, buf + ((k + 1) & 1) * T, src + (k + 1) * T, sizeof(float) * T);
+        acc += buf[(k & 1) * T + (7 * t) % T];
+        block.sync();  // everyone is done with tile k's buffer before tile k + 2 is copied into it
+    }
+    out[blockIdx.x * T + t] = acc;
+}
+
+// The same with the next copy issued before waiting: wait_prior<1> lets the newest batch (tile k + 1)
+// stay in flight while tile k is summed. The size is a cuda::aligned_size_t<16> (16-byte chunks).
+__global__ void block_sum_wait_prior(const float* in, float* out, int tiles) {
+    extern __shared__ __align__(16) float buf[];
+    cg::thread_block block = cg::this_thread_block();
+    const int T = blockDim.x, t = threadIdx.x;
+    const float* src = in + (size_t)blockIdx.x * tiles * T;
+    float acc = 0.0f;
+    cg::memcpy_async(block, buf, src, cuda::aligned_size_t<16>(sizeof(float) * T));
+    for (int k = 0; k < tiles; ++k) {
+        if (k + 1 < tiles) {
+            cg::memcpy_async(block, buf + ((k + 1) & 1) * T, src + (k + 1) * T,
+                             cuda::aligned_size_t<16>(sizeof(float) * T));
+            cg::wait_prior<1>(block);
+        } else {
+            cg::wait(block);
+        }
+        acc += buf[(k & 1) * T + (7 * t) % T];
+        block.sync();
+    }
+    out[blockIdx.x * T + t] = acc;
+}
+
+// One tile of 32 per warp, each with its own pair of buffers and its own chunk of the input; the
+// copies and waits are the tile's (a __syncwarp), and the tile's sum is a cg::reduce. The last tile
+// uses the element-count form memcpy_async(group, dst, dst_count, src, src_count).
+__global__ void warp_sum(const float* in, float* out, int tiles) {
+    extern __shared__ float buf[];  // 2 * 32 per warp
+    auto tile = cg::tiled_partition<32>(cg::this_thread_block());
+    const int warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = tile.thread_rank();
+    float* mine = buf + (threadIdx.x / 32) * 64;
+    const float* src = in + (size_t)warp * tiles * 32;
+    float acc = 0.0f;
+    cg::memcpy_async(tile, mine, src, sizeof(float) * 32);
+    for (int k = 0; k < tiles; ++k) {
+        if (k + 1 < tiles) {
+            if (k + 2 < tiles) cg::memcpy_async(tile, mine + ((k + 1) & 1) * 32, src + (k + 1) * 32, sizeof(float) * 32);
+            else cg::memcpy_async(tile, mine + ((k + 1) & 1) * 32, 32, src + (k + 1) * 32, 32);
+            cg::wait_prior<1>(tile);
+        } else {
+            cg::wait(tile);
+        }
+        acc += mine[(k & 1) * 32 + (lane + 11) % 32];
+        tile.sync();
+    }
+    out[warp] = cg::reduce(tile, acc, cg::plus<float>());
+}
+
+// Reads the tile before waiting for it: wrong on a GPU, and wrong here in some thread order.
+__global__ void no_wait(const float* in, float* out) {
+    extern __shared__ float buf[];
+    cg::thread_block block = cg::this_thread_block();
+    cg::memcpy_async(block, buf, in, sizeof(float) * blockDim.x);
+    out[threadIdx.x] = buf[(threadIdx.x + 1) % blockDim.x];
+    cg::wait(block);
+}
+
+// Promises 16-byte alignment for a size that is not a multiple of 16.
+__global__ void broken_promise(const float* in, float* out) {
+    extern __shared__ __align__(16) float buf[];
+    cg::thread_block block = cg::this_thread_block();
+    cg::memcpy_async(block, buf, in, cuda::aligned_size_t<16>(sizeof(float) * 3));
+    cg::wait(block);
+    out[threadIdx.x] = buf[0];
+}
+"""
+
+
+def _tiles_input(n, seed):
+    # small integers: every partial sum is exact in float32, so the comparison is exact
+    return np.random.default_rng(seed).integers(-8, 9, n).astype(np.float32)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("kernel", ["block_sum_wait", "block_sum_wait_prior"])
+def test_memcpy_async_block_double_buffered(order, kernel, no_hazards):
+    mod = module(MEMCPY_ASYNC)
+    blocks, tiles, T = 3, 5, 96
+    x = _tiles_input(blocks * tiles * T, 1)
+    out = np.zeros(blocks * T, np.float32)
+    with sim.settings(order=order, seed=3):
+        mod.get_function(kernel)((blocks,), (T,), (x, out, np.int32(tiles)), shared_mem=2 * T * 4)
+    want = x.reshape(blocks, tiles, T).sum(1)[:, (7 * np.arange(T)) % T]
+    assert (out.reshape(blocks, T) == want).all()
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_memcpy_async_tile_of_32(order, no_hazards):
+    mod = module(MEMCPY_ASYNC)
+    blocks, warps, tiles = 2, 3, 4
+    x = _tiles_input(blocks * warps * tiles * 32, 2)
+    out = np.zeros(blocks * warps, np.float32)
+    with sim.settings(order=order, seed=4):
+        mod.get_function("warp_sum")((blocks,), (warps * 32,), (x, out, np.int32(tiles)), shared_mem=warps * 64 * 4)
+    assert (out == x.reshape(blocks * warps, -1).sum(1)).all()
+
+
+def test_memcpy_async_read_before_wait_sees_stale_data():
+    # The stand-in copies each thread's share at once: in forward order thread t reads the element
+    # of thread t + 1, which has not run yet, so the missing wait shows as a wrong answer.
+    mod = module(MEMCPY_ASYNC)
+    x = np.arange(1, 33, dtype=np.float32)
+    out = np.zeros(32, np.float32)
+    with sim.settings(order="forward"):
+        mod.get_function("no_wait")((1,), (32,), (x, out), shared_mem=32 * 4)
+    assert out[0] != x[1]
+
+
+def test_memcpy_async_broken_alignment_promise_stops_the_launch():
+    mod = module(MEMCPY_ASYNC)
+    x = np.zeros(4, np.float32)
+    out = np.zeros(32, np.float32)
+    with pytest.raises(sim.SimDeviceAssertError, match="broken_promise.*multiples of its alignment"):
+        mod.get_function("broken_promise")((1,), (32,), (x, out), shared_mem=16)
+
+
+def test_memcpy_async_kernels_compile_with_nvrtc():
+    # the same source is real CUDA: NVRTC with NVIDIA's headers accepts it for sm_80 (cp.async)
+    from llmcupy import nvrtc
+
+    try:
+        nvrtc.find_nvrtc()
+        nvrtc.cuda_include_dirs()
+    except nvrtc.NvrtcNotFound as exc:
+        pytest.skip(f"NVRTC is not installed: {exc}")
+    res = nvrtc.compile_source(textwrap.dedent(MEMCPY_ASYNC), 80, filename="memcpy_async.cu")
+    assert res.ok, res.log
+    assert {k.kernel for k in res.kernels} >= {"block_sum_wait", "block_sum_wait_prior", "warp_sum"}
