@@ -155,7 +155,7 @@ def check_readable_file(path, what: str) -> None:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file (expected {what})")
     if os.path.isdir(path):
-        raise CheckpointError(f"{path} is a folder; give the {what} file itself")
+        raise CheckpointError(f"{path} is a folder, not a file; expected {what}")
 
 
 def read_model_any(path) -> tuple[GPT2Config, np.ndarray, str]:
