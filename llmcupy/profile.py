@@ -46,7 +46,7 @@ from .runtime.module import LAUNCH_OBSERVERS
 from .runtime.module import launch_count
 from .train import build_parser as build_train_parser
 from .fileio import FileFormatError
-from .train import check_loss, kernel_choice, load_model
+from .train import batch_shape, check_loss, kernel_choice, load_model
 
 PHASES = ("encoder", "forward blocks", "classifier", "backward blocks", "optimizer")
 OTHER = "other (memsets, host)"
@@ -371,7 +371,7 @@ def profile(args) -> dict:
 def _profile(args, scope: contextlib.ExitStack) -> dict:
     if args.backend:
         _backend.set_backend(args.backend)
-    B, T = args.batch_size, args.seq_len
+    B, T = batch_shape(args)
     if B < 1 or T < 1:
         raise SystemExit(f"error: -b and -t must be positive (got {B}, {T})")
     if args.steps < 1 or args.warmup < 0:

@@ -32,6 +32,7 @@ from .runtime import blas
 from .runtime.module import launch_count
 from .runtime import backend as _backend
 
+DEFAULT_B, DEFAULT_T = 4, 1024   # llm.c's train_gpt2_fp32.cu
 DEFAULT_TRAIN = "data/tinyshakespeare/tiny_shakespeare_train.bin"
 DEFAULT_VAL = "data/tinyshakespeare/tiny_shakespeare_val.bin"
 DEFAULT_MODEL = "gpt2_124M.bin"
@@ -55,8 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-o", "--log", default=None,
                    help="log file (llm.c's s:N trl:X / tel:X lines); a folder (existing, ending in /, or with "
                         "-n/-y) holds main.log and the checkpoints")
-    g.add_argument("-b", "--batch-size", type=int, default=4, help="batch size B")
-    g.add_argument("-t", "--seq-len", type=int, default=1024, help="sequence length T")
+    g.add_argument("-b", "--batch-size", type=int, default=None,
+                   help=f"batch size B (default {DEFAULT_B}, or the resumed state's)")
+    g.add_argument("-t", "--seq-len", type=int, default=None,
+                   help=f"sequence length T (default {DEFAULT_T}, or the resumed state's)")
     g.add_argument("-l", "--lr", type=float, default=3e-4, help="learning rate")
     g.add_argument("-v", "--val-every", type=int, default=20,
                    help="validation loss every N steps (0: no validation, no val file needed)")
@@ -256,17 +259,28 @@ def train(args) -> int:
         return _train(args, scope)
 
 
+def batch_shape(args, state=None) -> tuple[int, int]:
+    """B and T: as given; else, when resuming, the state's (its data position counts batches of
+    that shape, so ``--resume STATE`` alone continues the run); else llm.c's defaults."""
+    saved = (state.loaders or {}).get("train") if state is not None else None
+    for name, key, default in (("batch_size", "B", DEFAULT_B), ("seq_len", "T", DEFAULT_T)):
+        if getattr(args, name) is None:
+            value = saved.get(key) if isinstance(saved, dict) else None
+            setattr(args, name, int(value) if value is not None else default)
+    return args.batch_size, args.seq_len
+
+
 def _train(args, scope: contextlib.ExitStack) -> int:
     if args.backend:
         _backend.set_backend(args.backend)
-    B, T = args.batch_size, args.seq_len
+    state = ckpt.load_training_state(args.resume) if args.resume else None
+    B, T = batch_shape(args, state)
     if B < 1 or T < 1:
         raise SystemExit(f"error: -b and -t must be positive (got {B}, {T})")
     run = mainline.setup(args)   # processes, -d/-x/-o...; ranks other than 0 print nothing
     if args.steps is not None and args.steps < 0:
         raise SystemExit(f"error: --steps must not be negative (got {args.steps})")
     kernels = kernel_choice(args)
-    state = ckpt.load_training_state(args.resume) if args.resume else None
     cfg, params, source = load_model(args, state)
     if T > cfg.max_seq_len:
         raise SystemExit(f"error: -t {T} is larger than the model's context (max_seq_len = {cfg.max_seq_len})")

@@ -142,6 +142,10 @@ def test_resume_refuses_a_model_that_disagrees_with_the_state(inputs, tmp_path):
     assert rc == 2 and "must agree" in err and "--init d2" in err, err
     rc, out, err = _train(SMALL + ["--resume", state, "--steps", 2, "-v", 0, "-s", 0] + inputs["data"])
     assert rc == 0 and f"resumed from {state} at step 1" in out, err
+    # the state alone: model, and B and T of its data position (the defaults, T = 1024, would not fit d1)
+    rc, out, err = _train(["--resume", state, "--steps", 2, "-v", 0, "-s", 0] + inputs["data"])
+    assert rc == 0 and f"resumed from {state} at step 1" in out and "step    2/2" in out, err
+    assert re.search(r"\| batch size B\s+\| 2 ", out) and re.search(r"\| sequence length T\s+\| 32 ", out), out
 
 
 def test_resume_of_a_file_that_is_not_a_state_says_so_without_pickle(inputs, tmp_path):
