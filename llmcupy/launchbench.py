@@ -44,14 +44,17 @@ def _model(init: str, B: int, T: int, kernels):
 def record_step(model, x, y) -> list:
     """The op calls of one training step, as (op, args, kwargs, uses_library) to replay ``Op.run`` with.
 
-    ``uses_library`` marks calls that compute through the array library (``xp.matmul``: cuBLAS on
-    a GPU, NumPy arithmetic in the emulator), whose time is not launch overhead here.
+    ``uses_library`` marks calls that compute through a library (``runtime.blas.gemm`` or
+    ``xp.matmul``: cuBLAS on a GPU, NumPy arithmetic in the emulator), whose time is not launch
+    overhead here.
     """
     from .ops._op import Op
+    from .runtime import blas
 
     calls = []
     original = Op.run
     original_matmul = np.matmul
+    original_gemm = blas.gemm
     current = []
 
     def recording(self, *args, **kwargs):
@@ -62,18 +65,22 @@ def record_step(model, x, y) -> list:
         finally:
             current.pop()
 
-    def counting_matmul(*args, **kwargs):
-        if current:
-            calls[current[-1]][3] = True
-        return original_matmul(*args, **kwargs)
+    def library(fn):
+        def counting(*args, **kwargs):
+            if current:
+                calls[current[-1]][3] = True
+            return fn(*args, **kwargs)
+        return counting
 
     Op.run = recording
-    np.matmul = counting_matmul
+    np.matmul = library(original_matmul)
+    blas.gemm = library(original_gemm)   # the ops call it as blas.gemm: looked up at each call
     try:
         _step(model, x, y)
     finally:
         Op.run = original
         np.matmul = original_matmul
+        blas.gemm = original_gemm
     return [tuple(c) for c in calls]
 
 
@@ -153,7 +160,7 @@ def measure(init: str = "narrow12", B: int = 1, T: int = 8, repeats: int = 20, k
 def format_result(r: dict) -> str:
     lines = [f"launch path, kernels stubbed: {r['model']} ({r['layers']} layers), B={r['B']} T={r['T']}",
              f"  per training step: {r['op_calls_per_step']} op calls, {r['launches_per_step']} kernel launches "
-             f"({r['library_op_calls_per_step']} op calls also compute through xp.matmul)",
+             f"({r['library_op_calls_per_step']} op calls also compute through cuBLAS/xp.matmul)",
              f"  {'path':<8} {'us/op call':>11} {'us/launch':>10} {'kernel-only us/op call':>23} "
              f"{'us/launch':>10} {'step host ms':>13}"]
     for label in ("checked", "planned"):
@@ -164,7 +171,7 @@ def format_result(r: dict) -> str:
     c, p = r["checked"], r["planned"]
     lines.append(f"  Op.run speed-up: {c['us_per_op_call'] / p['us_per_op_call']:.1f}x over all calls, "
                  f"{c['kernel_only_us_per_op_call'] / p['kernel_only_us_per_op_call']:.1f}x over kernel-only calls")
-    lines.append("  (best of the repeats. 'kernel-only' leaves out the calls that also compute through xp.matmul,"
+    lines.append("  (best of the repeats. 'kernel-only' leaves out the calls that also compute through cuBLAS/xp.matmul,"
                  " which the emulator runs as NumPy arithmetic; step host ms includes the model's own Python)")
     return "\n".join(lines)
 
