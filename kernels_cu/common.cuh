@@ -51,3 +51,10 @@ __device__ __forceinline__ void float4_set(float4& v, int i, float x) {
 
 // sqrt(2/pi), the constant of GPT-2's tanh approximation of GELU.
 #define GELU_SCALING_FACTOR 0.7978845608028654f
+
+// GPT-2's GELU, one formula for gelu_forward and the matmul's fused GELU epilogue, so the fused
+// and the unfused MLP give the same bits.
+__device__ __forceinline__ float gelu_tanh(float x) {
+    float cube = 0.044715f * x * x * x;
+    return 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + cube)));
+}

@@ -15,12 +15,7 @@ llm.c's dev file is bf16 (8 elements per pack); in FP32 the pack is 4 floats. Th
 as 0.044715 * x * x * x, as in llm.c. Fastest: version 2.
 */
 
-#include "common.cuh"
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-    float cube = 0.044715f * x * x * x;
-    return 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + cube)));
-}
+#include "common.cuh"   // gelu_tanh: the formula, shared with the matmul's fused GELU epilogue
 
 // ----------------------------------------------------------------------------------------------
 // version 1: one thread per element

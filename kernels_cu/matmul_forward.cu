@@ -206,12 +206,6 @@ __global__ void __launch_bounds__(16 * 16, 2) matmul_forward_kernel4(float* out,
 #define MM_EPI_BIAS_GELU 1   // pre = acc + bias, out = gelu(pre)
 #define MM_EPI_ACCUMULATE 2  // out += acc (bias ignored): a GEMM with beta = 1, for the backward
 
-__device__ __forceinline__ float mm_gelu(float x) {
-    // gelu_forward.cu's formula, so the fused epilogue matches the unfused GELU bit for bit
-    float cube = 0.044715f * x * x * x;
-    return 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + cube)));
-}
-
 // Chunk c (0..511) of a 128 x 16 slab: row c / 4, columns 4 * (c % 4) .. +3.
 // vec: K % 4 == 0 and the matrix 16-byte aligned, so a chunk is a whole float4 or wholly past K.
 
@@ -360,7 +354,7 @@ __device__ __forceinline__ void mm5_gemm(float* out, float* pre, const float* in
             }
             for (int j = 0; j < 4; j++) {
                 v[j] = acc[i][4 * jj + j] + bv[j];
-                g[j] = (EPI == MM_EPI_BIAS_GELU) ? mm_gelu(v[j]) : v[j];
+                g[j] = (EPI == MM_EPI_BIAS_GELU) ? gelu_tanh(v[j]) : v[j];
             }
             if (vec_out && col + 3 < N) {
                 if (EPI == MM_EPI_BIAS_GELU) store128(pre + o, make_float4(v[0], v[1], v[2], v[3]));

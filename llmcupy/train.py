@@ -476,19 +476,19 @@ def precompile(kernels: KernelChoice) -> None:
     includes a compile; says so while it happens (minutes in the emulator on a first run)."""
     from .runtime.module import load_kernel_file
 
-    builders, seen = [], set()
+    files = {}
     for op in STEP_OPS:
-        # an op whose file has template kernels builds it with its name expressions (_module)
-        custom = getattr(sys.modules.get(f"{ops_registry.__name__}.{op}"), "_module", None)
-        src = ops_registry.get(op).source
-        key = (src, custom is not None)
-        if key not in seen:
-            seen.add(key)
-            builders.append(custom or (lambda src=src: load_kernel_file(src)))
+        if not kernels.uses(op):   # a fusion not selected, or an op a selected fusion replaces
+            continue
+        # with the template instances the op launches (its NAME_EXPRESSIONS, as the NVRTC check reads
+        # them): the module the launches will look up, not a second build of the same file
+        source = ops_registry.get(op).source   # imports the op's module if it is not yet
+        names = tuple(getattr(sys.modules.get(f"{ops_registry.__name__}.{op}"), "NAME_EXPRESSIONS", ()))
+        files[(source, names)] = None
     print("compiling kernels (first run, cached afterwards)...", flush=True)
     t0 = time.perf_counter()
-    for build in progress(builders, "compiling"):
-        build().compile()
+    for source, names in progress(list(files), "compiling"):
+        load_kernel_file(source, name_expressions=names).compile()
     print(f"kernels ready ({time.perf_counter() - t0:.1f} s)", flush=True)
 
 

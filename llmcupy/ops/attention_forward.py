@@ -198,8 +198,9 @@ def _flops(s):
     return 2 * 2 * s["B"] * s["NH"] * HS * s["T"] * (s["T"] + 1) // 2
 
 
-def _baseline(a):
-    """Attention in plain xp calls (cuBLAS GEMMs + CuPy elementwise/reductions), same outputs."""
+def baseline_probabilities(a):
+    """The causal softmax probabilities att (B, NH, T, T) and v (B, NH, T, HS) in plain xp calls on
+    the arrays' device (cuBLAS Q K^T, xp elementwise/reductions): the first half of the baseline."""
     xp = _xp()
     B, T, C, NH = _dims(a)
     HS = C // NH
@@ -208,7 +209,14 @@ def _baseline(a):
     s = xp.matmul(q, k.swapaxes(-1, -2)) * np.float32(1.0 / math.sqrt(HS))
     s = xp.where(xp.triu(xp.ones((T, T), dtype=bool), 1), np.float32(-np.inf), s)
     e = xp.exp(s - s.max(axis=-1, keepdims=True))
-    att = e / e.sum(axis=-1, keepdims=True)
+    return e / e.sum(axis=-1, keepdims=True), v
+
+
+def _baseline(a):
+    """Attention in plain xp calls (cuBLAS GEMMs + CuPy elementwise/reductions), same outputs."""
+    xp = _xp()
+    B, T, C, _ = _dims(a)
+    att, v = baseline_probabilities(a)
     return xp.matmul(att, v).transpose(0, 2, 1, 3).reshape(B, T, C)
 
 
