@@ -640,6 +640,39 @@ def test_conversions_follow_ptx_rules(order, no_hazards):
     assert f[0] == 0 and f[1] == 1 and f[2] == 0 and f[10] == np.float32(0.3) and f[11] == 1
 
 
+PLAIN_CASTS = r"""
+__global__ void plain_casts(const float* x, unsigned* u, int* i, int n) {
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < n) {
+        u[k] = (unsigned)x[k];
+        i[k] = (int)(x[k] * 0.5f);
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_plain_out_of_range_float_casts_stop_the_launch(order, no_hazards):
+    # In range, a plain C cast is the same on both (truncation toward zero)...
+    mod = module(PLAIN_CASTS, filename="casts.cu")
+    x = np.array([0.0, 1.9, 7.5, -0.5, 4e9], np.float32)
+    u = np.zeros(5, np.uint32)
+    i = np.zeros(5, np.int32)
+    with sim.settings(order=order):
+        mod.get_function("plain_casts")((1,), (32,), (x, u, i, np.int32(5)))
+    assert u.tolist() == [0, 1, 7, 0, 4000000000] and i.tolist() == [0, 0, 3, 0, 2000000000]
+    # ... out of range a GPU saturates (0 for -1.0f, 0 for NaN) and C++ does not: a clear error, not
+    # the CPU's value, naming the kernel, line, conversion and thread.
+    for bad, k in ((-1.0, 3), (np.nan, 1), (1e10, 4)):
+        x = np.zeros(5, np.float32)
+        x[k] = bad
+        with sim.settings(order=order), pytest.raises(sim.SimLaunchError) as info:
+            mod.get_function("plain_casts")((1,), (32,), (x, u, i, np.int32(5)))
+        text = str(info.value)
+        assert "plain_casts" in text and "casts.cu:5" in text and "'float' to 'unsigned int'" in text
+        assert f"thread ({k},0,0)" in text and "__float2uint_rz" in text
+
+
 def test_math_functions_and_constants(no_hazards):
     o = np.zeros(12, np.float32)
     module(INTRINSICS).get_function("maths")((1,), (1,), (o,))

@@ -17,6 +17,10 @@ A source that uses ``volatile`` is compiled with GCC's ThreadSanitizer instrumen
 access: warp-synchronous code on ``volatile`` shared memory then runs in lock-step, and a spin-wait
 on a volatile flag makes progress.
 
+Every source is compiled with GCC's ``-fsanitize=float-cast-overflow`` check (handled by the header,
+no UBSan runtime): a float-to-integer conversion out of the target's range, where a GPU saturates
+and C++ does not, stops the launch with an error naming the line.
+
 Kernels inside namespaces are found with their qualified names (``ops::scale``), as CuPy's
 ``name_expressions`` spell them; ``__constant__`` and ``__device__`` variables get an exported
 accessor for ``RawModule.get_global``. The fiber stack a kernel needs is taken from
@@ -521,8 +525,14 @@ def _build_library(code, kernels, options, filename, variables) -> Path:
     # Hidden visibility and no GNU-unique symbols: every library keeps its own copy of the
     # emulator's state (workers, pools, shared-memory storage), even when several libraries built
     # with different options are loaded in one process.
+    # -fsanitize=float-cast-overflow: a check before each float-to-integer conversion, handled by
+    # the emulator's header (no UBSan runtime): an out-of-range one stops the launch with an error,
+    # since a GPU saturates where the CPU gives another value.
     base_flags = ["-O2", "-g0", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread", "-w",
                   "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique"]
+    # Only for the compile step: linked with -fsanitize, g++ would make the library load UBSan's
+    # runtime (not wanted, and not on every machine).
+    check_flags = ["-fsanitize=float-cast-overflow"]
     if asan:
         base_flags += ["-fsanitize=address", "-fno-omit-frame-pointer"]
 
@@ -573,14 +583,12 @@ def _build_library(code, kernels, options, filename, variables) -> Path:
         src = Path(tmp) / "unit.cpp"
         src.write_text(unit)
         tmp_lib = Path(tmp) / "lib.so"
-        if volatile:
-            # compile instrumented, link without TSan's runtime (the header defines the hooks)
-            obj = Path(tmp) / "unit.o"
-            steps = [[cxx, *[f for f in base_flags if f != "-shared"], *TSAN_FLAGS, "-fstack-usage", *flags, *includes,
-                      "-c", str(src), "-o", str(obj)],
-                     [cxx, "-shared", "-pthread", str(obj), "-o", str(tmp_lib)]]
-        else:
-            steps = [[cxx, *base_flags, "-fstack-usage", *flags, *includes, str(src), "-o", str(tmp_lib)]]
+        # compile instrumented, link without the sanitizers' runtimes (the header defines the hooks)
+        obj = Path(tmp) / "unit.o"
+        instrument = check_flags + (TSAN_FLAGS if volatile else [])
+        steps = [[cxx, *[f for f in base_flags if f != "-shared"], *instrument, "-fstack-usage", *flags, *includes,
+                  "-c", str(src), "-o", str(obj)],
+                 [cxx, "-shared", "-pthread", *(["-fsanitize=address"] if asan else []), str(obj), "-o", str(tmp_lib)]]
         for cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
             if proc.returncode != 0:

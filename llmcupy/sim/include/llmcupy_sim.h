@@ -1306,6 +1306,17 @@ inline void watchdog_handler(int, siginfo_t*, void* uctx) {
 #endif
 }
 
+// Ends the running thread and the launch with `msg` (first one wins) and `flag` set in the result:
+// the scheduler abandons the block, Python raises; the process lives on.
+[[noreturn]] inline void stop_launch(Worker* w, Fiber* f, const char* msg, int LaunchResult::*flag) {
+    if (!(w->counters.*flag)) append_message(&w->counters, msg);
+    w->counters.*flag = 1;
+    w->abandoned = true;
+    f->state = DONE;
+    switch_to_scheduler(w, true);
+    std::abort();  // never resumed
+}
+
 // A device-side assert() that fails: the launch stops with an error naming the place, as a GPU's
 // launch fails with cudaErrorAssert; the Python process lives on.
 [[noreturn]] inline void device_assert_fail(const char* expr, const char* file, int line) {
@@ -1320,12 +1331,7 @@ inline void watchdog_handler(int, siginfo_t*, void* uctx) {
                   "device assert failed in kernel %s: `%s` at %s:%d, block (%u,%u,%u), thread (%u,%u,%u)\n",
                   w->kernel_name, expr, file, line, w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x,
                   f->tid.y, f->tid.z);
-    if (!w->counters.assert_failed) append_message(&w->counters, msg);
-    w->counters.assert_failed = 1;
-    w->abandoned = true;
-    f->state = DONE;
-    switch_to_scheduler(w, true);
-    std::abort();  // never resumed
+    stop_launch(w, f, msg, &LaunchResult::assert_failed);
 }
 
 // A feature the emulator cannot honour, met at run time: the launch stops with an error saying so.
@@ -1340,12 +1346,32 @@ inline void watchdog_handler(int, siginfo_t*, void* uctx) {
     std::snprintf(msg, sizeof msg, "kernel %s uses %s (line %d, block (%u,%u,%u), thread (%u,%u,%u))\n",
                   w->kernel_name, what, line, w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y,
                   f->tid.z);
-    if (!w->counters.error) append_message(&w->counters, msg);
-    w->counters.error = 1;
-    w->abandoned = true;
-    f->state = DONE;
-    switch_to_scheduler(w, true);
-    std::abort();  // never resumed
+    stop_launch(w, f, msg, &LaunchResult::error);
+}
+
+// A plain C conversion of a float to an integer type that cannot hold it (or of a NaN): a GPU's
+// cvt.rzi saturates (NaN gives 0), C++ leaves it undefined and x86 gives 0x80000000 or wraps. The
+// library is built with GCC's -fsanitize=float-cast-overflow, whose check calls the handler below
+// (no UBSan runtime involved) before the conversion; the launch stops with an error naming the
+// place instead of going on with a value no GPU would compute.
+struct UbsanSourceLocation { const char* file; unsigned line, column; };
+struct UbsanTypeDescriptor { unsigned short kind, info; char name[1]; };
+struct UbsanFloatCastData { UbsanSourceLocation loc; const UbsanTypeDescriptor* from; const UbsanTypeDescriptor* to; };
+
+inline void float_cast_overflow(const UbsanFloatCastData* d) {
+    Worker* w = tls_worker;
+    if (w == nullptr || w->cur == nullptr || !w->in_fiber) return;  // host-side code: C++'s rules
+    Fiber* f = w->cur;
+    char msg[640];
+    std::snprintf(msg, sizeof msg,
+                  "kernel %s converts an out-of-range or NaN %s to %s at %s:%u, block (%u,%u,%u), thread "
+                  "(%u,%u,%u): a GPU saturates (NaN gives 0) where C++ leaves the result undefined, so the "
+                  "emulator cannot give the GPU's answer; use __float2int_rz / __float2uint_rz (the same "
+                  "conversion, defined on both)\n",
+                  w->kernel_name, d->from ? d->from->name : "float", d->to ? d->to->name : "an integer",
+                  d->loc.file ? d->loc.file : "?", d->loc.line, w->block_idx.x, w->block_idx.y, w->block_idx.z,
+                  f->tid.x, f->tid.y, f->tid.z);
+    stop_launch(w, f, msg, &LaunchResult::error);
 }
 
 struct AltStack {
@@ -1638,6 +1664,11 @@ inline const char* signature(void (*)(A...)) {
 #define assert(e) ((e) ? (void)0 : llmcupy_sim::device_assert_fail(#e, __FILE__, __LINE__))
 #endif
 #define __assertfail(msg, file, line, fn, size) llmcupy_sim::device_assert_fail(msg, file, line)
+
+// GCC's -fsanitize=float-cast-overflow check calls this (see float_cast_overflow above).
+extern "C" __attribute__((used)) void __ubsan_handle_float_cast_overflow(void* data, void*) {
+    llmcupy_sim::float_cast_overflow(static_cast<const llmcupy_sim::UbsanFloatCastData*>(data));
+}
 
 #ifdef LLMCUPY_SIM_VOLATILE_HOOKS
 // ThreadSanitizer's hooks, compiled into sources that use `volatile` (see sim/compiler.py). A
