@@ -405,3 +405,23 @@ def test_plain_launches_stay_unchecked(no_hazards):
     with sim.settings(check=""):
         k((1,), (32,), (out, np.int32(29)))  # thread 5 writes out[32], one past the array's end
     assert full[32] == 7.0  # without the sanitizers the emulator does not look (the default, full speed)
+
+
+DEVICE_VARS = r"""
+__constant__ float scale[2];
+__device__ int hits;
+extern "C" __global__ void scaled(float* y) {
+    y[threadIdx.x] = scale[0] * threadIdx.x;
+    if (threadIdx.x == 0) hits = 5;
+}
+"""
+
+
+def test_device_variables_are_memory_of_the_launch_and_keep_their_values(no_hazards):
+    mod = llmcupy.RawModule(code=DEVICE_VARS, target="sim")
+    mod.global_array("scale", np.float32)[:] = [3.0, 0.0]
+    y = np.zeros(32, np.float32)
+    with sim.settings(check="all"):
+        mod.get_function("scaled")((1,), (32,), (y,))
+    np.testing.assert_array_equal(y, 3.0 * np.arange(32, dtype=np.float32))
+    assert mod.global_array("hits", np.int32)[0] == 5  # written by the instrumented build, seen here

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -263,6 +264,17 @@ class SimLibrary:
             self._checked = SimLibrary(code, kernels, options, filename, variables, instrument=True)
         return self._checked
 
+    def sync_variables(self, to_checked: bool) -> None:
+        """The instrumented build is a second library with its own ``__constant__``/``__device__``
+        variables: a checked launch copies the plain library's values in before and back after, so
+        ``get_global`` and the kernel see one set of variables whichever build runs."""
+        if not self._variables or self._checked is None:
+            return
+        for name in self._variables:
+            (a, n), (b, m) = self.global_address(name), self._checked.global_address(name)
+            src, dst = (a, b) if to_checked else (b, a)
+            ctypes.memmove(dst, src, min(n, m))
+
     def _entry_fn(self, name: str):
         fn = getattr(self._lib, f"llmcupy_sim_entry_{self._index[name]}")
         fn.restype = ctypes.c_int
@@ -323,7 +335,8 @@ def _sanitizer_error(library: SimLibrary, name: str, block, rows: list) -> SimSa
     dropped = next((int(r[1]) for r in rows if r and r[0] == "dropped" and len(r) > 1), 0)
     if not found:
         return None
-    where = symbols.lines(str(library.path), [int(r[3]) for r in found] + [int(r[4]) for r in found])
+    prefer = re.sub(r"[^\w.-]", "_", library._source[3])  # the kernel file's name in the line tables
+    where = symbols.lines(str(library.path), [int(r[3]) for r in found] + [int(r[4]) for r in found], prefer)
     space = {"0": "shared", "1": "global", "2": "unknown"}
     reports = []
     for r in found:
@@ -397,7 +410,14 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
     else:
         fn = entry.fn if isinstance(entry, _Entry) else entry
     res = _LaunchResult()
-    rc = fn(ctypes.byref(cfg), addresses, ctypes.byref(res))
+    if library is not None:
+        entry.library.sync_variables(to_checked=True)
+        try:
+            rc = fn(ctypes.byref(cfg), addresses, ctypes.byref(res))
+        finally:
+            entry.library.sync_variables(to_checked=False)
+    else:
+        rc = fn(ctypes.byref(cfg), addresses, ctypes.byref(res))
     with _counters_lock:
         _launches += 1
         for k in HAZARDS:

@@ -1789,6 +1789,15 @@ __attribute__((no_sanitize_thread)) inline void dispatch_access(const void* addr
 }
 }  // namespace llmcupy_sim
 #define LLMCUPY_SIM_SEE(ADDR, N, FLAGS) llmcupy_sim::dispatch_access((ADDR), (N), (FLAGS), __builtin_return_address(0))
+// Copies the emulator makes for a kernel with memcpy (cp.async stand-ins) are not instrumented:
+// such a helper is kept out of line in instrumented builds and reports the copy itself with
+// LLMCUPY_SIM_SEE_COPY, its return address standing for the kernel's call site.
+#define LLMCUPY_SIM_COPY_HELPER __attribute__((noinline))
+#define LLMCUPY_SIM_SEE_COPY(DST, SRC, READ, WRITTEN)                                                   \
+    do {                                                                                                 \
+        if ((READ) > 0) llmcupy_sim::dispatch_access((SRC), unsigned(READ), 0u, __builtin_return_address(0)); \
+        if ((WRITTEN) > 0) llmcupy_sim::dispatch_access((DST), unsigned(WRITTEN), 1u, __builtin_return_address(0)); \
+    } while (0)
 #else
 #define LLMCUPY_SIM_SEE(ADDR, N, FLAGS) ((void)0)
 #endif
