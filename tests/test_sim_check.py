@@ -425,3 +425,39 @@ def test_device_variables_are_memory_of_the_launch_and_keep_their_values(no_haza
         mod.get_function("scaled")((1,), (32,), (y,))
     np.testing.assert_array_equal(y, 3.0 * np.arange(32, dtype=np.float32))
     assert mod.global_array("hits", np.int32)[0] == 5  # written by the instrumented build, seen here
+
+
+CP_ASYNC = r"""
+#include <cuda_pipeline.h>
+extern "C" __global__ void stage(const float* src, float* out, int off) {
+    __shared__ __align__(16) float s[32];
+    __pipeline_memcpy_async(&s[threadIdx.x], src + threadIdx.x + off, 4);   // COPY
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    out[threadIdx.x] = s[31 - threadIdx.x];
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_cp_async_copies_are_checked_and_count_as_writes(order, no_hazards):
+    k, code = kernel(CP_ASYNC, "stage")
+    full = np.arange(48, dtype=np.float32)
+    src = _standalone(full, 32)
+    out = np.zeros(32, np.float32)
+    # in bounds: the copies initialise s (initcheck is quiet) and the barrier orders them (racecheck)
+    assert run_checked(k, (1,), (32,), (src, out, np.int32(0)), order) == []
+    np.testing.assert_array_equal(out, src[::-1])
+    reports = run_checked(k, (1,), (32,), (src, out, np.int32(16)), order, check="memory")
+    assert len(reports) == 1 and reports[0].kind == "OOB" and not reports[0].write
+    assert reports[0].line == line_of(code, "COPY") and reports[0].thread[0] >= 16
+
+
+def test_kernel_cli_sanitize(capsys):
+    from llmcupy import kernel as cli
+
+    assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", "--block-size", "64"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", "rase"]) == 2
+    assert "unknown sanitizer 'rase'" in capsys.readouterr().err
