@@ -22,9 +22,11 @@
 // assert(), a write into the guard bytes around a shared array, a launch past the watchdog's time
 // limit (threads that never reach a sync point are interrupted by a signal), grid_group::sync().
 //
-// What it does not model: timing, coalescing, bank conflicts, FMA contraction and rounding order,
-// races between two barriers (a thread runs from one sync point to the next without interruption,
-// so an unsynchronised read-after-write within that window is only exposed by changing the order).
+// What it does not model: timing, coalescing, bank conflicts, FMA contraction and rounding order.
+// Races between two barriers are not visible in a plain build (a thread runs from one sync point
+// to the next without interruption, so an unsynchronised read-after-write within that window is
+// only exposed by changing the order); the instrumented build's racecheck names them (see "Access
+// hooks" below and llmcupy_sim_check.h), with memcheck and initcheck beside it.
 #pragma once
 
 #include <algorithm>

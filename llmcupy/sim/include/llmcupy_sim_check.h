@@ -186,8 +186,27 @@ __attribute__((no_sanitize_thread)) inline Conflict race_step(BlockState& bs, Ce
     return out;
 }
 
+// Shared-memory regions of the running block: the static arrays it has touched (w->guards) and the
+// dynamic shared memory. Returns the data extent in [lo, hi) and its guard bytes.
+struct SharedArea { const unsigned char* lo; const unsigned char* hi; size_t guard; const char* name; int line; };
+
+__attribute__((no_sanitize_thread)) inline void describe_area(char* buf, size_t n, const SharedArea& s) {
+    if (s.name) std::snprintf(buf, n, "shared array '%s' (line %d, %zu bytes)", s.name, s.line, size_t(s.hi - s.lo));
+    else std::snprintf(buf, n, "the dynamic shared memory (extern __shared__, %zu bytes = the launch's shared_mem)",
+                       size_t(s.hi - s.lo));
+}
+
+// The memory an access hit, for a report: a shared array (area) or argument `arg` (global). Built
+// only when something is reported: a snprintf per access would dominate the checker's cost.
+__attribute__((no_sanitize_thread)) inline void describe_memory(char* where, size_t n, const SharedArea* area, int arg) {
+    if (area) describe_area(where, n, *area);
+    else std::snprintf(where, n, "argument %d", arg);
+}
+
 __attribute__((no_sanitize_thread)) inline void check_cells(Worker* w, Fiber* f, Cell* cells, size_t n,
-                                                            const Access& a, int space, const char* where) {
+                                                            const Access& a, int space, const SharedArea* area,
+                                                            int arg) {
+    char where[240];
     BlockState& bs = *tls_block;
     unsigned t = unsigned(f->linear);
     bool write = a.flags & ACCESS_WRITE, atomic = a.flags & ACCESS_ATOMIC;
@@ -197,12 +216,14 @@ __attribute__((no_sanitize_thread)) inline void check_cells(Worker* w, Fiber* f,
         Cell& c = cells[i];
         if (init && !init_seen && (c.w_epoch >> 24) != bs.serial) {
             init_seen = true;
+            describe_memory(where, sizeof where, area, arg);
             add_report(w, "UNINIT", space, 0, a.pc, nullptr, t, t, a.addr, a.size, write, where);
         }
         if (race) {
             Conflict k = race_step(bs, c, t, a.pc, write, atomic);
             if (k.tid >= 0 && !race_seen) {
                 race_seen = true;
+                describe_memory(where, sizeof where, area, arg);
                 add_report(w, k.kind, space, unsigned(k.tid) / 32 == t / 32, a.pc, k.pc, t, unsigned(k.tid), a.addr,
                            a.size, write, where);
             }
@@ -228,10 +249,6 @@ __attribute__((no_sanitize_thread)) inline Cell* global_cell(BlockState& bs, uin
     return nullptr;
 }
 
-// Shared-memory regions of the running block: the static arrays it has touched (w->guards) and the
-// dynamic shared memory. Returns the data extent in [lo, hi) and its guard bytes.
-struct SharedArea { const unsigned char* lo; const unsigned char* hi; size_t guard; const char* name; int line; };
-
 __attribute__((no_sanitize_thread)) inline int shared_areas(Worker* w, SharedArea* out, int cap) {
     int n = 0;
     for (const auto& g : w->guards) {
@@ -251,12 +268,6 @@ __attribute__((no_sanitize_thread)) inline Region& region_for(BlockState& bs, co
         if (r.lo == lo && r.bytes == bytes) return r;
     bs.regions.push_back(Region{lo, bytes, std::vector<Cell>(bytes)});
     return bs.regions.back();
-}
-
-__attribute__((no_sanitize_thread)) inline void describe_area(char* buf, size_t n, const SharedArea& s) {
-    if (s.name) std::snprintf(buf, n, "shared array '%s' (line %d, %zu bytes)", s.name, s.line, size_t(s.hi - s.lo));
-    else std::snprintf(buf, n, "the dynamic shared memory (extern __shared__, %zu bytes = the launch's shared_mem)",
-                       size_t(s.hi - s.lo));
 }
 
 // The nearest known memory to a bad address, as "N bytes past the end of argument 2 (...)".
@@ -307,8 +318,7 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
         if (p >= lo && end <= hi) {
             if (bits & (CHECK_RACE | CHECK_INIT)) {
                 Region& r = region_for(bs, s.lo, size_t(hi - lo));
-                describe_area(where, sizeof where, s);
-                check_cells(w, f, r.shadow.data() + (p - lo), a.size, a, 0, where);
+                check_cells(w, f, r.shadow.data() + (p - lo), a.size, a, 0, &s, -1);
             }
             return;
         }
@@ -329,11 +339,10 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
         if (p >= lo && end <= hi) {
             if (bits & CHECK_RACE) {
                 if (bs.global.empty()) bs.global.resize(kGlobalSlots);
-                std::snprintf(where, sizeof where, "argument %u", i);
                 for (unsigned k = 0; k < a.size; ++k) {
                     Cell* c = global_cell(bs, p + k);
                     if (c == nullptr) break;
-                    check_cells(w, f, c, 1, a, 1, where);
+                    check_cells(w, f, c, 1, a, 1, nullptr, int(i));
                 }
             }
             return;
