@@ -424,6 +424,8 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
             _counters[k] += getattr(res, k)
     if library is not None:
         error = _sanitizer_error(library, name, block, library.reports())
+        if error is None and res.sanitizer_stop:  # cannot happen (memcheck always keeps its report)
+            error = SimSanitizerError(f"{name}: memcheck stopped the launch", [])
         if error is not None:
             raise error
     if res.error:

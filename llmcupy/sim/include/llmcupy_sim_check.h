@@ -120,7 +120,8 @@ __attribute__((no_sanitize_thread)) inline void add_report(Worker* w, const char
     std::lock_guard<std::mutex> lk(g_report_mutex);
     for (auto& r : g_reports)
         if (r.pc == pc && r.prev_pc == prev_pc && std::strcmp(r.kind, kind) == 0) { ++r.count; return; }
-    if (g_reports.size() >= kMaxReports) { ++g_dropped; return; }
+    // memcheck's report is always kept: it explains why the launch stopped
+    if (g_reports.size() >= kMaxReports && std::strcmp(kind, "OOB") != 0) { ++g_dropped; return; }
     Report r{};
     std::snprintf(r.kind, sizeof r.kind, "%s", kind);
     r.space = space;
