@@ -461,3 +461,13 @@ def test_kernel_cli_sanitize(capsys):
     assert "PASS" in capsys.readouterr().out
     assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", "rase"]) == 2
     assert "unknown sanitizer 'rase'" in capsys.readouterr().err
+
+
+def test_plain_and_checked_builds_are_separate_libraries(no_hazards):
+    mod = llmcupy.RawModule(code=textwrap.dedent(OOB), target="sim")
+    plain = mod._sim_library
+    checked = plain.checked()
+    assert checked.path != plain.path and checked.path.name.endswith("-check.so")
+    # the plain build has no hooks at all: nothing of the checker is linked into it
+    assert not hasattr(plain._lib, "llmcupy_sim_check_reports")
+    assert hasattr(checked._lib, "llmcupy_sim_check_reports")

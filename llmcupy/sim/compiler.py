@@ -17,6 +17,12 @@ A source that uses ``volatile`` is compiled with GCC's ThreadSanitizer instrumen
 access: warp-synchronous code on ``volatile`` shared memory then runs in lock-step, and a spin-wait
 on a volatile flag makes progress.
 
+``build_library(..., instrument=True)`` compiles the checking variant used by the sanitizers
+(racecheck, memcheck, initcheck) and the memory-traffic metrics: the same unit with that
+instrumentation everywhere, line tables and ``LLMCUPY_SIM_ACCESS_HOOKS``, so that every load and
+store of the kernel reaches the emulator's access observers ("Access hooks" in llmcupy_sim.h). It
+is a separate library under its own cache key; plain builds are unchanged.
+
 Kernels inside namespaces are found with their qualified names (``ops::scale``), as CuPy's
 ``name_expressions`` spell them; ``__constant__`` and ``__device__`` variables get an exported
 accessor for ``RawModule.get_global``. The fiber stack a kernel needs is taken from

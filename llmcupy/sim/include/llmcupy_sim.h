@@ -273,6 +273,15 @@ inline dim3 g_grid_dim, g_block_dim;   // same for every block of a launch (one 
 //   on_launch_end(res)            after the last block
 // on_access runs on the worker's OS thread; blocks run concurrently on several workers, so
 // per-block state belongs in thread_local storage and launch-wide state needs a lock.
+// Rules for observer code, which is compiled into the same instrumented unit:
+//   - mark its functions __attribute__((no_sanitize_thread)); the library templates it calls are
+//     instrumented but silenced (tls_quiet is set while observers run);
+//   - no thread_local object with a constructor (its initialiser is compiler-made, instrumented
+//     code): use a thread_local pointer and allocate in on_block_begin;
+//   - helpers that copy on the kernel's behalf with memcpy (cp.async stand-ins) report the copy
+//     with LLMCUPY_SIM_SEE_COPY, as the compiler does not instrument library calls.
+// The launch's buffers (LaunchConfig::buffers, the root allocation of each array argument, by
+// argument index) and w->guards / w->dyn_shared (shared memory) tell observers what an address is.
 // ---------------------------------------------------------------------------------------------
 enum CheckBits : unsigned { CHECK_RACE = 1, CHECK_MEMORY = 2, CHECK_INIT = 4, CHECK_METRICS = 8 };
 enum AccessFlags : unsigned { ACCESS_WRITE = 1, ACCESS_ATOMIC = 2 };
