@@ -471,3 +471,30 @@ def test_plain_and_checked_builds_are_separate_libraries(no_hazards):
     # the plain build has no hooks at all: nothing of the checker is linked into it
     assert not hasattr(plain._lib, "llmcupy_sim_check_reports")
     assert hasattr(checked._lib, "llmcupy_sim_check_reports")
+
+
+SHARED_FORMS = r"""
+#include <cub/cub.cuh>
+extern "C" __global__ void forms(const float* in, float* out) {
+    __shared__ float a[64], b[64];                     // two arrays in one declaration
+    typedef cub::BlockReduce<float, 64> BlockReduce;
+    __shared__ typename BlockReduce::TempStorage temp;  // a template type
+    int t = threadIdx.x;
+    a[t] = in[t];
+    b[t] = 2.0f * in[t];
+    __syncthreads();
+    float total = BlockReduce(temp).Sum(a[63 - t] + b[t]);
+    if (t == 0) out[0] = total;
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_every_shared_declaration_form_is_known_to_the_checks(order, no_hazards):
+    # each declarator and template-typed storage is a registered shared array: memcheck knows it,
+    # racecheck and initcheck shadow it (an unregistered one would read as a wild address)
+    k, _ = kernel(SHARED_FORMS, "forms")
+    x = np.arange(64, dtype=np.float32)
+    out = np.zeros(1, np.float32)
+    assert run_checked(k, (2,), (64,), (x, out), order) == []
+    assert out[0] == 3 * x.sum()

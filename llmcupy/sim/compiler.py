@@ -3,7 +3,8 @@
 The source is compiled unchanged except for line-preserving rewrites (so compiler errors and
 deadlock reports point at the right lines of the .cu file):
 
-* ``[static] __shared__ T name[dims];`` becomes a reference to per-block storage that is poisoned
+* ``[static] __shared__ T name[dims];`` (also ``T a[n], b[m];`` and template types with commas)
+  becomes a reference to per-block storage that is poisoned
   with 0xFF bytes (NaN for floats) when each block starts (at file scope: an object that looks the
   running block's storage up at every use);
 * ``extern __shared__ T name[];`` becomes a pointer to the launch's dynamic shared memory (at file
@@ -62,6 +63,7 @@ _QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b(?P<rest>[^;{}]*?)\b(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
 _SHARED = re.compile(r"(?P<static>\bstatic\s+)?(?<![\w])__shared__\b(?P<rest>[^;{}]*);")
 _ALIGN = re.compile(r"\b(?:__align__|alignas|__attribute__)\s*\(")
+_MORE_DECLARATOR = re.compile(r"^\s*(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\]]+\]\s*)*)$")
 _DECLARATOR = re.compile(r"^(?P<type>.*?[\w>*&])\s*\b(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\]]+\]\s*)*)$", re.S)
 _DEVICE_VAR = re.compile(
     r"\b(?:__constant__|__device__|__managed__)\b(?P<rest>[^;{}()]*?)\b(?P<name>[A-Za-z_]\w*)\s*"
@@ -175,6 +177,21 @@ def _edit(code: str, blanked: str, pattern: re.Pattern, fn) -> tuple[str, str]:
     return "".join(out), "".join(out_b)
 
 
+def _split_declarators(decl: str) -> list[str]:
+    """A declaration split at its top-level commas (template arguments and array bounds kept whole)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(decl):
+        if ch in "<([{":
+            depth += 1
+        elif ch in ">)]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(decl[start:i])
+            start = i + 1
+    parts.append(decl[start:])
+    return parts
+
+
 def rewrite_shared(code: str) -> str:
     """Line-preserving rewrite of ``__shared__`` declarations (see the module docstring)."""
     blanked = blank_comments(code)
@@ -195,17 +212,23 @@ def rewrite_shared(code: str) -> str:
 
     def static(m: re.Match) -> str:
         decl = " ".join(_strip_attributes(m["rest"]).split())
-        d = _DECLARATOR.match(decl)
-        # several declarators, initialisers, extern: left to the `static thread_local` fallback
-        if not d or "," in decl or "=" in decl or d["type"].strip() in ("", "extern"):
+        # `__shared__ float a[32], b[32];` declares one array per declarator, each with its own storage
+        parts = _split_declarators(decl)
+        d = _DECLARATOR.match(parts[0].strip())
+        more = [_MORE_DECLARATOR.match(p) for p in parts[1:]]
+        # initialisers, extern, pointer declarators: left to the `static thread_local` fallback
+        if not d or not all(more) or "=" in decl or d["type"].strip() in ("", "extern"):
             return None
         line = bisect.bisect_left(newlines, m.start()) + 1
-        dims = " ".join(d["dims"].split())
-        ctype = f"{d['type'].strip()}{dims}"
-        ident = next(counter)
-        if scopes.file_scope(m.start()):
-            return f'llmcupy_sim::FileShared<{ctype}, {ident}> {d["name"]}{{"{d["name"]}", {line}}};'
-        return f'auto& {d["name"]} = llmcupy_sim::shared_var<{ctype}, {ident}>("{d["name"]}", {line});'
+        out = []
+        for name, dims in [(d["name"], d["dims"])] + [(x["name"], x["dims"]) for x in more]:
+            ctype = f"{d['type'].strip()}{' '.join(dims.split())}"
+            ident = next(counter)
+            if scopes.file_scope(m.start()):
+                out.append(f'llmcupy_sim::FileShared<{ctype}, {ident}> {name}{{"{name}", {line}}};')
+            else:
+                out.append(f'auto& {name} = llmcupy_sim::shared_var<{ctype}, {ident}>("{name}", {line});')
+        return " ".join(out)
 
     code, _ = _edit(code, blanked, _SHARED, static)
     return code
