@@ -414,6 +414,7 @@ extern "C" __global__ void scaled(float* y) {
     y[threadIdx.x] = scale[0] * threadIdx.x;
     if (threadIdx.x == 0) hits = 5;
 }
+extern "C" __global__ void poke(int* p) { *p = 9; }
 """
 
 
@@ -425,6 +426,10 @@ def test_device_variables_are_memory_of_the_launch_and_keep_their_values(no_haza
         mod.get_function("scaled")((1,), (32,), (y,))
     np.testing.assert_array_equal(y, 3.0 * np.arange(32, dtype=np.float32))
     assert mod.global_array("hits", np.int32)[0] == 5  # written by the instrumented build, seen here
+    hits = mod.global_array("hits", np.int32)
+    with sim.settings(check="all"):  # through a pointer into the plain build's variable: kept
+        mod.get_function("poke")((1,), (1,), (hits,))
+    assert hits[0] == 9
 
 
 CP_ASYNC = r"""

@@ -266,14 +266,22 @@ class SimLibrary:
 
     def sync_variables(self, to_checked: bool) -> None:
         """The instrumented build is a second library with its own ``__constant__``/``__device__``
-        variables: a checked launch copies the plain library's values in before and back after, so
-        ``get_global`` and the kernel see one set of variables whichever build runs."""
+        variables: a checked launch copies the plain library's values in before and, for those the
+        launch changed, back after, so ``get_global`` and the kernel see one set of variables
+        whichever build runs (a variable changed through a pointer argument into the plain library
+        is left as the kernel wrote it)."""
         if not self._variables or self._checked is None:
             return
+        if to_checked:
+            self._synced = {}
         for name in self._variables:
             (a, n), (b, m) = self.global_address(name), self._checked.global_address(name)
-            src, dst = (a, b) if to_checked else (b, a)
-            ctypes.memmove(dst, src, min(n, m))
+            n = min(n, m)
+            if to_checked:
+                ctypes.memmove(b, a, n)
+                self._synced[name] = ctypes.string_at(b, n)
+            elif ctypes.string_at(b, n) != self._synced.get(name):
+                ctypes.memmove(a, b, n)
 
     def _entry_fn(self, name: str):
         fn = getattr(self._lib, f"llmcupy_sim_entry_{self._index[name]}")
