@@ -123,7 +123,7 @@ def test_warp_synchronous_race_is_flagged_and_syncwarp_makes_it_clean(order, no_
     k, code = kernel(WARP, "neighbours")
     x = np.arange(64, dtype=np.float32)
     out = np.zeros(64, np.float32)
-    reports = run_checked(k, (1,), (64,), (x, out, np.int32(0)), order, check="race")
+    reports = run_checked(k, (1,), (64,), (x, out), order, check="race")
     assert reports and all(r.warp_synchronous for r in reports)
     r = reports[0]
     assert {r.line, r.prev_line} == {line_of(code, "STORE"), line_of(code, "LOAD")}
@@ -503,3 +503,29 @@ def test_every_shared_declaration_form_is_known_to_the_checks(order, no_hazards)
     out = np.zeros(1, np.float32)
     assert run_checked(k, (2,), (64,), (x, out), order) == []
     assert out[0] == 3 * x.sum()
+
+
+LEGACY_WARP = r"""
+extern "C" __global__ void legacy(const float* in, float* out) {
+    __shared__ float s[64];
+    int t = threadIdx.x;
+    s[t] = in[t];
+    __syncthreads();
+    if (t < 32) {
+        volatile float* v = s;
+        v[t] += v[t + 32];
+        v[t] += v[t + 16];                // pre-Volta warp-synchronous style: no __syncwarp between
+    }
+    if (t == 0) out[0] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7] + s[8] + s[9] + s[10] + s[11] + s[12] + s[13] + s[14] + s[15];
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_legacy_volatile_warp_synchronous_code_is_a_warp_synchronous_hazard(order, no_hazards):
+    # volatile sources yield at every volatile access (lock-step) and are checked all the same
+    k, _ = kernel(LEGACY_WARP, "legacy")
+    x = np.arange(64, dtype=np.float32)
+    out = np.zeros(1, np.float32)
+    reports = run_checked(k, (1,), (64,), (x, out), order, check="race")
+    assert reports and all(r.warp_synchronous for r in reports)
