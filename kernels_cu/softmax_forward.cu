@@ -22,7 +22,10 @@ version 6: online softmax, one warp per row with cooperative groups: each lane f
 version 7: one block per row, unrolled by 8 for very large C: each thread issues 8 independent loads
            (indices clamped to C-1 so the loads need no branch) before using them. llm.c lets threads
            with tid >= C return before the barriers, undefined when C < block size; here they stay
-           and simply contribute nothing.
+           and simply contribute nothing. llm.c's last pass also clamps its loads of `out`, which that
+           same pass overwrites: a thread past the end re-reads out[C-1] while its owner rewrites it
+           (a data race, though the value is discarded; found by the emulator's racecheck on global
+           memory). Here that pass loads only its own elements.
 version 8: online softmax, one warp per row with raw shuffles: the (max, sum) pairs merge with
            __shfl_down_sync applying the rescale rule, lane 0's pair is broadcast with __shfl_sync.
 
@@ -338,7 +341,10 @@ __global__ void softmax_forward_kernel7(float* out, const float* inp, int N, int
         float reg[SOFTMAX7_UNROLL];
         #pragma unroll
         for (int u = 0; u < SOFTMAX7_UNROLL; u++) {
-            reg[u] = y[min(C - 1, i + u * blockDim.x)];
+            // Not clamped: y[C-1] is rewritten in this very pass by the thread that owns it, so a
+            // clamped load of it by another thread is a data race (racecheck, global memory).
+            int pos = i + u * blockDim.x;
+            reg[u] = pos < C ? y[pos] : 0.0f;
         }
         #pragma unroll
         for (int u = 0; u < SOFTMAX7_UNROLL; u++) {

@@ -6,6 +6,8 @@
     python -m llmcupy.kernel softmax_forward --all       # every version of one op
     python -m llmcupy.kernel --all --json results.json   # the whole catalogue
     python -m llmcupy.kernel --compile-report [OP]       # NVRTC registers/spills per kernel and arch
+    python -m llmcupy.kernel softmax_forward --all --sanitize          # racecheck, memcheck, initcheck
+    python -m llmcupy.kernel --all --sanitize race,memory              # (emulator only)
 
 Exit status: 0 all passed, 1 a version failed, 2 bad usage (unknown op or version, bad size; for one
 version: unavailable here, or the sizes refused by every block size; no C++ compiler or NVRTC).
@@ -38,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--repeat", type=int, default=50, help="timed launches per block size (GPU)")
     p.add_argument("--order", choices=("forward", "reverse", "random"), help="emulator thread order")
+    p.add_argument("--sanitize", nargs="?", const="all", metavar="CHECKS",
+                   help="emulator: run under racecheck, memcheck and initcheck (or a comma-separated subset of "
+                        "race,memory,init); a version with findings FAILs and its reports are printed")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--compile-report", action="store_true", help="NVRTC compile of kernels_cu (no GPU needed)")
     p.add_argument("--arch", type=int, nargs="+", default=[75, 80, 90], help="archs for --compile-report")
@@ -97,11 +102,15 @@ def _run_one(op_name: str, number: int, sizes: dict, args) -> dict:
     if args.backend:
         _backend.set_backend(args.backend)
     op = ops_registry.get(op_name)
-    if args.order and _backend.is_sim():
+    if (args.order or args.sanitize) and _backend.is_sim():
         from . import sim
 
-        with sim.settings(order=args.order):
-            return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+        try:
+            with sim.settings(order=args.order, check=args.sanitize):
+                return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+        except sim.SimSanitizerError as exc:
+            return {"op": op_name, "version": number, "ok": False, "error": str(exc),
+                    "sanitizer": [dict(vars(r), check=r.check) for r in exc.reports]}
     return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
 
 
@@ -133,6 +142,13 @@ def main(argv=None) -> int:
                 return 2
             print(nvrtc.format_report(rows))
             return 0 if all(r["ok"] for r in rows) else 1
+        if args.sanitize:
+            from .sim.launcher import parse_check
+
+            parse_check(args.sanitize, "--sanitize")  # a misspelt check: exit 2 before anything runs
+            if _backend.get_backend() != "sim":
+                raise OpError("--sanitize runs in the emulator only (add --backend sim); on a GPU use "
+                              "compute-sanitizer")
         if args.list:
             print(list_catalogue())
             return 0
@@ -156,7 +172,7 @@ def main(argv=None) -> int:
             if extra:
                 raise OpError(f"unknown option(s) {' '.join(extra)}")
             plan = [(n, v, {}) for n in ops_registry.names() for v in sorted(ops_registry.get(n).versions)]
-    except (OpError, _backend.BackendError) as exc:
+    except (OpError, _backend.BackendError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -3,7 +3,8 @@
 The source is compiled unchanged except for line-preserving rewrites (so compiler errors and
 deadlock reports point at the right lines of the .cu file):
 
-* ``[static] __shared__ T name[dims];`` becomes a reference to per-block storage that is poisoned
+* ``[static] __shared__ T name[dims];`` (also ``T a[n], b[m];`` and template types with commas)
+  becomes a reference to per-block storage that is poisoned
   with 0xFF bytes (NaN for floats) when each block starts (at file scope: an object that looks the
   running block's storage up at every use);
 * ``extern __shared__ T name[];`` becomes a pointer to the launch's dynamic shared memory (at file
@@ -20,6 +21,12 @@ on a volatile flag makes progress.
 Every source is compiled with GCC's ``-fsanitize=float-cast-overflow`` check (handled by the header,
 no UBSan runtime): a float-to-integer conversion out of the target's range, where a GPU saturates
 and C++ does not, stops the launch with an error naming the line.
+
+``build_library(..., instrument=True)`` compiles the checking variant used by the sanitizers
+(racecheck, memcheck, initcheck) and the memory-traffic metrics: the same unit with that
+instrumentation everywhere, line tables and ``LLMCUPY_SIM_ACCESS_HOOKS``, so that every load and
+store of the kernel reaches the emulator's access observers ("Access hooks" in llmcupy_sim.h). It
+is a separate library under its own cache key; plain builds are unchanged.
 
 Kernels inside namespaces are found with their qualified names (``ops::scale``), as CuPy's
 ``name_expressions`` spell them; ``__constant__`` and ``__device__`` variables get an exported
@@ -60,6 +67,7 @@ _QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b(?P<rest>[^;{}]*?)\b(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
 _SHARED = re.compile(r"(?P<static>\bstatic\s+)?(?<![\w])__shared__\b(?P<rest>[^;{}]*);")
 _ALIGN = re.compile(r"\b(?:__align__|alignas|__attribute__)\s*\(")
+_MORE_DECLARATOR = re.compile(r"^\s*(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\]]+\]\s*)*)$")
 _DECLARATOR = re.compile(r"^(?P<type>.*?[\w>*&])\s*\b(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\]]+\]\s*)*)$", re.S)
 _DEVICE_VAR = re.compile(
     r"\b(?:__constant__|__device__|__managed__)\b(?P<rest>[^;{}()]*?)\b(?P<name>[A-Za-z_]\w*)\s*"
@@ -173,6 +181,21 @@ def _edit(code: str, blanked: str, pattern: re.Pattern, fn) -> tuple[str, str]:
     return "".join(out), "".join(out_b)
 
 
+def _split_declarators(decl: str) -> list[str]:
+    """A declaration split at its top-level commas (template arguments and array bounds kept whole)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(decl):
+        if ch in "<([{":
+            depth += 1
+        elif ch in ">)]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(decl[start:i])
+            start = i + 1
+    parts.append(decl[start:])
+    return parts
+
+
 def rewrite_shared(code: str) -> str:
     """Line-preserving rewrite of ``__shared__`` declarations (see the module docstring)."""
     blanked = blank_comments(code)
@@ -193,17 +216,23 @@ def rewrite_shared(code: str) -> str:
 
     def static(m: re.Match) -> str:
         decl = " ".join(_strip_attributes(m["rest"]).split())
-        d = _DECLARATOR.match(decl)
-        # several declarators, initialisers, extern: left to the `static thread_local` fallback
-        if not d or "," in decl or "=" in decl or d["type"].strip() in ("", "extern"):
+        # `__shared__ float a[32], b[32];` declares one array per declarator, each with its own storage
+        parts = _split_declarators(decl)
+        d = _DECLARATOR.match(parts[0].strip())
+        more = [_MORE_DECLARATOR.match(p) for p in parts[1:]]
+        # initialisers, extern, pointer declarators: left to the `static thread_local` fallback
+        if not d or not all(more) or "=" in decl or d["type"].strip() in ("", "extern"):
             return None
         line = bisect.bisect_left(newlines, m.start()) + 1
-        dims = " ".join(d["dims"].split())
-        ctype = f"{d['type'].strip()}{dims}"
-        ident = next(counter)
-        if scopes.file_scope(m.start()):
-            return f'llmcupy_sim::FileShared<{ctype}, {ident}> {d["name"]}{{"{d["name"]}", {line}}};'
-        return f'auto& {d["name"]} = llmcupy_sim::shared_var<{ctype}, {ident}>("{d["name"]}", {line});'
+        out = []
+        for name, dims in [(d["name"], d["dims"])] + [(x["name"], x["dims"]) for x in more]:
+            ctype = f"{d['type'].strip()}{' '.join(dims.split())}"
+            ident = next(counter)
+            if scopes.file_scope(m.start()):
+                out.append(f'llmcupy_sim::FileShared<{ctype}, {ident}> {name}{{"{name}", {line}}};')
+            else:
+                out.append(f'auto& {name} = llmcupy_sim::shared_var<{ctype}, {ident}>("{name}", {line});')
+        return " ".join(out)
 
     code, _ = _edit(code, blanked, _SHARED, static)
     return code
@@ -500,15 +529,21 @@ def _stack_from_su(folder: Path) -> int:
 
 
 def build_library(code: str, kernels: list[str], options=(), filename: str = "kernel.cu",
-                  variables: list[str] = ()) -> Path:
+                  variables: list[str] = (), instrument: bool = False) -> Path:
     """Compiles ``code`` with one entry point per name in ``kernels`` (and an address accessor per
-    name in ``variables``); returns the .so path."""
-    memo_key = (code, tuple(kernels), tuple(options or ()), filename, tuple(variables),
+    name in ``variables``); returns the .so path.
+
+    ``instrument=True`` builds the checking variant used by the sanitizers and metrics: the whole
+    unit with GCC's ThreadSanitizer instrumentation (``TSAN_FLAGS``, no TSan runtime) and line
+    tables (``-g1``), ``LLMCUPY_SIM_ACCESS_HOOKS`` defined, so every load and store of the kernel
+    reaches the emulator's access observers (see "Access hooks" in llmcupy_sim.h). It is cached
+    under its own key; the plain build is untouched."""
+    memo_key = (code, tuple(kernels), tuple(options or ()), filename, tuple(variables), bool(instrument),
                 os.environ.get("LLMCUPY_SIM_ASAN", ""), os.environ.get("CXX", "g++"), str(cache_dir()))
     lib = _BUILT.get(memo_key)
     if lib is not None and lib.exists():
         return lib
-    lib = _build_library(code, kernels, options, filename, variables)
+    lib = _build_library(code, kernels, options, filename, variables, bool(instrument))
     _BUILT[memo_key] = lib
     return lib
 
@@ -516,7 +551,7 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
 _BUILT: dict = {}  # the libraries this process built or found, by everything their key is made of
 
 
-def _build_library(code, kernels, options, filename, variables) -> Path:
+def _build_library(code, kernels, options, filename, variables, instrument=False) -> Path:
     flags, include_dirs = translate_options(options)
     if not any(f.startswith("-std=") for f in flags):
         flags.append("-std=c++17")
@@ -533,8 +568,14 @@ def _build_library(code, kernels, options, filename, variables) -> Path:
     # Only for the compile step: linked with -fsanitize, g++ would make the library load UBSan's
     # runtime (not wanted, and not on every machine).
     check_flags = ["-fsanitize=float-cast-overflow"]
+    if asan and instrument:
+        raise SimCompileError(f"{filename}: the sanitizers (llmcupy.sim.settings(check=...)) and the AddressSanitizer "
+                              "build (LLMCUPY_SIM_ASAN) cannot be combined; unset one of them")
     if asan:
         base_flags += ["-fsanitize=address", "-fno-omit-frame-pointer"]
+    if instrument:
+        # line tables for sim/symbols.py; the hooks' pc is a return address inside the kernel
+        base_flags = [f for f in base_flags if f != "-g0"] + ["-g1", "-DLLMCUPY_SIM_ACCESS_HOOKS=1"]
 
     safe_name = re.sub(r"[^\w.-]", "_", filename)
     # The key hashes the source as written plus this file (which holds the rewrite rules), so a
@@ -551,7 +592,7 @@ def _build_library(code, kernels, options, filename, variables) -> Path:
     key = digest.hexdigest()[:24]
     out_dir = cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    lib = out_dir / f"{Path(safe_name).stem}-{key}{'-asan' if asan else ''}.so"
+    lib = out_dir / f"{Path(safe_name).stem}-{key}{'-asan' if asan else ''}{'-check' if instrument else ''}.so"
     if lib.exists():
         return lib
 
@@ -585,9 +626,9 @@ def _build_library(code, kernels, options, filename, variables) -> Path:
         tmp_lib = Path(tmp) / "lib.so"
         # compile instrumented, link without the sanitizers' runtimes (the header defines the hooks)
         obj = Path(tmp) / "unit.o"
-        instrument = check_flags + (TSAN_FLAGS if volatile else [])
-        steps = [[cxx, *[f for f in base_flags if f != "-shared"], *instrument, "-fstack-usage", *flags, *includes,
-                  "-c", str(src), "-o", str(obj)],
+        sanitize_flags = check_flags + (TSAN_FLAGS if volatile or instrument else [])
+        steps = [[cxx, *[f for f in base_flags if f != "-shared"], *sanitize_flags, "-fstack-usage", *flags,
+                  *includes, "-c", str(src), "-o", str(obj)],
                  [cxx, "-shared", "-pthread", *(["-fsanitize=address"] if asan else []), str(obj), "-o", str(tmp_lib)]]
         for cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())

@@ -17,8 +17,13 @@
 #include <cstdlib>
 #include <cstring>
 
-inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, size_t size_and_align,
-                                    size_t zfill = 0) {
+#ifndef LLMCUPY_SIM_ACCESS_HOOKS
+#define LLMCUPY_SIM_COPY_HELPER
+#define LLMCUPY_SIM_SEE_COPY(DST, SRC, READ, WRITTEN) ((void)0)
+#endif
+
+LLMCUPY_SIM_COPY_HELPER inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global,
+                                                            size_t size_and_align, size_t zfill = 0) {
     const size_t n = size_and_align;
     if ((n != 4 && n != 8 && n != 16) || zfill > n || reinterpret_cast<size_t>(dst_shared) % n ||
         reinterpret_cast<size_t>(src_global) % n) {
@@ -29,6 +34,7 @@ inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, si
         std::abort();
     }
     // src_global is not read for the zero-filled tail: a fully zero-filled copy may name any address
+    LLMCUPY_SIM_SEE_COPY(dst_shared, src_global, n - zfill, n);  // the sanitizers see the copy (memcpy is not instrumented)
     std::memcpy(dst_shared, src_global, n - zfill);
     std::memset(static_cast<char*>(dst_shared) + (n - zfill), 0, zfill);
 }

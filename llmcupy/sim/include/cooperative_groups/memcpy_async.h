@@ -29,8 +29,13 @@ template <> struct async_copy_group<coalesced_group> : std::true_type {};
 template <typename S> struct aligned_size_hint { static constexpr size_t value = 0; };
 template <template <size_t> class A, size_t N> struct aligned_size_hint<A<N>> { static constexpr size_t value = N; };
 
+#ifndef LLMCUPY_SIM_ACCESS_HOOKS
+#define LLMCUPY_SIM_COPY_HELPER
+#define LLMCUPY_SIM_SEE_COPY(DST, SRC, READ, WRITTEN) ((void)0)
+#endif
+
 template <typename G>
-inline void async_copy_share(const G& group, void* dst, const void* src, size_t bytes, size_t align,
+LLMCUPY_SIM_COPY_HELPER inline void async_copy_share(const G& group, void* dst, const void* src, size_t bytes, size_t align,
                              bool promised, const char* file, int line) {
     static_assert(async_copy_group<G>::value,
                   "cg::memcpy_async takes a thread_block, a thread_block_tile or a coalesced_group");
@@ -45,8 +50,15 @@ inline void async_copy_share(const G& group, void* dst, const void* src, size_t 
     const size_t n = bytes / chunk, rank = group.thread_rank(), size = group.size();
     char* d = static_cast<char*>(dst);
     const char* s = static_cast<const char*>(src);
-    for (size_t i = rank; i < n; i += size) std::memcpy(d + i * chunk, s + i * chunk, chunk);
-    if (rank == size - 1 && bytes % chunk) std::memcpy(d + n * chunk, s + n * chunk, bytes % chunk);
+    // the sanitizers see each chunk (memcpy is not instrumented)
+    for (size_t i = rank; i < n; i += size) {
+        LLMCUPY_SIM_SEE_COPY(d + i * chunk, s + i * chunk, chunk, chunk);
+        std::memcpy(d + i * chunk, s + i * chunk, chunk);
+    }
+    if (rank == size - 1 && bytes % chunk) {
+        LLMCUPY_SIM_SEE_COPY(d + n * chunk, s + n * chunk, bytes % chunk, bytes % chunk);
+        std::memcpy(d + n * chunk, s + n * chunk, bytes % chunk);
+    }
 }
 
 template <typename T> constexpr size_t elem_align() {

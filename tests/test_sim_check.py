@@ -1,0 +1,531 @@
+"""The emulator's sanitizers (racecheck, memcheck, initcheck) on planted bugs, in every thread order.
+
+Each planted kernel has its accesses on separate, known lines (found by a marker comment), so a
+report can be checked for the exact source lines and threads; the fixed kernel must run clean.
+"""
+
+import ctypes
+import textwrap
+
+import numpy as np
+import pytest
+
+import llmcupy
+from llmcupy import sim
+from llmcupy.sim.launcher import parse_check
+
+ORDERS = ("forward", "reverse", "random")
+
+
+def kernel(code: str, name: str):
+    code = textwrap.dedent(code)
+    return llmcupy.RawModule(code=code, target="sim").get_function(name), code
+
+
+def line_of(code: str, marker: str) -> str:
+    """'kernel.cu:N' of the line carrying ``// marker``."""
+    for n, text in enumerate(code.splitlines(), start=1):
+        if f"// {marker}" in text:
+            return f"kernel.cu:{n}"
+    raise AssertionError(marker)
+
+
+def run_checked(k, grid, block, args, order, check="all", shared_mem=0):
+    """Launches under the sanitizers; the reports (empty when clean)."""
+    with sim.settings(check=check, order=order, seed=7):
+        try:
+            k(grid, block, args, shared_mem=shared_mem)
+        except sim.SimSanitizerError as exc:
+            assert exc.reports, "a SimSanitizerError always carries its reports"
+            return exc.reports
+    return []
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+def test_check_names_parse_and_bad_names_are_refused(monkeypatch):
+    assert parse_check("race,memory,init") == parse_check("all") == 7
+    assert parse_check("memory") == 2 and parse_check("") == 0
+    with pytest.raises(ValueError, match="unknown sanitizer 'rase'"):
+        parse_check("rase")
+    with pytest.raises(ValueError, match="unknown sanitizer"):
+        with sim.settings(check="memcheck"):
+            pass
+
+
+def test_env_variable_turns_the_sanitizers_on(monkeypatch):
+    from llmcupy.sim import launcher
+
+    monkeypatch.setenv("LLMCUPY_SIM_CHECK", "race,init")
+    monkeypatch.setattr(launcher._settings, "check", None)
+    assert launcher.check_bits() == 5
+
+
+# --- racecheck ---------------------------------------------------------------------------------
+
+TREE = r"""
+extern "C" __global__ void tree(const float* in, float* out, int skip) {
+    __shared__ float s[256];
+    int t = threadIdx.x;
+    s[t] = in[t];
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+        if (t < stride) {
+            float other = s[t + stride];  // READ
+            s[t] += other;                // WRITE
+        }
+        if (stride != skip) __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = s[0];
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_tree_reduction_missing_a_barrier_is_reported_with_both_lines(order, no_hazards):
+    k, code = kernel(TREE, "tree")
+    x = np.arange(256, dtype=np.float32)
+    out = np.zeros(2, np.float32)
+    reports = run_checked(k, (2,), (256,), (x, out, np.int32(64)), order, check="race")
+    races = [r for r in reports if r.kind in ("RAW", "WAR", "WAW")]
+    assert races, f"no race reported in order {order}"
+    r = races[0]
+    assert {r.line, r.prev_line} == {line_of(code, "READ"), line_of(code, "WRITE")}, r.describe()
+    assert r.space == "shared" and "'s'" in r.where and r.kernel == "tree"
+    # the stride-64 step writes s[32..63] (warp 1), the stride-32 step reads them from warp 0
+    assert {r.thread[0] // 32, r.prev_thread[0] // 32} == {0, 1} and not r.warp_synchronous
+    assert r.thread[0] - r.prev_thread[0] in (32, -32)
+    assert r.block[0] in (0, 1)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_tree_reduction_with_every_barrier_is_clean(order, no_hazards):
+    k, _ = kernel(TREE, "tree")
+    x = np.arange(256, dtype=np.float32)
+    out = np.zeros(2, np.float32)
+    assert run_checked(k, (2,), (256,), (x, out, np.int32(-1)), order) == []
+    assert out[0] == x.sum()
+
+
+WARP = r"""
+extern "C" __global__ void neighbours(const float* in, float* out, int sync) {
+    __shared__ float s[64];
+    int t = threadIdx.x;
+    s[t] = in[t];                 // STORE
+    if (sync) __syncwarp();
+    out[t] = s[t ^ 1];            // LOAD
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_warp_synchronous_race_is_flagged_and_syncwarp_makes_it_clean(order, no_hazards):
+    k, code = kernel(WARP, "neighbours")
+    x = np.arange(64, dtype=np.float32)
+    out = np.zeros(64, np.float32)
+    reports = run_checked(k, (1,), (64,), (x, out), order, check="race")
+    assert reports and all(r.warp_synchronous for r in reports)
+    r = reports[0]
+    assert {r.line, r.prev_line} == {line_of(code, "STORE"), line_of(code, "LOAD")}
+    assert r.thread[0] ^ 1 == r.prev_thread[0]
+    assert "warp-synchronous" in r.describe()
+    assert run_checked(k, (1,), (64,), (x, out, np.int32(1)), order) == []
+    np.testing.assert_array_equal(out, x[np.arange(64) ^ 1])
+
+
+ATOMICS = r"""
+extern "C" __global__ void count(int* out) {
+    __shared__ int c;
+    if (threadIdx.x == 0) c = 0;
+    __syncthreads();
+    atomicAdd(&c, 1);
+    atomicAdd(&out[1], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = c;
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_atomics_on_one_address_are_not_a_race(order, no_hazards):
+    k, _ = kernel(ATOMICS, "count")
+    out = np.zeros(2, np.int32)
+    assert run_checked(k, (2,), (96,), (out,), order) == []
+    assert out[0] == 96 and out[1] == 192
+
+
+GLOBAL_RACE = r"""
+extern "C" __global__ void publish(float* data) {
+    int t = threadIdx.x;
+    if (t == 0) data[0] = 42.0f;          // PUBLISH
+    data[t + 1] = data[0] + t;            // CONSUME
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_global_memory_race_within_a_block(order, no_hazards):
+    k, code = kernel(GLOBAL_RACE, "publish")
+    data = np.zeros(65, np.float32)
+    reports = run_checked(k, (1,), (64,), (data,), order, check="race")
+    assert reports and reports[0].space == "global" and "argument 0" in reports[0].where
+    assert {reports[0].line, reports[0].prev_line} == {line_of(code, "PUBLISH"), line_of(code, "CONSUME")}
+
+
+# --- memcheck ----------------------------------------------------------------------------------
+
+OOB = r"""
+extern "C" __global__ void spill(float* out, int n) {
+    int t = threadIdx.x;
+    if (t < n) out[t] = 1.0f;
+    if (t == 5) out[n + 3] = 7.0f;        // STRAY
+}
+"""
+
+
+def _standalone(full: np.ndarray, n: int) -> np.ndarray:
+    """An array of ``n`` floats whose root allocation is exactly its own: memory after it (the rest of
+    ``full``) is outside every buffer of the launch, yet ours to inspect."""
+    return np.frombuffer(memoryview(full).cast("B")[: 4 * n], dtype=np.float32)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_out_of_bounds_global_write_is_stopped_before_it_lands(order, monkeypatch, no_hazards):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    k, code = kernel(OOB, "spill")
+    full = np.zeros(48, np.float32)
+    out = _standalone(full, 32)
+    reports = run_checked(k, (1,), (32,), (out, np.int32(32)), order, check="memory")
+    assert len(reports) == 1
+    r = reports[0]
+    assert r.kind == "OOB" and r.write and r.size == 4
+    assert r.line == line_of(code, "STRAY") and r.thread == (5, 0, 0) and r.block == (0, 0, 0)
+    assert r.address == out.ctypes.data + 4 * 35
+    assert "12 bytes past the end of argument 0" in r.where and "128-byte allocation" in r.where
+    assert np.all(full[32:] == 0), "the stray write landed"
+    assert "memcheck" in r.describe() and "thread (5,0,0)" in r.describe()
+
+
+def test_a_view_may_touch_its_neighbours_in_the_same_allocation(no_hazards):
+    k, _ = kernel(OOB, "spill")
+    full = np.zeros(48, np.float32)
+    out = full[:32]  # .base is `full`: out[35] is inside the allocation, as on a GPU
+    assert run_checked(k, (1,), (32,), (out, np.int32(32)), "forward") == []
+    assert full[35] == 7.0
+
+
+SHARED_OOB = r"""
+extern "C" __global__ void static_shared(float* out, int idx, int write) {
+    __shared__ float s[32];
+    int t = threadIdx.x;
+    s[t] = t;
+    __syncthreads();
+    if (t == 3) {
+        if (write) s[idx] = 1.0f;        // SWRITE
+        else out[0] = s[idx];             // SREAD
+    }
+}
+extern "C" __global__ void dynamic_shared(float* out, int idx, int write) {
+    extern __shared__ float d[];
+    int t = threadIdx.x;
+    d[t] = t;
+    __syncthreads();
+    if (t == 3) {
+        if (write) d[idx] = 1.0f;        // DWRITE
+        else out[0] = d[idx];             // DREAD
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("which", ["static", "dynamic"])
+@pytest.mark.parametrize("write", [0, 1])
+@pytest.mark.parametrize("idx", [32, -1, 40000])
+def test_shared_memory_out_of_bounds_read_and_write(order, which, write, idx, no_hazards):
+    k, code = kernel(SHARED_OOB, f"{which}_shared")
+    out = np.zeros(1, np.float32)
+    reports = run_checked(k, (1,), (32,), (out, np.int32(idx), np.int32(write)), order, check="memory",
+                          shared_mem=128 if which == "dynamic" else 0)
+    assert len(reports) == 1, [r.describe() for r in reports]
+    r = reports[0]
+    marker = ("S" if which == "static" else "D") + ("WRITE" if write else "READ")
+    assert r.kind == "OOB" and bool(r.write) == bool(write) and r.thread == (3, 0, 0)
+    assert r.line == line_of(code, marker)
+    if idx in (32, -1):  # next to the array: named as such
+        assert ("'s'" if which == "static" else "dynamic shared memory") in r.where
+        assert ("past the end" if idx == 32 else "before") in r.where
+
+
+@pytest.mark.parametrize("which", ["static", "dynamic"])
+def test_in_bounds_shared_memory_is_clean(which, no_hazards):
+    k, _ = kernel(SHARED_OOB, f"{which}_shared")
+    out = np.zeros(1, np.float32)
+    for order in ORDERS:
+        assert run_checked(k, (1,), (32,), (out, np.int32(31), np.int32(0)), order,
+                           shared_mem=128 if which == "dynamic" else 0) == []
+        assert out[0] == 31
+
+
+# --- initcheck ---------------------------------------------------------------------------------
+
+UNINIT = r"""
+extern "C" __global__ void half_filled(float* out, int filled) {
+    __shared__ float s[64];
+    int t = threadIdx.x;
+    if (t < filled) s[t] = t;
+    __syncthreads();
+    out[t] = s[t];                        // USE
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_uninitialised_shared_read(order, no_hazards):
+    k, code = kernel(UNINIT, "half_filled")
+    out = np.zeros(64, np.float32)
+    reports = run_checked(k, (2,), (64,), (out, np.int32(32)), order, check="init")
+    assert reports and all(r.kind == "UNINIT" for r in reports)
+    assert reports[0].line == line_of(code, "USE") and reports[0].thread[0] >= 32
+    assert "initcheck" in reports[0].describe()
+    assert run_checked(k, (2,), (64,), (out, np.int32(64)), order) == []
+
+
+# --- llm.c's original patterns, fixed in our catalogue, are flagged ----------------------------
+
+LLMC_PATTERNS = {
+    # softmax_forward version 4 and attention_forward version 3 (its softmax): one shared slot for
+    # the max, then reused for the sum with no barrier after every thread read the max.
+    "softmax_slot_reuse": r"""
+extern "C" __global__ void k(const float* x, float* y) {
+    extern __shared__ float shared[];
+    int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
+    float v = x[blockIdx.x * blockDim.x + tid];
+    float m = v;
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_down_sync(0xffffffffu, m, o));
+    if (lane == 0) shared[warp] = m;
+    __syncthreads();
+    if (tid == 0) { float a = shared[0]; for (int i = 1; i < warps; i++) a = fmaxf(a, shared[i]); shared[0] = a; }
+    __syncthreads();
+    float offset = shared[0];                      // FIRST
+    float e = expf(v - offset), s = e;
+    for (int o = 16; o > 0; o /= 2) s += __shfl_down_sync(0xffffffffu, s, o);
+    if (lane == 0) shared[warp] = s;               // SECOND
+    __syncthreads();
+    if (tid == 0) { float a = shared[0]; for (int i = 1; i < warps; i++) a += shared[i]; shared[0] = a; }
+    __syncthreads();
+    y[blockIdx.x * blockDim.x + tid] = e / shared[0];
+}
+""",
+    # attention_backward version 7: warp 0 zeroes the slots while other warps write partials.
+    "zero_slots_without_barrier": r"""
+extern "C" __global__ void k(const float* x, float* y) {
+    __shared__ float slots[32];
+    int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    float v = x[blockIdx.x * blockDim.x + tid];
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (warp == 0) slots[lane] = 0.0f;             // FIRST
+    if (lane == 0) slots[warp] = v;                // SECOND
+    __syncthreads();
+    if (tid == 0) { float a = 0; for (int i = 0; i < 32; i++) a += slots[i]; y[blockIdx.x] = a; }
+}
+""",
+    # attention_backward version 8: the slots are reused for the next row with no barrier after
+    # the broadcast read of the previous row's result.
+    "slots_reused_for_next_row": r"""
+extern "C" __global__ void k(const float* x, float* y) {
+    __shared__ float slots[32];
+    int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
+    for (int row = 0; row < 4; row++) {
+        float v = x[row * blockDim.x + tid];
+        for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) slots[warp] = v;            // SECOND
+        __syncthreads();
+        if (warp == 0) {
+            float a = lane < warps ? slots[lane] : 0.0f;
+            for (int o = 16; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
+            if (lane == 0) slots[0] = a;
+        }
+        __syncthreads();
+        y[row * blockDim.x + tid] = slots[0];      // FIRST
+    }
+}
+""",
+    # classifier_fused version 3, in place: thread 0 reads the target's logit for the loss after
+    # the reductions while other threads already overwrite the logits with gradients.
+    "in_place_loss_read": r"""
+extern "C" __global__ void k(const float* unused, float* logits) {
+    int tid = threadIdx.x, V = 256, target = 77;
+    float* row = logits + blockIdx.x * V;
+    __shared__ float total;
+    if (tid == 0) total = 0.0f;
+    __syncthreads();
+    for (int i = tid; i < V; i += blockDim.x) atomicAdd(&total, expf(row[i]));
+    __syncthreads();
+    float scale = 1.0f / total;
+    for (int i = tid; i < V; i += blockDim.x) row[i] = expf(row[i]) * scale - (i == target);  // SECOND
+    if (tid == 0) row[V] = -logf(expf(row[target]) * scale);                                  // FIRST
+}
+""",
+}
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("pattern", sorted(LLMC_PATTERNS))
+def test_llmc_original_race_patterns_are_flagged(pattern, order, no_hazards):
+    k, code = kernel(LLMC_PATTERNS[pattern], "k")
+    x = np.random.default_rng(0).standard_normal(4 * 128).astype(np.float32)
+    if pattern == "in_place_loss_read":
+        args, grid = (x, np.concatenate([x[:256], np.zeros(1, np.float32)])), (1,)
+    else:
+        args, grid = (x, np.zeros(4 * 128, np.float32)), (1,)
+    reports = run_checked(k, grid, (128,), args, order, check="race",
+                          shared_mem=4 * 4 if pattern == "softmax_slot_reuse" else 0)
+    races = [r for r in reports if r.kind in ("RAW", "WAR", "WAW")]
+    assert races, f"{pattern}: llm.c's race was not flagged in order {order}"
+    lines = {line_of(code, "FIRST"), line_of(code, "SECOND")}
+    assert any({r.line, r.prev_line} == lines for r in races), [r.describe() for r in races]
+
+
+def test_sanitizer_error_message_lists_each_line_pair_once(no_hazards):
+    k, code = kernel(TREE, "tree")
+    x = np.arange(256, dtype=np.float32)
+    with sim.settings(check="race"), pytest.raises(sim.SimSanitizerError) as info:
+        k((4,), (256,), (x, np.zeros(4, np.float32), np.int32(64)))
+    message = str(info.value)
+    assert message.startswith("tree: the sanitizers found")
+    assert message.count("racecheck:") == len({(r.kind, r.line, r.prev_line) for r in info.value.reports})
+    assert isinstance(info.value, sim.SimLaunchError)
+
+
+def test_plain_launches_stay_unchecked(no_hazards):
+    k, _ = kernel(OOB, "spill")
+    full = np.zeros(48, np.float32)
+    out = _standalone(full, 32)
+    with sim.settings(check=""):
+        k((1,), (32,), (out, np.int32(29)))  # thread 5 writes out[32], one past the array's end
+    assert full[32] == 7.0  # without the sanitizers the emulator does not look (the default, full speed)
+
+
+DEVICE_VARS = r"""
+__constant__ float scale[2];
+__device__ int hits;
+extern "C" __global__ void scaled(float* y) {
+    y[threadIdx.x] = scale[0] * threadIdx.x;
+    if (threadIdx.x == 0) hits = 5;
+}
+extern "C" __global__ void poke(int* p) { *p = 9; }
+"""
+
+
+def test_device_variables_are_memory_of_the_launch_and_keep_their_values(no_hazards):
+    mod = llmcupy.RawModule(code=DEVICE_VARS, target="sim")
+    mod.global_array("scale", np.float32)[:] = [3.0, 0.0]
+    y = np.zeros(32, np.float32)
+    with sim.settings(check="all"):
+        mod.get_function("scaled")((1,), (32,), (y,))
+    np.testing.assert_array_equal(y, 3.0 * np.arange(32, dtype=np.float32))
+    assert mod.global_array("hits", np.int32)[0] == 5  # written by the instrumented build, seen here
+    hits = mod.global_array("hits", np.int32)
+    with sim.settings(check="all"):  # through a pointer into the plain build's variable: kept
+        mod.get_function("poke")((1,), (1,), (hits,))
+    assert hits[0] == 9
+
+
+CP_ASYNC = r"""
+#include <cuda_pipeline.h>
+extern "C" __global__ void stage(const float* src, float* out, int off) {
+    __shared__ __align__(16) float s[32];
+    __pipeline_memcpy_async(&s[threadIdx.x], src + threadIdx.x + off, 4);   // COPY
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    out[threadIdx.x] = s[31 - threadIdx.x];
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_cp_async_copies_are_checked_and_count_as_writes(order, no_hazards):
+    k, code = kernel(CP_ASYNC, "stage")
+    full = np.arange(48, dtype=np.float32)
+    src = _standalone(full, 32)
+    out = np.zeros(32, np.float32)
+    # in bounds: the copies initialise s (initcheck is quiet) and the barrier orders them (racecheck)
+    assert run_checked(k, (1,), (32,), (src, out, np.int32(0)), order) == []
+    np.testing.assert_array_equal(out, src[::-1])
+    reports = run_checked(k, (1,), (32,), (src, out, np.int32(16)), order, check="memory")
+    assert len(reports) == 1 and reports[0].kind == "OOB" and not reports[0].write
+    assert reports[0].line == line_of(code, "COPY") and reports[0].thread[0] >= 16
+
+
+def test_kernel_cli_sanitize(capsys):
+    from llmcupy import kernel as cli
+
+    assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", "--block-size", "64"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", "rase"]) == 2
+    assert "unknown sanitizer 'rase'" in capsys.readouterr().err
+
+
+def test_plain_and_checked_builds_are_separate_libraries(no_hazards):
+    mod = llmcupy.RawModule(code=textwrap.dedent(OOB), target="sim")
+    plain = mod._sim_library
+    checked = plain.checked()
+    assert checked.path != plain.path and checked.path.name.endswith("-check.so")
+    # the plain build has no hooks at all: nothing of the checker is linked into it
+    assert not hasattr(plain._lib, "llmcupy_sim_check_reports")
+    assert hasattr(checked._lib, "llmcupy_sim_check_reports")
+
+
+SHARED_FORMS = r"""
+#include <cub/cub.cuh>
+extern "C" __global__ void forms(const float* in, float* out) {
+    __shared__ float a[64], b[64];                     // two arrays in one declaration
+    typedef cub::BlockReduce<float, 64> BlockReduce;
+    __shared__ typename BlockReduce::TempStorage temp;  // a template type
+    int t = threadIdx.x;
+    a[t] = in[t];
+    b[t] = 2.0f * in[t];
+    __syncthreads();
+    float total = BlockReduce(temp).Sum(a[63 - t] + b[t]);
+    if (t == 0) out[0] = total;
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_every_shared_declaration_form_is_known_to_the_checks(order, no_hazards):
+    # each declarator and template-typed storage is a registered shared array: memcheck knows it,
+    # racecheck and initcheck shadow it (an unregistered one would read as a wild address)
+    k, _ = kernel(SHARED_FORMS, "forms")
+    x = np.arange(64, dtype=np.float32)
+    out = np.zeros(1, np.float32)
+    assert run_checked(k, (2,), (64,), (x, out), order) == []
+    assert out[0] == 3 * x.sum()
+
+
+LEGACY_WARP = r"""
+extern "C" __global__ void legacy(const float* in, float* out) {
+    __shared__ float s[64];
+    int t = threadIdx.x;
+    s[t] = in[t];
+    __syncthreads();
+    if (t < 32) {
+        volatile float* v = s;
+        v[t] += v[t + 32];
+        v[t] += v[t + 16];                // pre-Volta warp-synchronous style: no __syncwarp between
+    }
+    if (t == 0) out[0] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7] + s[8] + s[9] + s[10] + s[11] + s[12] + s[13] + s[14] + s[15];
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_legacy_volatile_warp_synchronous_code_is_a_warp_synchronous_hazard(order, no_hazards):
+    # volatile sources yield at every volatile access (lock-step) and are checked all the same
+    k, _ = kernel(LEGACY_WARP, "legacy")
+    x = np.arange(64, dtype=np.float32)
+    out = np.zeros(1, np.float32)
+    reports = run_checked(k, (1,), (64,), (x, out), order, check="race")
+    assert reports and all(r.warp_synchronous for r in reports)
