@@ -13,6 +13,7 @@ in the emulator by changing one import.
 from __future__ import annotations
 
 import hashlib
+import weakref
 
 import numpy as np
 
@@ -71,6 +72,52 @@ class _Trusted:
 
 
 TRUSTED = _Trusted()
+
+# A launch plan being recorded (``ops._op``): the checked launches of one op call, appended by
+# ``RawKernel.__call__`` after their arguments passed the checks. A stack, one per nested op call.
+RECORDERS: list = []
+
+
+class LaunchRecorder:
+    """The kernel launches of one checked op call, as they were checked and enqueued.
+
+    ``valid`` turns False when something happened that a replay of the recorded launches would
+    miss: a launch that skipped the checks (trusted) or a nested op call.
+    """
+
+    __slots__ = ("launches", "valid")
+
+    def __init__(self):
+        self.launches: list = []
+        self.valid = True
+
+
+# Addresses of NumPy arrays by identity: ``a.ctypes.data`` costs ~1.5 us, more than the rest of a
+# replayed launch. A NumPy array's data pointer is fixed for its lifetime (``.data`` cannot be
+# assigned; the only in-place reallocation, ``resize``, changes the shape, which the entry records),
+# so an entry holds while the weakly referenced array lives with the same shape; it is dropped
+# when the array dies, before its id can be reused.
+_ADDRESSES: dict = {}
+
+
+def _forget_address(ref, key):
+    entry = _ADDRESSES.get(key)
+    if entry is not None and entry[0] is ref:
+        del _ADDRESSES[key]
+
+
+def array_address(a) -> int:
+    """The address of an array's first element: a CuPy array's device pointer, a NumPy array's host address."""
+    if type(a) is not np.ndarray:
+        ptr = getattr(getattr(a, "data", None), "ptr", None)  # CuPy: a.data is a MemoryPointer
+        return int(ptr) if ptr is not None else int(a.ctypes.data)
+    key = id(a)
+    entry = _ADDRESSES.get(key)
+    if entry is not None and entry[0]() is a and entry[2] == a.shape:
+        return entry[1]
+    address = a.ctypes.data
+    _ADDRESSES[key] = (weakref.ref(a, lambda ref, key=key: _forget_address(ref, key)), address, a.shape)
+    return address
 
 # Kernel launches since the process started (every backend): the trainer's launches per step.
 LAUNCHES = [0]
@@ -175,12 +222,14 @@ class RawKernel:
 
     def _launch_trusted(self, grid, block, args, shared_mem: int, stream) -> None:
         LAUNCHES[0] += 1
+        if RECORDERS:
+            RECORDERS[-1].valid = False  # not checked here: a plan cannot replay it as checked
         if len(args) != len(self.params):
             raise KernelArgumentError(f"{self.name}: takes {len(self.params)} argument(s), {len(args)} were given")
         for i, align in self._aligned_params():
             a = args[i]
             if a is not None:
-                address = a.data.ptr if self.backend == "cuda" else a.ctypes.data
+                address = array_address(a)
                 if address % align:
                     raise KernelArgumentError(f"{self.name}: argument {i} ({self.params[i].describe()}): address "
                                               f"{address:#x} is not {align}-byte aligned")
@@ -191,12 +240,43 @@ class RawKernel:
             if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
                 self._kernel.max_dynamic_shared_size_bytes = int(shared_mem)
                 self.max_dynamic_shared_size_bytes = int(shared_mem)
+            if LAUNCH_OBSERVERS:
+                notify_launch("before")  # the profiler's events, as around a checked launch
             if stream is None:
                 self._kernel(_pad3(grid), _pad3(block), prepared, shared_mem=shared_mem)
             else:
                 self._kernel(_pad3(grid), _pad3(block), prepared, shared_mem=shared_mem, stream=stream)
+            if LAUNCH_OBSERVERS:
+                notify_launch("after")
         else:
             _sim_launch(self._entry, self.name, _pad3(grid), _pad3(block), list(args), int(shared_mem),
+                        self.module._sim_library.stack_bytes)
+
+    def _launch_replayed(self, grid3, block3, args: tuple, shared_mem: int) -> None:
+        """A launch a plan recorded after ``__call__`` checked it: the same grid, block, shared memory
+        and prepared arguments, with this call's arrays in the recorded places. Only the alignment of
+        vector pointees is checked again (a property of each address)."""
+        LAUNCHES[0] += 1
+        for i, align in self._aligned_params():
+            a = args[i]
+            if a is not None and array_address(a) % align:
+                raise KernelArgumentError(f"{self.name}: argument {i} ({self.params[i].describe()}): address "
+                                          f"{array_address(a):#x} is not {align}-byte aligned")
+        if _Stubbed.depth:
+            return
+        if self.backend == "cuda":
+            if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
+                # (recorded while stubbed, the checked call did not opt in)
+                self._kernel.max_dynamic_shared_size_bytes = shared_mem
+                self.max_dynamic_shared_size_bytes = shared_mem
+            if LAUNCH_OBSERVERS:
+                notify_launch("before")
+                self._kernel(grid3, block3, args, shared_mem=shared_mem)
+                notify_launch("after")
+            else:
+                self._kernel(grid3, block3, args, shared_mem=shared_mem)
+        else:
+            _sim_launch(self._entry, self.name, grid3, block3, list(args), shared_mem,
                         self.module._sim_library.stack_bytes)
 
     def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None):
@@ -211,6 +291,8 @@ class RawKernel:
         if not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
             raise KernelArgumentError(f"{self.name}: shared_mem must be a non-negative int, got {shared_mem!r}")
         prepared = check_arguments(self.name, self.params, args, self.backend)
+        if RECORDERS:
+            RECORDERS[-1].launches.append((self, grid3, block3, tuple(prepared), int(shared_mem), stream))
         if _Stubbed.depth:
             return
         if self.backend == "cuda":
