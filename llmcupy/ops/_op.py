@@ -246,31 +246,41 @@ def _recorded_launches(recorder, arrays: dict, outputs: dict, out: dict | None):
 
     Each launch becomes (kernel, grid, block, shared_mem, constants, slots): ``constants`` the
     prepared argument tuple with the arrays blanked, ``slots`` (index, from_inputs, name) pairs
-    saying which of the call's arrays goes where.
+    saying which of the call's arrays goes where. An argument that was one array under several
+    names (logits and dlogits of an in-place op given as out=) is taken from the first, and the
+    plan's ``same`` pairs say which names must again be one array for the recording to apply.
+    Returns (templates, same).
     """
     if recorder is None or not recorder.valid or not recorder.launches:
-        return None
+        return None, ()
     given = set(out or ())
-    templates = []
+    templates, same = [], []
     for kernel, grid3, block3, args, shared_mem, stream in recorder.launches:
         if stream is not None:
-            return None   # a stream chosen by the launcher is state the key does not see
+            return None, ()   # a stream chosen by the launcher is state the key does not see
         constants, slots = list(args), []
         for i, a in enumerate(args):
             if a is None or isinstance(a, (np.generic, bool, int, float)):
                 continue
-            inputs = [k for k, x in arrays.items() if x is a]
-            produced = [k for k, x in outputs.items() if x is a]
-            if len(inputs) == 1 and not given.intersection(produced):
-                # an input (maybe also an output updated in place, rebuilt as that input on a replay)
-                slots.append((i, True, inputs[0]))
-            elif not inputs and len(produced) == 1:
-                slots.append((i, False, produced[0]))
-            else:
-                return None   # not one of the call's arrays, or one array in several places
+            names = [(True, k) for k, x in arrays.items() if x is a]
+            # an output not given by the caller but identical to an input is rebuilt as that input
+            # on every replay (aliases, allocate): no condition needed on it
+            names += [(False, k) for k, x in outputs.items() if x is a and (k in given or not names)]
+            if not names:
+                return None, ()   # a view or a temporary: not one of the call's arrays
+            slots.append((i,) + names[0])
+            same += [(names[0], other) for other in names[1:] if (names[0], other) not in same]
             constants[i] = None
         templates.append((kernel, grid3, block3, shared_mem, tuple(constants), tuple(slots)))
-    return tuple(templates)
+    return tuple(templates), tuple(same)
+
+
+def _same_arrays(same, arrays: dict, outputs: dict) -> bool:
+    """Whether the arrays the recorded launches took from one place are again one array."""
+    for (first_in, first), (other_in, other) in same:
+        if (arrays if first_in else outputs)[first] is not (arrays if other_in else outputs)[other]:
+            return False
+    return True
 
 
 def _replay_launches(launches, arrays: dict, outputs: dict) -> None:
@@ -288,10 +298,11 @@ class _LaunchPlan:
     aliases: tuple               # (output name, input name) pairs: outputs updated in place
     alignments: tuple            # (where, name, alignment): arrays whose addresses the checks read
     launches: tuple | None = None  # the checked call's kernel launches, for a kernels_only version
+    same: tuple = ()               # ((from_inputs, name), (from_inputs, name)): one array when recorded
 
     @classmethod
     def record(cls, v: Version, block_size, arrays: dict, out: dict | None, aliases,
-               launches=None) -> "_LaunchPlan":
+               launches=(None, ())) -> "_LaunchPlan":
         bs = v.default_block_size if block_size is None else int(block_size)
         seen = []
         for where, d in (("arrays", arrays), ("out", out or {})):
@@ -299,7 +310,7 @@ class _LaunchPlan:
                 required = None if a is None else _RECORDED_ADDRESSES.get(id(a))
                 if required is not None:
                     seen.append((where, name, required or _alignment(a)))
-        return cls(v, bs, aliases, tuple(seen), launches)
+        return cls(v, bs, aliases, tuple(seen), *launches)
 
     def aligned_as_before(self, arrays: dict, out: dict | None) -> bool:
         # at least as aligned as the checked call was (its alignment, a power of two, divides the
@@ -534,7 +545,7 @@ class Op:
                 outputs[name] = arrays[source]
         hooks = None if graph_safe_run else _HOOKS
         launches = plan.launches
-        if launches is not None:
+        if launches is not None and (not plan.same or _same_arrays(plan.same, arrays, outputs)):
             if hooks or _backend.get_backend() == "cuda":
                 self._launch_observed(v, bs, {**arrays, **outputs}, hooks or (),
                                       lambda: _replay_launches(launches, arrays, outputs))
