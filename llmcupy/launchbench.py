@@ -9,7 +9,8 @@ the figure needs no GPU and can be tracked on any machine:
 * ``checked``: every call checked in full (validation, constraints, each kernel argument against
   its C signature) -- the launch path before launch plans;
 * ``planned``: the default path, a launch plan per (op, version, shapes) replayed after the
-  first call (see ``ops/_op.py``).
+  first call (see ``ops/_op.py``); for a ``@kernels_only`` version the plan replays the checked
+  call's recorded kernel launches without running the launcher.
 
 It prints microseconds per op call and per kernel launch for both, and the launches per step.
 The model is GPT-2 124M's depth (12 layers, the step's op sequence) at a narrow width and a tiny
