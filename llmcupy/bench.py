@@ -246,10 +246,11 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
         if bar is not None:
             bar.set_postfix_str(f"{op_name} v{number}")
         try:
+            extra = (True,) if trainer else ()   # (the trainer's shapes; absent otherwise, as before)
             if isolate:
-                raw = harness.run_isolated(_sweep_one, op_name, number, small, seed, repeat, trainer)
+                raw = harness.run_isolated(_sweep_one, op_name, number, small, seed, repeat, *extra)
             else:
-                raw = _sweep_one(op_name, number, small, seed, repeat, trainer)
+                raw = _sweep_one(op_name, number, small, seed, repeat, *extra)
         except (OpError, _backend.BackendError) as exc:
             raw = {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one version's crash must not lose the whole run

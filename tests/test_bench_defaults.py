@@ -187,3 +187,28 @@ def test_trainer_shapes_need_a_gpu():
     assert rc == 2 and "run it on a GPU" in err
     rc, _, err = _call(["--trainer-shapes", "--ops", "softmax_forward", "--backend", "sim", "--no-save"])
     assert rc == 2 and "not an op of the training step" in err
+
+
+@pytest.mark.gpu
+def test_a_trainer_shapes_run_on_a_gpu_gives_defaults_for_it(tmp_path):
+    from llmcupy.runtime import backend
+
+    llmcupy.set_backend("cuda")
+    try:
+        record = bench.run(["layernorm_forward", "gelu_forward"], trainer=True, repeat=5, progress=False,
+                           log=io.StringIO())
+        assert record["sizes"] == "trainer" and record["timed"]
+        path = bench.save(record, tmp_path / "results")
+        doc = defaults.derive(path.parent)
+        entry = doc["devices"][backend.device_name()]
+        for op in ("layernorm_forward", "gelu_forward"):
+            chosen = entry["ops"][op]
+            passed = [r for r in record["results"] if r["op"] == op and r["ok"] is True and r.get("best")]
+            assert chosen["ms"] == min(r["best"]["ms"] for r in passed
+                                       if llmcupy.ops[op].versions[r["version"]].deterministic)
+        out = defaults.write(doc, tmp_path / "defaults.json")
+        choice = KernelChoice()
+        assert choice.use_measured(backend.device_name(), out)
+        assert choice.version("layernorm_forward") == entry["ops"]["layernorm_forward"]["version"]
+    finally:
+        llmcupy.set_backend("sim")

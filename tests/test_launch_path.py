@@ -160,8 +160,23 @@ def test_replayed_launches_on_a_gpu_match_checked_ones():
         with _op.launch_plans(False):
             checked = cupy.asnumpy(op.run(5, dict(arrays))["out"])
         op.run(5, dict(arrays))
+        (plan,) = op._plans.values()
+        assert plan.launches is not None      # matmul_forward 5 is kernels_only: its launch is replayed as recorded
         replayed = cupy.asnumpy(op.run(5, dict(arrays))["out"])
         np.testing.assert_array_equal(checked, replayed)
+        # an in-place op given out= (classifier_fused's dlogits over the logits), replayed on the GPU
+        cf = llmcupy.ops["classifier_fused"]
+        c = cf.make_inputs(np.random.default_rng(1), B=2, T=3, V=1001, P=1024)
+        results = []
+        for _ in range(3):
+            arrays = {k: (cupy.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in c.items()}
+            out = {"losses": cupy.full(c["targets"].shape, np.nan, np.float32), "dlogits": arrays["logits"]}
+            got = cf.run(None, arrays, out=out)
+            results.append([cupy.asnumpy(got[k]) for k in cf.outputs])
+        assert next(iter(cf._plans.values())).launches is not None
+        for r in results[1:]:
+            for x, y in zip(results[0], r):
+                np.testing.assert_array_equal(x, y)
         from llmcupy import launchbench
 
         r = launchbench.measure(init="d1", B=1, T=4, repeats=2)
