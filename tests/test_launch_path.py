@@ -144,6 +144,7 @@ def test_launch_benchmark_reports_both_paths():
     assert r["op_calls_per_step"] > 0 and r["launches_per_step"] >= r["op_calls_per_step"] - r["library_op_calls_per_step"]
     for label in ("checked", "planned"):
         assert r[label]["us_per_op_call"] > 0 and r[label]["kernel_only_us_per_launch"] > 0
+        assert r[label]["in_step_kernel_only_us_per_op_call"] > 0
     assert "us/launch" in launchbench.format_result(r)
 
 
