@@ -360,3 +360,16 @@ def test_a_launcher_using_scratch_is_replayed_by_running_it():
     op.run(None, _copy(a))
     (plan,) = op._plans.values()
     assert plan.launches is None
+
+
+def test_array_address_matches_numpy_for_every_kind_of_array():
+    buf = np.zeros((6, 8), np.float32)
+    readonly = buf[2]
+    readonly.flags.writeable = False
+    cases = [buf, buf[1], buf[1:, 3:], buf[:, 0], readonly, np.zeros(0, np.float32), buf.reshape(-1)[5:]]
+    for a in cases:
+        assert rt.array_address(a) == a.ctypes.data
+        assert rt.array_address(a) == a.ctypes.data   # the cached answer too
+    for _ in range(200):                                  # ids of dead arrays are reused: never a stale address
+        a = np.zeros(int(np.random.default_rng(_).integers(1, 64)), np.float32)[1:]
+        assert rt.array_address(a) == a.ctypes.data

@@ -97,8 +97,8 @@ class LaunchRecorder:
 # dict); ctypes' from_buffer reads the same pointer through the buffer protocol in a third of that,
 # and a repeated lookup of the same array object costs a dict hit. A NumPy array's data pointer is
 # fixed for its lifetime (``.data`` cannot be assigned; the only in-place reallocation, ``resize``,
-# changes the shape, which an entry records), so an entry holds while its weakly referenced array
-# lives with the same shape. Dead entries are not removed one by one (a weakref callback per array
+# is refused for an array with a weak reference, and would change the shape, which an entry
+# records), so an entry holds while its weakly referenced array lives with the same shape. Dead entries are not removed one by one (a weakref callback per array
 # would cost more than it saves for the views a caller makes per call); the table is emptied when
 # it grows past _MAX_ADDRESSES, and an entry whose array died never matches (its weakref is dead).
 _ADDRESSES: dict = {}
