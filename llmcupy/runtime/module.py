@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import weakref
 
 import numpy as np
 
@@ -93,16 +92,10 @@ class LaunchRecorder:
         self.valid = True
 
 
-# Addresses of NumPy arrays. ``a.ctypes.data`` costs 2-5 us (it builds the __array_interface__
-# dict); ctypes' from_buffer reads the same pointer through the buffer protocol in a third of that,
-# and a repeated lookup of the same array object costs a dict hit. A NumPy array's data pointer is
-# fixed for its lifetime (``.data`` cannot be assigned; the only in-place reallocation, ``resize``,
-# is refused for an array with a weak reference, and would change the shape, which an entry
-# records), so an entry holds while its weakly referenced array lives with the same shape. Dead entries are not removed one by one (a weakref callback per array
-# would cost more than it saves for the views a caller makes per call); the table is emptied when
-# it grows past _MAX_ADDRESSES, and an entry whose array died never matches (its weakref is dead).
-_ADDRESSES: dict = {}
-_MAX_ADDRESSES = 4096
+# A NumPy array's address: ``a.ctypes.data`` costs 2-5 us (it builds the __array_interface__
+# dict), ctypes' from_buffer reads the same pointer through the buffer protocol in a third of that.
+# (Not cached per array: a cache must not keep arrays alive, and a weak reference would make NumPy
+# refuse the caller's in-place ``resize``.)
 _c_char_from_buffer = ctypes.c_char.from_buffer
 _addressof = ctypes.addressof
 
@@ -112,18 +105,10 @@ def array_address(a) -> int:
     if type(a) is not np.ndarray:
         ptr = getattr(getattr(a, "data", None), "ptr", None)  # CuPy: a.data is a MemoryPointer
         return int(ptr) if ptr is not None else int(a.ctypes.data)
-    key = id(a)
-    entry = _ADDRESSES.get(key)
-    if entry is not None and entry[0]() is a and entry[2] == a.shape:
-        return entry[1]
     try:
-        address = _addressof(_c_char_from_buffer(a))
+        return _addressof(_c_char_from_buffer(a))
     except (TypeError, ValueError, BufferError):   # read-only, empty or not contiguous
-        address = a.ctypes.data
-    if len(_ADDRESSES) >= _MAX_ADDRESSES:
-        _ADDRESSES.clear()
-    _ADDRESSES[key] = (weakref.ref(a), address, a.shape)
-    return address
+        return a.ctypes.data
 
 # Kernel launches since the process started (every backend): the trainer's launches per step.
 LAUNCHES = [0]
