@@ -206,8 +206,10 @@ def provenance(path=None) -> str:
     doc = load(path)
     where = display_path(path)
     if not doc["devices"]:
-        return (f"No default is measured yet: {where} names no GPU (no `python -m llmcupy.bench --trainer-shapes` "
-                "run has been recorded), so every * is the catalogue's default, llm.c's choice (its fastest "
+        state = ("is not there (a package installed without its source checkout)" if "missing" in doc else
+                 "names no GPU (no `python -m llmcupy.bench --trainer-shapes` run has been recorded)")
+        return (f"No default is measured yet: {where} {state}, so every * is the catalogue's default, llm.c's choice "
+                "(its fastest "
                 "version per file by its own account, or the version its FP32 trainer uses). The rungs past "
                 "llm.c (matmul_forward 5, the fusions matmul_gelu_forward, fused_residual_forward, "
                 "flash_attention_*) are not the trainer's defaults unless a measurement makes them so: select "
