@@ -208,12 +208,12 @@ def provenance(path=None) -> str:
     if not doc["devices"]:
         state = ("is not there (a package installed without its source checkout)" if "missing" in doc else
                  "names no GPU (no `python -m llmcupy.bench --trainer-shapes` run has been recorded)")
-        return (f"No default is measured yet: {where} {state}, so every * is the catalogue's default, llm.c's choice "
-                "(its fastest "
-                "version per file by its own account, or the version its FP32 trainer uses). The rungs past "
-                "llm.c (matmul_forward 5, the fusions matmul_gelu_forward, fused_residual_forward, "
-                "flash_attention_*) are not the trainer's defaults unless a measurement makes them so: select "
-                "them with --matmul-kernel 5 / --fused.")
+        return (f"No default is measured yet: {where} {state}, so every * is the catalogue's default, llm.c's "
+                "choice (its fastest version per file by its own account, or the version its FP32 trainer uses). "
+                "A rung past llm.c "
+                "(matmul_forward 5) becomes the trainer's default only where it is measured fastest: select it "
+                "with --matmul-kernel 5; the fusions (matmul_gelu_forward, fused_residual_forward, "
+                "flash_attention_*) run with --fused, at their measured version where there is one.")
     lines = [f"Measured defaults in {where} (the trainer uses them on that GPU; elsewhere the * versions, llm.c's "
              "choices):"]
     from . import ops as registry
