@@ -22,6 +22,8 @@ import json
 import os
 from pathlib import Path
 
+from .ops import OpError
+
 SCHEMA = "llmcupy.defaults/1"
 TRAINER_MODEL, TRAINER_B, TRAINER_T = "d12", 4, 1024   # GPT-2 124M as train_gpt2fp32cu runs it
 RULE = ("per op of the training step: the fastest version that passed validation and is deterministic, at the "
@@ -29,8 +31,9 @@ RULE = ("per op of the training step: the fastest version that passed validation
         "`python -m llmcupy.bench --trainer-shapes` run of each GPU in bench/results/")
 
 
-class DefaultsError(ValueError):
-    """An unreadable or malformed defaults file (the message names it and what to do)."""
+class DefaultsError(OpError):
+    """An unreadable or malformed defaults file (the message names it and what to do). An OpError, so
+    every CLI that reports bad kernel choices in one line (exit 2) reports this one too."""
 
 
 def repo_dir() -> Path:

@@ -587,14 +587,13 @@ def _main(argv=None) -> int:
     from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
 
     from ._cli import fail
-    from .defaults import DefaultsError
     from .tokenizer import TokenizerError
 
     args = build_parser().parse_args(argv)
     try:
         return train(args)
     except (ops_registry.OpError, ModelError, FileFormatError, OSError, TokenizerError,
-            _backend.BackendError, CompilerNotFound, DefaultsError) as exc:
+            _backend.BackendError, CompilerNotFound) as exc:
         return fail(exc)   # FileFormatError: bad model, state, token or tokenizer files; OSError: unreadable
     except SystemExit as exc:
         if isinstance(exc.code, str):   # an "error: ..." about the arguments: exit 2, as argparse does
