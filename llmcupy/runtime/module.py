@@ -110,6 +110,7 @@ def array_address(a) -> int:
     except (TypeError, ValueError, BufferError):   # read-only, empty or not contiguous
         return a.ctypes.data
 
+
 # Kernel launches since the process started (every backend): the trainer's launches per step.
 LAUNCHES = [0]
 
