@@ -883,6 +883,8 @@ def main(argv=None) -> int:
     if not args.no_save:
         path = save(record, args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT))
         print(f"results: {path}")
+        if args.trainer_shapes:
+            print("the trainer's defaults follow it once you run: python -m llmcupy.bench defaults")
     if args.plot:
         try:
             plot_results(record, args.plot)
