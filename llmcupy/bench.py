@@ -884,7 +884,8 @@ def main(argv=None) -> int:
         path = save(record, args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT))
         print(f"results: {path}")
         if args.trainer_shapes:
-            print("the trainer's defaults follow it once you run: python -m llmcupy.bench defaults")
+            print("the trainer's defaults follow it once you run: python -m llmcupy.bench defaults"
+                  + (f" --results {args.out}" if args.out else ""))
     if args.plot:
         try:
             plot_results(record, args.plot)
