@@ -180,15 +180,16 @@ def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None):
 # compares their alignment on every replay. Any change of shape, dtype, layout, alignment or
 # version takes the checked path again and records a new plan.
 #
-# A version whose launcher is marked ``@kernels_only`` (it does nothing but launch kernels of its
-# op on the arrays it is given, grids and scalars computed from shapes, block size and scalar
-# inputs) goes further: the plan also records the kernel launches of the checked call (kernel,
-# grid, block, shared memory, the prepared arguments) and a replay re-issues them with this call's
-# arrays in the recorded argument slots, without running the launcher's Python (no grid
-# arithmetic, no np.int32(...) per scalar, no kernel lookup). A recording is dropped, and the
-# launcher runs under ``trusted`` as for other versions, when a launch argument is an array that
-# is not one of the call's own (a view, a scratch buffer) or is ambiguous (one array passed as two
-# arguments), or when the launcher used scratch, a stream or another op.
+# A version whose launcher is marked ``@kernels_only`` (it does nothing but launch kernels on the
+# arrays it is given, grids and scalars computed from shapes, block size and scalar inputs) goes
+# further: the plan also records the kernel launches of the checked call (kernel, grid, block,
+# shared memory, the prepared arguments) and a replay re-issues them with this call's arrays in
+# the recorded argument slots, without running the launcher's Python (no grid arithmetic, no
+# np.int32(...) per scalar, no kernel lookup). A recording is dropped, and the launcher runs under
+# ``trusted`` as for other versions, when a launch argument is an array that is not one of the
+# call's own (a view, a scratch buffer), or when the launcher used scratch, a stream or another
+# op. An argument that was one array under several names (an in-place op given out=) replays only
+# while a call's arrays under those names are again one array; otherwise the launcher runs.
 
 _MAX_PLANS = 1024                # per op: a caller cycling through endless shapes stays bounded
 _RECORDING = [False]             # True while a checked run records the arrays address() looks at
@@ -235,8 +236,9 @@ def _alignment(x) -> int:
 
 
 def kernels_only(launch):
-    """Marks a Version launcher whose only effect is kernel launches of its op on the arrays it is
-    given (see the launch plans above): a launch plan may record and replay those launches."""
+    """Marks a Version launcher whose only effect is kernel launches on the arrays it is given, grids
+    and scalars computed from their shapes, the block size and scalar inputs (see the launch plans
+    above): a launch plan may record and replay those launches."""
     launch.kernels_only = True
     return launch
 
