@@ -147,21 +147,23 @@ def active_workspace() -> Workspace | None:
     return _WORKSPACE[0]
 
 
-def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None):
+def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None, fill_count: int | None = None):
     """A temporary for one launch of op ``owner``: a new array, or the graph's workspace buffer.
 
     ``fill`` (e.g. 0.0, -inf) sets every element (the workspace's buffer holds the last call's
-    values otherwise). Never return a scratch array to a caller: the next launch reuses it.
+    values otherwise), or with ``fill_count`` the first ``fill_count`` (a counter ahead of slices
+    every launch overwrites). Never return a scratch array to a caller: the next launch reuses it.
     """
-    if _RECORDERS:
-        _RECORDERS[-1].valid = False  # a temporary (and its fill) is work a recorded launch would not redo
     workspace = _WORKSPACE[0]
     if workspace is None:
         buf = _backend.xp().empty(shape, dtype=dtype)
     else:
         buf = workspace.get(owner, name, shape, dtype)
     if fill is not None:
-        buf.fill(fill)
+        (buf if fill_count is None else buf.reshape(-1)[:fill_count]).fill(fill)
+    if _RECORDERS:
+        # a launch plan asks for the same buffer again on a replay (see _recorded_launches)
+        _RECORDERS[-1].scratch.append(((owner, name, shape, dtype, fill, fill_count), buf))
     return buf
 
 
@@ -187,8 +189,8 @@ def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None):
 # the recorded argument slots, without running the launcher's Python (no grid arithmetic, no
 # np.int32(...) per scalar, no kernel lookup). A recording is dropped, and the launcher runs under
 # ``trusted`` as for other versions, when a launch argument is an array that is not one of the
-# call's own (a view, a scratch buffer), or when the launcher used scratch, a stream or another
-# op. An argument that was one array under several names (an in-place op given out=) replays only
+# call's own (a view made in the launcher) nor a ``scratch()`` buffer (which a replay asks for,
+# and fills, again), or when the launcher used a stream or another op. An argument that was one array under several names (an in-place op given out=) replays only
 # while a call's arrays under those names are again one array; otherwise the launcher runs.
 
 _MAX_PLANS = 1024                # per op: a caller cycling through endless shapes stays bounded
@@ -247,49 +249,54 @@ def _recorded_launches(recorder, arrays: dict, outputs: dict, out: dict | None):
     """The checked launches of a call as replayable templates, or None when they are not replayable.
 
     Each launch becomes (kernel, grid, block, shared_mem, constants, slots): ``constants`` the
-    prepared argument tuple with the arrays blanked, ``slots`` (index, from_inputs, name) pairs
-    saying which of the call's arrays goes where. An argument that was one array under several
+    prepared argument tuple with the arrays blanked, ``slots`` (index, source, name) triples saying
+    which array goes where: source 0 an input, 1 an output, 2 the launcher's name-th scratch buffer
+    (asked for again, and filled again, on a replay). An argument that was one array under several
     names (logits and dlogits of an in-place op given as out=) is taken from the first, and the
     plan's ``same`` pairs say which names must again be one array for the recording to apply.
-    Returns (templates, same).
+    Returns (templates, same, scratch requests).
     """
     if recorder is None or not recorder.valid or not recorder.launches:
-        return None, ()
+        return None, (), ()
     given = set(out or ())
+    scratch_ids = {id(buf): i for i, (_, buf) in enumerate(recorder.scratch)}
     templates, same = [], []
     for kernel, grid3, block3, args, shared_mem, stream in recorder.launches:
         if stream is not None:
-            return None, ()   # a stream chosen by the launcher is state the key does not see
+            return None, (), ()   # a stream chosen by the launcher is state the key does not see
         constants, slots = list(args), []
         for i, a in enumerate(args):
             if a is None or isinstance(a, (np.generic, bool, int, float)):
                 continue
-            names = [(True, k) for k, x in arrays.items() if x is a]
+            names = [(0, k) for k, x in arrays.items() if x is a]
             # an output not given by the caller but identical to an input is rebuilt as that input
             # on every replay (aliases, allocate): no condition needed on it
-            names += [(False, k) for k, x in outputs.items() if x is a and (k in given or not names)]
+            names += [(1, k) for k, x in outputs.items() if x is a and (k in given or not names)]
+            if not names and id(a) in scratch_ids:
+                names = [(2, scratch_ids[id(a)])]
             if not names:
-                return None, ()   # a view or a temporary: not one of the call's arrays
+                return None, (), ()   # a view or a temporary of its own: not one of the call's arrays
             slots.append((i,) + names[0])
             same += [(names[0], other) for other in names[1:] if (names[0], other) not in same]
             constants[i] = None
         templates.append((kernel, grid3, block3, shared_mem, tuple(constants), tuple(slots)))
-    return tuple(templates), tuple(same)
+    return tuple(templates), tuple(same), tuple(request for request, _ in recorder.scratch)
 
 
 def _same_arrays(same, arrays: dict, outputs: dict) -> bool:
     """Whether the arrays the recorded launches took from one place are again one array."""
-    for (first_in, first), (other_in, other) in same:
-        if (arrays if first_in else outputs)[first] is not (arrays if other_in else outputs)[other]:
+    for (first_source, first), (other_source, other) in same:
+        if (outputs if first_source else arrays)[first] is not (outputs if other_source else arrays)[other]:
             return False
     return True
 
 
-def _replay_launches(launches, arrays: dict, outputs: dict) -> None:
+def _replay_launches(launches, scratch_requests, arrays: dict, outputs: dict) -> None:
+    sources = (arrays, outputs, [scratch(*request) for request in scratch_requests])
     for kernel, grid3, block3, shared_mem, constants, slots in launches:
         args = list(constants)
-        for i, from_inputs, name in slots:
-            args[i] = arrays[name] if from_inputs else outputs[name]
+        for i, source, name in slots:
+            args[i] = sources[source][name]
         kernel._launch_replayed(grid3, block3, tuple(args), shared_mem)
 
 
@@ -300,11 +307,12 @@ class _LaunchPlan:
     aliases: tuple               # (output name, input name) pairs: outputs updated in place
     alignments: tuple            # (where, name, alignment): arrays whose addresses the checks read
     launches: tuple | None = None  # the checked call's kernel launches, for a kernels_only version
-    same: tuple = ()               # ((from_inputs, name), (from_inputs, name)): one array when recorded
+    same: tuple = ()               # ((source, name), (source, name)): one array when recorded
+    scratch: tuple = ()            # the scratch() requests of the recorded launcher, in order
 
     @classmethod
     def record(cls, v: Version, block_size, arrays: dict, out: dict | None, aliases,
-               launches=(None, ())) -> "_LaunchPlan":
+               launches=(None, (), ())) -> "_LaunchPlan":
         bs = v.default_block_size if block_size is None else int(block_size)
         seen = []
         for where, d in (("arrays", arrays), ("out", out or {})):
@@ -550,9 +558,9 @@ class Op:
         if launches is not None and (not plan.same or _same_arrays(plan.same, arrays, outputs)):
             if hooks or _backend.get_backend() == "cuda":
                 self._launch_observed(v, bs, {**arrays, **outputs}, hooks or (),
-                                      lambda: _replay_launches(launches, arrays, outputs))
+                                      lambda: _replay_launches(launches, plan.scratch, arrays, outputs))
             else:
-                _replay_launches(launches, arrays, outputs)
+                _replay_launches(launches, plan.scratch, arrays, outputs)
             return outputs
         merged = {**arrays, **outputs}
         with _TRUSTED:

@@ -79,16 +79,18 @@ RECORDERS: list = []
 
 
 class LaunchRecorder:
-    """The kernel launches of one checked op call, as they were checked and enqueued.
+    """The kernel launches of one checked op call, as they were checked and enqueued, and the
+    scratch buffers (``ops.scratch``) its launcher asked for, in order.
 
     ``valid`` turns False when something happened that a replay of the recorded launches would
     miss: a launch that skipped the checks (trusted) or a nested op call.
     """
 
-    __slots__ = ("launches", "valid")
+    __slots__ = ("launches", "scratch", "valid")
 
     def __init__(self):
         self.launches: list = []
+        self.scratch: list = []
         self.valid = True
 
 
