@@ -163,7 +163,8 @@ def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None, fill_coun
         (buf if fill_count is None else buf.reshape(-1)[:fill_count]).fill(fill)
     if _RECORDERS:
         # a launch plan asks for the same buffer again on a replay (see _recorded_launches)
-        _RECORDERS[-1].scratch.append(((owner, name, shape, dtype, fill, fill_count), buf))
+        recorder = _RECORDERS[-1]
+        recorder.scratch.append(((owner, name, shape, dtype, fill, fill_count), buf, len(recorder.launches)))
     return buf
 
 
@@ -238,9 +239,10 @@ def _alignment(x) -> int:
 
 
 def kernels_only(launch):
-    """Marks a Version launcher whose only effect is kernel launches on the arrays it is given, grids
-    and scalars computed from their shapes, the block size and scalar inputs (see the launch plans
-    above): a launch plan may record and replay those launches."""
+    """Marks a Version launcher whose only effects are kernel launches on the arrays it is given and
+    on ``scratch()`` buffers (filled, if at all, by scratch's ``fill``), grids and scalars computed
+    from their shapes, the block size and scalar inputs (see the launch plans above): a launch plan
+    may record and replay those launches. No cuBLAS, no other host work on the arrays."""
     launch.kernels_only = True
     return launch
 
@@ -248,10 +250,11 @@ def kernels_only(launch):
 def _recorded_launches(recorder, arrays: dict, outputs: dict, out: dict | None):
     """The checked launches of a call as replayable templates, or None when they are not replayable.
 
-    Each launch becomes (kernel, grid, block, shared_mem, constants, slots): ``constants`` the
-    prepared argument tuple with the arrays blanked, ``slots`` (index, source, name) triples saying
-    which array goes where: source 0 an input, 1 an output, 2 the launcher's name-th scratch buffer
-    (asked for again, and filled again, on a replay). An argument that was one array under several
+    Each launch becomes (kernel, grid, block, shared_mem, constants, slots, scratch): ``constants``
+    the prepared argument tuple with the arrays blanked, ``slots`` (index, source, name) triples
+    saying which array goes where: source 0 an input, 1 an output, 2 the launcher's name-th scratch
+    buffer, asked for again (and filled again) on a replay just before the launch it preceded, as
+    ``scratch`` lists. An argument that was one array under several
     names (logits and dlogits of an in-place op given as out=) is taken from the first, and the
     plan's ``same`` pairs say which names must again be one array for the recording to apply.
     Returns (templates, same, scratch requests).
@@ -259,9 +262,9 @@ def _recorded_launches(recorder, arrays: dict, outputs: dict, out: dict | None):
     if recorder is None or not recorder.valid or not recorder.launches:
         return None, (), ()
     given = set(out or ())
-    scratch_ids = {id(buf): i for i, (_, buf) in enumerate(recorder.scratch)}
+    scratch_ids = {id(buf): i for i, (_, buf, _) in enumerate(recorder.scratch)}
     templates, same = [], []
-    for kernel, grid3, block3, args, shared_mem, stream in recorder.launches:
+    for j, (kernel, grid3, block3, args, shared_mem, stream) in enumerate(recorder.launches):
         if stream is not None:
             return None, (), ()   # a stream chosen by the launcher is state the key does not see
         constants, slots = list(args), []
@@ -279,8 +282,9 @@ def _recorded_launches(recorder, arrays: dict, outputs: dict, out: dict | None):
             slots.append((i,) + names[0])
             same += [(names[0], other) for other in names[1:] if (names[0], other) not in same]
             constants[i] = None
-        templates.append((kernel, grid3, block3, shared_mem, tuple(constants), tuple(slots)))
-    return tuple(templates), tuple(same), tuple(request for request, _ in recorder.scratch)
+        before = tuple(k for k, (_, _, position) in enumerate(recorder.scratch) if position == j)
+        templates.append((kernel, grid3, block3, shared_mem, tuple(constants), tuple(slots), before))
+    return tuple(templates), tuple(same), tuple(request for request, _, _ in recorder.scratch)
 
 
 def _same_arrays(same, arrays: dict, outputs: dict) -> bool:
@@ -292,8 +296,11 @@ def _same_arrays(same, arrays: dict, outputs: dict) -> bool:
 
 
 def _replay_launches(launches, scratch_requests, arrays: dict, outputs: dict) -> None:
-    sources = (arrays, outputs, [scratch(*request) for request in scratch_requests])
-    for kernel, grid3, block3, shared_mem, constants, slots in launches:
+    buffers = []
+    sources = (arrays, outputs, buffers)
+    for kernel, grid3, block3, shared_mem, constants, slots, before in launches:
+        for k in before:   # in request order: buffers[k] is the k-th request's
+            buffers.append(scratch(*scratch_requests[k]))
         args = list(constants)
         for i, source, name in slots:
             args[i] = sources[source][name]
