@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The GPU checks a session runs when it is lent a GPU, in three device calls of under 10 minutes,
-# each writing its logs and JSON records to $OUT (copy the records into bench/results/ and commit):
+# The GPU checks a session runs when it is lent a GPU, in four device calls of under 10 minutes,
+# each writing its logs and JSON records to $OUT (copy the records into bench/results/, run
+# `python -m llmcupy.bench defaults` to update bench/defaults.json from them, and commit):
 #
-#   bash bench/gpu_session.sh check    # install; pytest -m gpu; kernel --all --json (~8 min budget)
-#   bash bench/gpu_session.sh bench    # bench sweep at the ops' sizes; profile and startup of 124M
+#   bash bench/gpu_session.sh check    # install; pytest -m gpu; kernel --all --json
+#   bash bench/gpu_session.sh bench    # bench sweep of every version at the ops' sizes
+#   bash bench/gpu_session.sh step     # the step's ops at the trainer's shapes (for the defaults);
+#                                      # profile and start-up times of GPT-2 124M
 #   bash bench/gpu_session.sh side     # llm.c's FP32 trainer and PyTorch side by side (.shared/gpu)
 #
 # Each stage has its own time limit, so a slow or hung stage costs its limit, not the whole call,
@@ -31,7 +34,11 @@ case "${1:-}" in
     ;;
   bench)
     stage install 120 $PY -m pip install --no-deps --no-build-isolation -e .
-    stage bench 330 $PY -m llmcupy.bench --out "$OUT/results" --plot "$OUT/results/sweep.png" --no-progress
+    stage bench 450 $PY -m llmcupy.bench --out "$OUT/results" --plot "$OUT/results/sweep.png" --no-progress
+    ;;
+  step)
+    stage install 120 $PY -m pip install --no-deps --no-build-isolation -e .
+    stage trainer_shapes 200 $PY -m llmcupy.bench --trainer-shapes --out "$OUT/results" --no-progress
     stage profile 60 $PY -m llmcupy.profile --init d12 --random-data -b 4 -t 1024 --steps 3
     # the trainer reads token files: random GPT-2 tokens in llm.c's format (no data on the device)
     $PY -c "import numpy as np, sys; from llmcupy.data import write_tokens; \
@@ -44,7 +51,7 @@ write_tokens(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8 * 4 * 10
     stage side_by_side 560 env OUT="$OUT/results" bash .shared/gpu/side_by_side.sh
     ;;
   *)
-    echo "usage: bash bench/gpu_session.sh check|bench|side" >&2
+    echo "usage: bash bench/gpu_session.sh check|bench|step|side" >&2
     exit 2
     ;;
 esac

@@ -5,6 +5,8 @@
     python -m llmcupy.bench --from bench/results/X.json --plot X.png   # plot a recorded run, run nothing
     python -m llmcupy.bench compare BEFORE.json AFTER.json   # per op/version: ms before, after, speed-up
     python -m llmcupy.bench --list-results                   # the runs recorded under bench/results/
+    python -m llmcupy.bench --trainer-shapes                 # (GPU) the step's ops at GPT-2 124M, B=4, T=1024
+    python -m llmcupy.bench defaults                         # bench/defaults.json: the trainer's measured defaults
 
 Each run validates every available version of each op against its NumPy reference at every block size
 of the version's sweep, at the spec's benchmark sizes (``op.sizes``). On a GPU each block size is also
@@ -125,13 +127,18 @@ def plan_for(op_names=None) -> list[tuple[str, int]]:
     return plan
 
 
-def _sweep_one(op_name: str, number: int, small: bool, seed: int, repeat: int) -> dict:
+def _sweep_one(op_name: str, number: int, small: bool, seed: int, repeat: int, trainer: bool = False) -> dict:
     from . import harness
     from . import ops as registry
     from .runtime import backend as _backend
 
     op = registry.get(op_name)
-    sizes = dict(op.sim_sizes) if (small or _backend.is_sim()) else dict(op.sizes)
+    if trainer:
+        from .defaults import trainer_sizes
+
+        sizes = dict(trainer_sizes()[op_name])
+    else:
+        sizes = dict(op.sim_sizes) if (small or _backend.is_sim()) else dict(op.sizes)
     return harness.sweep(op, number, sizes, None, seed, repeat=repeat)
 
 
@@ -160,27 +167,37 @@ def _version_entry(op_name: str, number: int, raw: dict) -> dict:
 
 
 def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, isolate: bool | None = None,
-        command: str | None = None, progress: bool = True, verbose: bool = False, log=None) -> dict:
+        command: str | None = None, progress: bool = True, verbose: bool = False, log=None,
+        trainer: bool = False) -> dict:
     """Sweeps every version of the given ops and returns the run's record (see the module docstring).
 
     ``isolate`` (default: in the emulator) runs each version in a forked child so that a kernel which
     crashes the emulator fails only its own entry. ``log`` (default stdout) gets one line per version.
-    The emulator's watchdog time limit is off during a benchmark.
+    The emulator's watchdog time limit is off during a benchmark. ``trainer`` runs the training
+    step's ops at the trainer's shapes (``defaults.trainer_sizes``), the runs ``defaults`` reads.
     """
     from .sim import settings as sim_settings
 
     with sim_settings(timeout=0):
         return _run(op_names, small=small, seed=seed, repeat=repeat, isolate=isolate, command=command,
-                    progress=progress, verbose=verbose, log=log)
+                    progress=progress, verbose=verbose, log=log, trainer=trainer)
 
 
-def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, log) -> dict:
+def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, log, trainer=False) -> dict:
     from tqdm import tqdm
 
     from . import harness
     from .ops import OpError
     from .runtime import backend as _backend
 
+    if trainer:
+        from .defaults import trainer_sizes
+
+        op_names = list(op_names or trainer_sizes())
+        others = [n for n in op_names if n not in trainer_sizes()]
+        if others:
+            raise OpError(f"--trainer-shapes: {', '.join(others)} is not an op of the training step; those "
+                          f"are: {', '.join(trainer_sizes())}")
     plan = plan_for(op_names)
     backend = _backend.get_backend()
     isolate = (backend == "sim") if isolate is None else isolate
@@ -195,7 +212,7 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
         "git": git_commit(),
         "host": platform.node(),
         "timed": backend == "cuda",
-        "sizes": "sim_sizes" if (small or backend == "sim") else "sizes",
+        "sizes": "trainer" if trainer else "sim_sizes" if (small or backend == "sim") else "sizes",
         "seed": seed,
         "repeat": repeat,
         "ops": {},
@@ -229,10 +246,11 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
         if bar is not None:
             bar.set_postfix_str(f"{op_name} v{number}")
         try:
+            extra = (True,) if trainer else ()   # (the trainer's shapes; absent otherwise, as before)
             if isolate:
-                raw = harness.run_isolated(_sweep_one, op_name, number, small, seed, repeat)
+                raw = harness.run_isolated(_sweep_one, op_name, number, small, seed, repeat, *extra)
             else:
-                raw = _sweep_one(op_name, number, small, seed, repeat)
+                raw = _sweep_one(op_name, number, small, seed, repeat, *extra)
         except (OpError, _backend.BackendError) as exc:
             raw = {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one version's crash must not lose the whole run
@@ -731,6 +749,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="run nothing: plot (--plot) or print a recorded results file")
     p.add_argument("--list-results", action="store_true", help="list the runs recorded under --out")
     p.add_argument("--small", action="store_true", help="use the ops' small sim_sizes on a GPU too (a quick check)")
+    p.add_argument("--trainer-shapes", action="store_true",
+                   help="GPU: the training step's ops at the trainer's shapes (GPT-2 124M, B=4, T=1024), the runs "
+                        "`python -m llmcupy.bench defaults` picks the trainer's defaults from")
     p.add_argument("--backend", choices=("auto", "cuda", "sim"), default=None, help="cuda, sim or auto (default)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--repeat", type=int, default=50, help="timed launches per block size (GPU)")
@@ -767,10 +788,39 @@ def _compare_main(argv) -> int:
     return 1 if regressed else 0
 
 
+def _defaults_main(argv) -> int:
+    from . import defaults
+
+    p = argparse.ArgumentParser(prog="python -m llmcupy.bench defaults",
+                                description="Write the trainer's kernel defaults: " + defaults.RULE + ".")
+    p.add_argument("--results", default=DEFAULT_OUT, metavar="DIR", help=f"the recorded runs (default {DEFAULT_OUT})")
+    p.add_argument("--out", default=None, metavar="FILE", help="where to write (default bench/defaults.json)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when the file differs from what the results give")
+    args = p.parse_args(argv)
+    out = Path(args.out) if args.out else defaults.default_path()
+    try:
+        doc = defaults.derive(args.results)
+        current = defaults.load(out) if out.exists() else None
+    except defaults.DefaultsError as exc:
+        from ._cli import fail
+
+        return fail(exc)
+    print(defaults.format_doc(doc))
+    if args.check:
+        same = current is not None and current.get("devices") == doc["devices"]
+        print(f"{out}: {'up to date' if same else 'out of date: run python -m llmcupy.bench defaults'}")
+        return 0 if same else 1
+    print(f"defaults: {defaults.write(doc, out)}")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "compare":
         return _compare_main(argv[1:])
+    if argv and argv[0] == "defaults":
+        return _defaults_main(argv[1:])
     args = _parser().parse_args(argv)
     command = "python -m llmcupy.bench" + ("" if not argv else " " + shlex.join(argv))
     from .ops import OpError
@@ -804,20 +854,38 @@ def main(argv=None) -> int:
         if args.backend:
             _backend.set_backend(args.backend)
         plan_for(args.ops)  # unknown op: exit 2 before anything runs
+        if args.trainer_shapes and args.ops:
+            from .defaults import trainer_sizes
+
+            others = [n for n in args.ops if n not in trainer_sizes()]
+            if others:
+                raise OpError(f"--trainer-shapes: {', '.join(others)} is not an op of the training step; those "
+                              f"are: {', '.join(trainer_sizes())}")
         backend = _backend.get_backend()
     except (OpError, _backend.BackendError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.trainer_shapes and backend != "cuda":
+        print("error: --trainer-shapes times the step's ops at GPT-2 124M's sizes to pick the trainer's defaults; "
+              f"the {backend} backend records no times (and would take hours at those sizes): run it on a GPU",
+              file=sys.stderr)
+        return 2
+    if args.trainer_shapes and args.small:
+        print("error: --trainer-shapes and --small ask for different sizes; give one", file=sys.stderr)
         return 2
     if backend != "cuda":
         print(f"note: backend {backend}: {NO_TIMING_REASON}.", flush=True)
     record = run(args.ops, small=args.small, seed=args.seed, repeat=args.repeat,
                  isolate=False if args.no_isolate else None, command=command, progress=not args.no_progress,
-                 verbose=args.verbose)
+                 verbose=args.verbose, trainer=args.trainer_shapes)
     c = record["summary"]
     print(f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
     if not args.no_save:
         path = save(record, args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT))
         print(f"results: {path}")
+        if args.trainer_shapes:
+            print("the trainer's defaults follow it once you run: python -m llmcupy.bench defaults"
+                  + (f" --results {args.out}" if args.out else ""))
     if args.plot:
         try:
             plot_results(record, args.plot)

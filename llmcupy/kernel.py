@@ -84,18 +84,13 @@ def list_catalogue() -> str:
 
 
 def defaults_provenance() -> str:
-    """Where the defaults come from: no GPU measurements are recorded yet, so say so."""
-    from pathlib import Path
+    """Where the defaults come from: the GPUs bench/defaults.json names, or llm.c's choices."""
+    from . import defaults
 
-    results = Path(__file__).resolve().parent.parent / "bench" / "results"
-    measured = sorted(results.glob("*.json")) if results.is_dir() else []
-    if not measured:
-        return ("Defaults are not yet measured: they follow llm.c's claims (its fastest version per file) or the "
-                "version the FP32 trainer uses; no GPU results are in bench/results yet. The rungs past llm.c "
-                "(matmul_forward 5, the fusions matmul_gelu_forward, fused_residual_forward, flash_attention_*) are "
-                "not the trainer's defaults until measured: select them with --matmul-kernel 5 / --fused.")
-    return (f"Defaults are not yet derived from measurements; {len(measured)} GPU result file(s) in bench/results "
-            "can be compared with python -m llmcupy.bench compare.")
+    try:
+        return defaults.provenance()
+    except defaults.DefaultsError as exc:
+        return f"The measured defaults cannot be read: {exc}. Every * is llm.c's choice."
 
 
 def _run_one(op_name: str, number: int, sizes: dict, args) -> dict:

@@ -9,9 +9,15 @@ the figure needs no GPU and can be tracked on any machine:
 * ``checked``: every call checked in full (validation, constraints, each kernel argument against
   its C signature) -- the launch path before launch plans;
 * ``planned``: the default path, a launch plan per (op, version, shapes) replayed after the
-  first call (see ``ops/_op.py``).
+  first call (see ``ops/_op.py``); for a ``@kernels_only`` version the plan replays the checked
+  call's recorded kernel launches without running the launcher.
 
 It prints microseconds per op call and per kernel launch for both, and the launches per step.
+The replays pass the recorded argument dicts again, the same array objects each time, back to
+back; the ``in-step`` figure times the kernel-only op calls inside whole training steps instead,
+where the model makes its per-layer views (``acts["ln1"][l]``) afresh on every call, as the
+trainer does, and the emulator's NumPy stand-ins for cuBLAS run between them (cold CPU caches: an
+upper bound for a GPU, where those are asynchronous library calls).
 The model is GPT-2 124M's depth (12 layers, the step's op sequence) at a narrow width and a tiny
 batch, since the host cost of a launch does not depend on the sizes (NumPy stand-ins for cuBLAS
 calls do, so they are kept small); ``--init d12`` uses the real widths.
@@ -94,6 +100,39 @@ def _best_of(calls, repeats: int) -> float:
     return best
 
 
+def _in_step(model, x, y, calls, repeats: int) -> float:
+    """Best over ``repeats`` whole steps of the mean time inside ``Op.run`` of the kernel-only calls
+    (the i-th call of a step is the i-th recorded one: a step's op sequence is fixed)."""
+    from .ops._op import Op
+
+    original = Op.run
+    spent = [0.0]
+    index = [0]
+    library = [c[3] for c in calls]
+    clock = time.perf_counter
+
+    def timed(self, *args, **kwargs):
+        i = index[0]
+        index[0] += 1
+        t0 = clock()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if not library[i]:
+                spent[0] += clock() - t0
+
+    best = float("inf")
+    Op.run = timed
+    try:
+        for _ in range(repeats):
+            spent[0], index[0] = 0.0, 0
+            _step(model, x, y)
+            best = min(best, spent[0])
+    finally:
+        Op.run = original
+    return best / max(1, library.count(False))
+
+
 def _step(model, x, y) -> None:
     model.forward(x, y)
     model.zero_grad()
@@ -144,6 +183,7 @@ def measure(init: str = "narrow12", B: int = 1, T: int = 8, repeats: int = 20, k
                     op.run(*args, **kwargs)
                 best = _best_of(calls, repeats)
                 best_kernel_only = _best_of(kernel_only, repeats)
+                in_step = _in_step(model, x, y, calls, max(3, repeats // 4))
                 step_t0 = time.perf_counter()
                 _step(model, x, y)
                 step_s = time.perf_counter() - step_t0
@@ -152,6 +192,7 @@ def measure(init: str = "narrow12", B: int = 1, T: int = 8, repeats: int = 20, k
                 "us_per_launch": best / max(1, launches) * 1e6,
                 "kernel_only_us_per_op_call": best_kernel_only / max(1, len(kernel_only)) * 1e6,
                 "kernel_only_us_per_launch": best_kernel_only / max(1, kernel_only_launches) * 1e6,
+                "in_step_kernel_only_us_per_op_call": in_step * 1e6,
                 "step_host_ms": step_s * 1e3,
             }
     return result
@@ -162,17 +203,18 @@ def format_result(r: dict) -> str:
              f"  per training step: {r['op_calls_per_step']} op calls, {r['launches_per_step']} kernel launches "
              f"({r['library_op_calls_per_step']} op calls also compute through cuBLAS/xp.matmul)",
              f"  {'path':<8} {'us/op call':>11} {'us/launch':>10} {'kernel-only us/op call':>23} "
-             f"{'us/launch':>10} {'step host ms':>13}"]
+             f"{'us/launch':>10} {'in-step':>8} {'step host ms':>13}"]
     for label in ("checked", "planned"):
         m = r[label]
         lines.append(f"  {label:<8} {m['us_per_op_call']:>11.1f} {m['us_per_launch']:>10.1f} "
                      f"{m['kernel_only_us_per_op_call']:>23.1f} {m['kernel_only_us_per_launch']:>10.1f} "
-                     f"{m['step_host_ms']:>13.1f}")
+                     f"{m['in_step_kernel_only_us_per_op_call']:>8.1f} {m['step_host_ms']:>13.1f}")
     c, p = r["checked"], r["planned"]
     lines.append(f"  Op.run speed-up: {c['us_per_op_call'] / p['us_per_op_call']:.1f}x over all calls, "
                  f"{c['kernel_only_us_per_op_call'] / p['kernel_only_us_per_op_call']:.1f}x over kernel-only calls")
     lines.append("  (best of the repeats. 'kernel-only' leaves out the calls that also compute through cuBLAS/xp.matmul,"
-                 " which the emulator runs as NumPy arithmetic; step host ms includes the model's own Python)")
+                 " which the emulator runs as NumPy arithmetic; 'in-step': kernel-only us/op call inside whole steps,"
+                 " with the model's fresh per-layer views; step host ms includes the model's own Python)")
     return "\n".join(lines)
 
 

@@ -48,16 +48,57 @@ class ModelError(ValueError):
 
 @dataclass
 class KernelChoice:
-    """Which version (and block size) of every op the model runs. Unlisted ops use their default."""
+    """Which version (and block size) of every op the model runs. Unlisted ops use their default:
+    the measured one (``use_measured``: ``bench/defaults.json``'s entry for this GPU) or the catalogue's."""
 
     versions: dict = field(default_factory=dict)
     block_sizes: dict = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)   # op -> (version, block size) measured on ``measured_on``
+    measured_on: str | None = None
 
     def version(self, op: str) -> int:
-        return int(self.versions.get(op, ops_registry.get(op).default_version))
+        n = self.versions.get(op)
+        if n is None:
+            m = self.measured.get(op)
+            n = m[0] if m is not None else ops_registry.get(op).default_version
+        return int(n)
 
     def block_size(self, op: str):
-        return self.block_sizes.get(op)
+        bs = self.block_sizes.get(op)
+        if bs is None and op in self.measured and self.version(op) == self.measured[op][0]:
+            return self.measured[op][1]   # the block size the measured version was fastest at
+        return bs
+
+    def use_measured(self, device: str, path=None) -> bool:
+        """Takes the defaults measured on ``device`` from ``bench/defaults.json`` (or ``path``); False if
+        it names no such GPU (the catalogue's defaults stay). A measured version this catalogue cannot
+        run is an error naming the file, not a silent fallback."""
+        from . import defaults
+
+        entry = defaults.for_device(device, path)
+        if entry is None:
+            return False
+        where = defaults.display_path(path)
+        measured = {}
+        for op, c in entry["ops"].items():
+            if op not in STEP_OPS:
+                continue
+            v = ops_registry.get(op).versions.get(c["version"])
+            if v is None or not v.available or not v.deterministic:
+                why = ("is not in this catalogue" if v is None else f"is unavailable ({v.unavailable})"
+                       if not v.available else "is nondeterministic")
+                raise defaults.DefaultsError(
+                    f"{where}: {op} version {c['version']}, measured on {device}, {why}; regenerate the file with "
+                    "python -m llmcupy.bench defaults, or train with --kernel-defaults catalogue")
+            measured[op] = (v.number, c.get("block_size"))
+        self.measured, self.measured_on = measured, device
+        return True
+
+    def origin(self, op: str) -> str:
+        """Why ``op`` runs its version: "chosen" (a flag), "measured" (on ``measured_on``) or "llm.c"."""
+        if op in self.measured and self.version(op) == self.measured[op][0]:
+            return "measured"
+        return "chosen" if op in self.versions else "llm.c"
 
     def set(self, op: str, version: int, block_size: int | None = None) -> None:
         """Selects a version, checking that the op exists, the number is valid and it can run."""
@@ -93,7 +134,7 @@ class KernelChoice:
         """Turns every fusion on at its default version (the trainer's ``--fused``), keeping explicit choices."""
         for op in FUSION_OPS:
             if op not in self.versions:
-                self.set(op, ops_registry.get(op).default_version)
+                self.set(op, self.version(op))
 
     def table(self) -> list[tuple[str, int, str]]:
         """(op, version, summary) of every op the step runs (fusions only when selected)."""

@@ -100,12 +100,19 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--kernel", action="append", default=[], metavar="OP=N[:BLOCK]",
                    help="any step op's version (and block size), e.g. --kernel attention_backward=7 or "
                         "--kernel layernorm_forward=3:512; repeatable")
+    k.add_argument("--kernel-defaults", choices=("measured", "catalogue"), default="measured",
+                   help="versions of the ops no flag chooses: 'measured' (default) takes bench/defaults.json's "
+                        "fastest versions measured on this GPU, when it names this GPU (python -m llmcupy.bench "
+                        "defaults writes it; python -m llmcupy.kernel --list says which GPUs it names); "
+                        "otherwise, and with 'catalogue', the catalogue's defaults, llm.c's choices")
     mainline.add_arguments(p)
     return p
 
 
 def kernel_choice(args) -> KernelChoice:
     choice = KernelChoice()
+    if getattr(args, "kernel_defaults", "catalogue") == "measured":
+        choice.use_measured(_backend.device_name())   # flags below override what it sets
     for op in STEP_OPS:
         n = getattr(args, f"kernel_{op}")
         if n is not None:
@@ -345,7 +352,8 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     ])
     print("kernel versions:")
     for op, n, summary in kernels.table():
-        print(f"  {op:<20} {n:>3}  {summary}")
+        print(f"  {op:<20} {n:>3}  {summary}" + ("  [measured]" if kernels.origin(op) == "measured" else ""))
+    print(f"kernel defaults: {defaults_note(kernels, args)}")
     precompile(kernels)
     if args.cuda_graph:
         print("CUDA graph: the training step is captured at the first step and replayed after it"
@@ -469,6 +477,19 @@ def progress(iterable, desc: str):
     except ImportError:
         return iterable
     return tqdm(iterable, desc=desc, leave=False, disable=None, file=sys.stderr)
+
+
+def defaults_note(kernels: KernelChoice, args) -> str:
+    """Where the versions no flag chose come from: measurements on this GPU, or llm.c's choices."""
+    from . import defaults
+
+    if kernels.measured_on is not None:
+        return (f"[measured] = the fastest version measured on {kernels.measured_on} ({defaults.display_path()}); "
+                "the others are chosen by a flag or are the catalogue's defaults (llm.c's choices)")
+    if getattr(args, "kernel_defaults", "catalogue") == "catalogue":
+        return "the catalogue's (llm.c's choices), as --kernel-defaults catalogue asks"
+    return (f"the catalogue's (llm.c's choices, not measured): {defaults.display_path()} has no measurement for "
+            f"{_backend.device_name()}")
 
 
 def precompile(kernels: KernelChoice) -> None:

@@ -72,17 +72,23 @@ def test_a_new_shape_is_checked_again():
 
 
 def test_a_less_aligned_array_is_checked_again():
+    # the plan keeps the alignment the checks required (float4: 16 bytes), not the one the recorded
+    # address happened to have: 16 bytes further is replayed, 4 bytes further is checked again
     op = llmcupy.ops["gelu_forward"]
     buf = np.zeros(512, np.float32)
     o = next(o for o in range(64) if _op._alignment(buf[o:]) == 256)
     aligned, shifted = buf[o:o + 48].reshape(2, 3, 8), buf[o + 4:o + 52].reshape(2, 3, 8)  # 16 bytes further
+    skewed = buf[o + 1:o + 49].reshape(2, 3, 8)                                           # 4 bytes further
     out = np.empty((2, 3, 8), np.float32)
     op.run(2, {"inp": aligned}, out={"out": out})
     (plan,) = op._plans.values()
-    assert not plan.aligned_as_before({"inp": shifted}, {"out": out})
+    assert plan.aligned_as_before({"inp": shifted}, {"out": out})
+    assert not plan.aligned_as_before({"inp": skewed}, {"out": out})
     shifted[...] = 0.5
-    got = op.run(2, {"inp": shifted}, out={"out": out})  # checked again (float4: 16 bytes suffice)
+    got = op.run(2, {"inp": shifted}, out={"out": out})
     np.testing.assert_allclose(got["out"], op.reference(shifted), atol=1e-6)
+    with pytest.raises(OpError, match="16-byte aligned"):
+        op.run(2, {"inp": skewed}, out={"out": out})
 
 
 def test_a_misaligned_array_is_refused_after_a_plan_was_recorded():
@@ -138,6 +144,7 @@ def test_launch_benchmark_reports_both_paths():
     assert r["op_calls_per_step"] > 0 and r["launches_per_step"] >= r["op_calls_per_step"] - r["library_op_calls_per_step"]
     for label in ("checked", "planned"):
         assert r[label]["us_per_op_call"] > 0 and r[label]["kernel_only_us_per_launch"] > 0
+        assert r[label]["in_step_kernel_only_us_per_op_call"] > 0
     assert "us/launch" in launchbench.format_result(r)
 
 
@@ -154,11 +161,234 @@ def test_replayed_launches_on_a_gpu_match_checked_ones():
         with _op.launch_plans(False):
             checked = cupy.asnumpy(op.run(5, dict(arrays))["out"])
         op.run(5, dict(arrays))
+        (plan,) = op._plans.values()
+        assert plan.launches is not None      # matmul_forward 5 is kernels_only: its launch is replayed as recorded
         replayed = cupy.asnumpy(op.run(5, dict(arrays))["out"])
         np.testing.assert_array_equal(checked, replayed)
+        # an in-place op given out= (classifier_fused's dlogits over the logits), replayed on the GPU
+        cf = llmcupy.ops["classifier_fused"]
+        c = cf.make_inputs(np.random.default_rng(1), B=2, T=3, V=1001, P=1024)
+        results = []
+        for _ in range(3):
+            arrays = {k: (cupy.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in c.items()}
+            out = {"losses": cupy.full(c["targets"].shape, np.nan, np.float32), "dlogits": arrays["logits"]}
+            got = cf.run(None, arrays, out=out)
+            results.append([cupy.asnumpy(got[k]) for k in cf.outputs])
+        assert next(iter(cf._plans.values())).launches is not None
+        for r in results[1:]:
+            for x, y in zip(results[0], r):
+                np.testing.assert_array_equal(x, y)
         from llmcupy import launchbench
 
         r = launchbench.measure(init="d1", B=1, T=4, repeats=2)
         assert r["planned"]["us_per_op_call"] > 0
     finally:
         llmcupy.set_backend("sim")
+
+
+# -- recorded launches: a kernels_only version's plan replays the checked call's launches ---------
+
+def _kernels_only_cases():
+    cases = []
+    for name in sorted(llmcupy.ops):
+        op = llmcupy.ops[name]
+        for n, v in sorted(op.versions.items()):
+            if v.kernels_only and v.available:
+                cases.append((name, n))
+    return cases
+
+
+def _spy_launches(monkeypatch):
+    """Every kernel launch the emulator receives: (kernel, grid, block, arguments, shared memory)."""
+    seen = []
+    real = rt._sim_launch
+
+    def spy(entry, name, grid3, block3, args, shared_mem, stack_bytes):
+        seen.append((name, grid3, block3, list(args), shared_mem))
+        return real(entry, name, grid3, block3, args, shared_mem, stack_bytes)
+
+    monkeypatch.setattr(rt, "_sim_launch", spy)
+    return seen
+
+
+def _by_name(launches, arrays: dict, outputs: dict):
+    """Launches with each array argument replaced by the name(s) it has in the call, scalars by type and bytes."""
+    named = []
+    for kernel, grid3, block3, args, shared_mem in launches:
+        norm = []
+        for a in args:
+            if isinstance(a, np.ndarray):
+                names = sorted({f"in:{k}" for k, x in arrays.items() if x is a}
+                               | {f"out:{k}" for k, x in outputs.items() if x is a})
+                # none of the call's arrays: a scratch buffer of the launcher, known by shape and dtype
+                norm.append(tuple(names) if names else ("scratch", a.shape, a.dtype.str))
+            elif a is None:
+                norm.append(None)
+            else:
+                norm.append((type(a), np.asarray(a).tobytes()))
+        named.append((kernel, grid3, block3, tuple(norm), shared_mem))
+    return named
+
+
+def _inputs_for(op, v):
+    rng = np.random.default_rng(3)
+    for shape in op.test_shapes:
+        a = op.make_inputs(rng, **shape)
+        if v.requires is None or v.requires(a, v.default_block_size) is None:
+            return a
+    pytest.skip(f"{op.name} v{v.number}: no test shape it accepts")
+
+
+def _copy(a):
+    return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in a.items()}
+
+
+def _poisoned_out(op, arrays):
+    """out= for the outputs the op does not update in place, filled with NaN (a skipped write shows)."""
+    out = {}
+    for name, like in op.allocate_fn(np, arrays).items():
+        if not any(like is x for x in arrays.values()):
+            out[name] = np.full(like.shape, np.nan, like.dtype)
+    return out
+
+
+@pytest.mark.parametrize("op_name,number", _kernels_only_cases())
+def test_a_replayed_launch_passes_the_checked_launch_arguments(op_name, number, monkeypatch, no_hazards):
+    op = llmcupy.ops[op_name]
+    v = op.versions[number]
+    a = _inputs_for(op, v)
+    seen = _spy_launches(monkeypatch)
+
+    checked_in, checked_out = _copy(a), _poisoned_out(op, a)
+    with _op.launch_plans(False):
+        checked = op.run(number, checked_in, out=checked_out)
+    checked_launches = _by_name(seen, checked_in, checked)
+    assert checked_launches
+
+    op.run(number, _copy(a), out=_poisoned_out(op, a))          # records the plan
+    (plan,) = op._plans.values()
+    assert plan.launches is not None, f"{op_name} v{number}: the plan did not record its launches"
+    monkeypatch.setattr(v, "launch", lambda *args: pytest.fail("a replay ran the launcher"))
+
+    del seen[:]
+    replay_in, replay_out = _copy(a), _poisoned_out(op, a)
+    replayed = op.run(number, replay_in, out=replay_out)
+    assert _by_name(seen, replay_in, replayed) == checked_launches
+    for name in op.outputs:
+        assert (replayed[name] is replay_in.get(name)) == (checked[name] is checked_in.get(name))
+        if v.deterministic:
+            np.testing.assert_array_equal(replayed[name], checked[name], err_msg=f"{op_name} v{number} {name}")
+
+
+def test_a_new_shape_or_dtype_records_a_new_plan_with_its_own_arguments(monkeypatch):
+    op = llmcupy.ops["gelu_forward"]
+    seen = _spy_launches(monkeypatch)
+    x = np.linspace(-2, 2, 2 * 3 * 8, dtype=np.float32).reshape(2, 3, 8)
+    op.run(2, {"inp": x})
+    op.run(2, {"inp": x})
+    assert _op.plans_cached() == 1
+    y = np.linspace(-2, 2, 4 * 3 * 8, dtype=np.float32).reshape(4, 3, 8)   # twice the elements
+    del seen[:]
+    got = op.run(2, {"inp": y})["out"]
+    assert _op.plans_cached() == 2
+    (_, grid3, _, args, _), = seen
+    assert args[-1] == np.int32(y.size) and grid3[0] >= 1
+    np.testing.assert_allclose(got, op.reference(y), atol=1e-5)
+    # a dtype the checks refuse: the same error as with plans off, and no plan for it
+    with _op.launch_plans(False), pytest.raises(OpError) as off:
+        op.run(2, {"inp": x.astype(np.float64)})
+    with pytest.raises(OpError) as on:
+        op.run(2, {"inp": x.astype(np.float64)})
+    assert str(on.value) == str(off.value)
+    assert _op.plans_cached() == 2
+
+
+def test_a_wrong_scalar_type_is_refused_after_a_plan_was_recorded():
+    op = llmcupy.ops["adamw"]
+    a = op.make_inputs(np.random.default_rng(0), P=10)
+    op.run(None, _copy(a))
+    op.run(None, _copy(a))
+    # t must be an integer step >= 1: a NumPy scalar's value is part of the key, not just its shape ()
+    for bad_t in (np.float32(2.5), np.int32(0)):
+        bad = dict(_copy(a), t=bad_t)
+        with _op.launch_plans(False), pytest.raises(OpError) as off:
+            op.run(None, _copy(bad))
+        with pytest.raises(OpError) as on:
+            op.run(None, _copy(bad))
+        assert str(on.value) == str(off.value)
+
+
+def test_a_scalar_input_is_part_of_the_plan_key():
+    # adamw's step t changes the bias corrections the launch passes: never replayed with another t
+    op = llmcupy.ops["adamw"]
+    a = op.make_inputs(np.random.default_rng(0), P=10)
+    op.run(None, _copy(a))
+    b = dict(a, t=np.int32(int(a["t"]) + 1))
+    want = op.reference(**b)
+    got = op.run(None, _copy(b))
+    assert _op.plans_cached() == 2
+    for name, r in zip(op.outputs, want):
+        np.testing.assert_allclose(got[name], r, rtol=1e-6, atol=1e-7)
+
+
+def test_one_array_in_two_places_replays_only_while_it_is_one_array(monkeypatch):
+    # residual in place (out is inp1): the recording holds while a call's inp1 and out are one
+    # array; a call of the same shapes with a distinct out runs the launcher (checks still skipped)
+    op = llmcupy.ops["residual_forward"]
+    v = op.versions[2]
+    z = np.full((1, 2, 8), 2.0, np.float32)
+    x = np.ones((1, 2, 8), np.float32)
+    op.run(2, {"inp1": x, "inp2": z}, out={"out": x})
+    (plan,) = op._plans.values()
+    assert plan.launches is not None and plan.same
+    ran = []
+    launcher = v.launch
+    monkeypatch.setattr(v, "launch", lambda a, bs: (ran.append(1), launcher(a, bs)))
+    x1 = np.ones((1, 2, 8), np.float32)
+    op.run(2, {"inp1": x1, "inp2": z}, out={"out": x1})        # one array again: recorded launches
+    assert ran == [] and (x1 == 3.0).all()
+    x2, out2 = np.ones((1, 2, 8), np.float32), np.zeros((1, 2, 8), np.float32)
+    op.run(2, {"inp1": x2, "inp2": z}, out={"out": out2})      # two arrays: the launcher decides
+    assert ran == [1] and (out2 == 3.0).all() and (x2 == 1.0).all()
+
+
+def test_a_replay_asks_for_the_launchers_scratch_again(monkeypatch):
+    # layernorm_backward 10 zeroes a counter at the head of its scratch: a replay must do it too
+    from llmcupy.ops import layernorm_backward as lnb
+
+    op = llmcupy.ops["layernorm_backward"]
+    a = op.make_inputs(np.random.default_rng(0), B=1, T=3, C=32)
+    requests = []
+    real = _op.scratch
+
+    def spy(*args, **kwargs):
+        requests.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lnb, "scratch", spy)       # the launcher's own name for it (checked path)
+    monkeypatch.setattr(_op, "scratch", spy)       # a replay's
+    op.run(10, _copy(a))
+    (plan,) = op._plans.values()
+    assert plan.launches is not None and plan.scratch
+    checked = list(requests)
+    assert checked and checked[0][1].get("fill_count") == 32
+    del requests[:]
+    monkeypatch.setattr(op.versions[10], "launch", lambda *args: pytest.fail("a replay ran the launcher"))
+    op.run(10, _copy(a))
+    assert [(tuple(r[0][:3]),) for r in requests] == [(tuple(c[0][:3]),) for c in checked]
+    (owner, name, shape, dtype, fill, fill_count), = plan.scratch
+    assert (fill, fill_count) == (0.0, 32)
+
+
+def test_array_address_matches_numpy_for_every_kind_of_array():
+    buf = np.zeros((6, 8), np.float32)
+    readonly = buf[2]
+    readonly.flags.writeable = False
+    cases = [buf, buf[1], buf[1:, 3:], buf[:, 0], readonly, np.zeros(0, np.float32), buf.reshape(-1)[5:]]
+    for a in cases:
+        assert rt.array_address(a) == a.ctypes.data
+        assert rt.array_address(a) == a.ctypes.data   # the cached answer too
+    grown = np.zeros(4, np.float32)
+    rt.array_address(grown)
+    grown.resize(1 << 16)                                 # nothing holds on to it: NumPy may still resize it
+    assert rt.array_address(grown) == grown.ctypes.data

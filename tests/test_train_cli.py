@@ -367,3 +367,37 @@ def test_gate_loss_rule_allows_an_overshoot_but_not_divergence():
     assert losses_fall([10.99, 9.09, 8.04, 9.67, 7.47, 6.75, 6.11, 5.06, 4.57, 4.47])
     assert not losses_fall([10.9, 10.5, 11.2])
     assert not losses_fall([10.9, float("nan"), 9.0])
+
+
+def test_measured_defaults_are_used_and_named_and_flags_override_them(small_train_args, tmp_path, monkeypatch):
+    # bench/defaults.json names the GPU its versions were measured on; here a synthetic file names
+    # the emulator's "device", so the trainer's side of the mechanism runs without a GPU
+    from llmcupy import defaults
+    from llmcupy.runtime import backend
+
+    path = defaults.write({"schema": defaults.SCHEMA, "devices": {backend.device_name(): {
+        "source": "bench/results/synthetic.json", "date": "2026-11-01T00:00:00Z", "commit": "c" * 40,
+        "ops": {"layernorm_forward": {"version": 3, "block_size": 512, "ms": 0.04}}}}}, tmp_path / "defaults.json")
+    monkeypatch.setenv("LLMCUPY_DEFAULTS", str(path))
+    base = ["--init", "d1", "-b", 1, "-t", 16, "--benchmark", "--steps", 1, "--warmup", 0] + small_train_args
+    rc, out, err = _train(base)
+    assert rc == 0, err
+    assert re.search(r"^  layernorm_forward +3  .*\[measured\]$", out, re.M), out
+    assert f"the fastest version measured on {backend.device_name()}" in out
+    rc, out, err = _train(base + ["--kernel", "layernorm_forward=5"])
+    assert rc == 0, err
+    assert re.search(r"^  layernorm_forward +5  .*[^]]$", out, re.M), out
+    rc, out, err = _train(base + ["--kernel-defaults", "catalogue"])
+    assert rc == 0, err
+    assert re.search(r"^  layernorm_forward +6  ", out, re.M) and "as --kernel-defaults catalogue asks" in out, out
+    path.write_text("{")
+    rc, out, err = _train(base)
+    assert rc == 2 and str(path) in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_without_measurements_the_trainer_says_its_defaults_are_llmcs(small_train_args, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMCUPY_DEFAULTS", str(tmp_path / "none.json"))
+    rc, out, err = _train(["--init", "d1", "-b", 1, "-t", 16, "--benchmark", "--steps", 1, "--warmup", 0]
+                          + small_train_args)
+    assert rc == 0, err
+    assert "kernel defaults: the catalogue's (llm.c's choices, not measured)" in out and "[measured]" not in out

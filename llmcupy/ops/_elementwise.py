@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import check_float32, kernel_of, misaligned, need
+from ._op import check_float32, kernel_of, kernels_only, misaligned, need
 
 _INT_MAX = 2**31 - 1
 
@@ -33,6 +33,7 @@ def elementwise_launch(op_name: str, kernel_name: str, per_thread: int, out: str
     N is the element count of the first input; ``per_thread`` the elements one thread handles.
     """
 
+    @kernels_only
     def launch(a, bs):
         n = a[inputs[0]].size
         grid = max(1, -(-n // (bs * per_thread)))

@@ -18,7 +18,10 @@ from typing import Callable
 import numpy as np
 
 from ..runtime import backend as _backend
+from ..runtime.module import RECORDERS as _RECORDERS
 from ..runtime.module import TRUSTED as _TRUSTED
+from ..runtime.module import LaunchRecorder as _LaunchRecorder
+from ..runtime.module import array_address as _raw_address
 from ..runtime.module import load_kernel_file
 
 ALL_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024)
@@ -144,11 +147,12 @@ def active_workspace() -> Workspace | None:
     return _WORKSPACE[0]
 
 
-def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None):
+def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None, fill_count: int | None = None):
     """A temporary for one launch of op ``owner``: a new array, or the graph's workspace buffer.
 
     ``fill`` (e.g. 0.0, -inf) sets every element (the workspace's buffer holds the last call's
-    values otherwise). Never return a scratch array to a caller: the next launch reuses it.
+    values otherwise), or with ``fill_count`` the first ``fill_count`` (a counter ahead of slices
+    every launch overwrites). Never return a scratch array to a caller: the next launch reuses it.
     """
     workspace = _WORKSPACE[0]
     if workspace is None:
@@ -156,7 +160,11 @@ def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None):
     else:
         buf = workspace.get(owner, name, shape, dtype)
     if fill is not None:
-        buf.fill(fill)
+        (buf if fill_count is None else buf.reshape(-1)[:fill_count]).fill(fill)
+    if _RECORDERS:
+        # a launch plan asks for the same buffer again on a replay (see _recorded_launches)
+        recorder = _RECORDERS[-1]
+        recorder.scratch.append(((owner, name, shape, dtype, fill, fill_count), buf, len(recorder.launches)))
     return buf
 
 
@@ -174,10 +182,23 @@ def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None):
 # plan keeps the arrays whose addresses the checks looked at (``address()`` records them) and
 # compares their alignment on every replay. Any change of shape, dtype, layout, alignment or
 # version takes the checked path again and records a new plan.
+#
+# A version whose launcher is marked ``@kernels_only`` (it does nothing but launch kernels on the
+# arrays it is given, grids and scalars computed from shapes, block size and scalar inputs) goes
+# further: the plan also records the kernel launches of the checked call (kernel, grid, block,
+# shared memory, the prepared arguments) and a replay re-issues them with this call's arrays in
+# the recorded argument slots, without running the launcher's Python (no grid arithmetic, no
+# np.int32(...) per scalar, no kernel lookup). A recording is dropped, and the launcher runs under
+# ``trusted`` as for other versions, when a launch argument is an array that is not one of the
+# call's own (a view made in the launcher) nor a ``scratch()`` buffer (which a replay asks for,
+# and fills, again), or when the launcher used a stream or another op. An argument that was one array under several names (an in-place op given out=) replays only
+# while a call's arrays under those names are again one array; otherwise the launcher runs.
 
 _MAX_PLANS = 1024                # per op: a caller cycling through endless shapes stays bounded
 _RECORDING = [False]             # True while a checked run records the arrays address() looks at
-_RECORDED_ADDRESSES: set = set()
+# id -> the alignment a plan must see again: what misaligned() required (and found), or 0 when a
+# check read the address itself (address()), which keeps the array's whole alignment
+_RECORDED_ADDRESSES: dict = {}
 
 
 class _Unplannable(Exception):
@@ -188,13 +209,17 @@ def _describe(a):
     if a is None:
         return None
     if type(a) is np.ndarray:
-        f = a.flags
-        return (a.shape, a.dtype, f.c_contiguous, f.writeable)
+        # flags.num: contiguity and writability (and ownership, alignment) in one int, one attribute read
+        return (a.shape, a.dtype, a.flags.num)
+    if isinstance(a, (float, np.floating)):
+        # a real scalar by its bits: 0.0 == -0.0, and a recorded launch replays the recorded value
+        return (type(a), float(a).hex())
+    if isinstance(a, (bool, int, str, np.generic)):
+        return (type(a), a)  # a scalar input (NH, V): the checks may depend on its value
+    # (after the scalars: a NumPy scalar has a shape and flags too, but its value is what matters)
     shape = getattr(a, "shape", None)
     if shape is not None and hasattr(a, "flags"):
         return (type(a), shape, a.dtype, a.flags.c_contiguous)
-    if isinstance(a, (bool, int, float, str, np.generic)):
-        return (type(a), a)  # a scalar input (NH, V): the checks may depend on its value
     raise _Unplannable
 
 
@@ -213,28 +238,103 @@ def _alignment(x) -> int:
     return addr & -addr if addr else 256
 
 
+def kernels_only(launch):
+    """Marks a Version launcher whose only effects are kernel launches on the arrays it is given and
+    on ``scratch()`` buffers (filled, if at all, by scratch's ``fill``), grids and scalars computed
+    from their shapes, the block size and scalar inputs (see the launch plans above): a launch plan
+    may record and replay those launches. No cuBLAS, no other host work on the arrays."""
+    launch.kernels_only = True
+    return launch
+
+
+def _recorded_launches(recorder, arrays: dict, outputs: dict, out: dict | None):
+    """The checked launches of a call as replayable templates, or None when they are not replayable.
+
+    Each launch becomes (kernel, grid, block, shared_mem, constants, slots, scratch): ``constants``
+    the prepared argument tuple with the arrays blanked, ``slots`` (index, source, name) triples
+    saying which array goes where: source 0 an input, 1 an output, 2 the launcher's name-th scratch
+    buffer, asked for again (and filled again) on a replay just before the launch it preceded, as
+    ``scratch`` lists. An argument that was one array under several
+    names (logits and dlogits of an in-place op given as out=) is taken from the first, and the
+    plan's ``same`` pairs say which names must again be one array for the recording to apply.
+    Returns (templates, same, scratch requests).
+    """
+    if recorder is None or not recorder.valid or not recorder.launches:
+        return None, (), ()
+    given = set(out or ())
+    scratch_ids = {id(buf): i for i, (_, buf, _) in enumerate(recorder.scratch)}
+    templates, same = [], []
+    for j, (kernel, grid3, block3, args, shared_mem, stream) in enumerate(recorder.launches):
+        if stream is not None:
+            return None, (), ()   # a stream chosen by the launcher is state the key does not see
+        constants, slots = list(args), []
+        for i, a in enumerate(args):
+            if a is None or isinstance(a, (np.generic, bool, int, float)):
+                continue
+            names = [(0, k) for k, x in arrays.items() if x is a]
+            # an output not given by the caller but identical to an input is rebuilt as that input
+            # on every replay (aliases, allocate): no condition needed on it
+            names += [(1, k) for k, x in outputs.items() if x is a and (k in given or not names)]
+            if not names and id(a) in scratch_ids:
+                names = [(2, scratch_ids[id(a)])]
+            if not names:
+                return None, (), ()   # a view or a temporary of its own: not one of the call's arrays
+            slots.append((i,) + names[0])
+            same += [(names[0], other) for other in names[1:] if (names[0], other) not in same]
+            constants[i] = None
+        before = tuple(k for k, (_, _, position) in enumerate(recorder.scratch) if position == j)
+        templates.append((kernel, grid3, block3, shared_mem, tuple(constants), tuple(slots), before))
+    return tuple(templates), tuple(same), tuple(request for request, _, _ in recorder.scratch)
+
+
+def _same_arrays(same, arrays: dict, outputs: dict) -> bool:
+    """Whether the arrays the recorded launches took from one place are again one array."""
+    for (first_source, first), (other_source, other) in same:
+        if (outputs if first_source else arrays)[first] is not (outputs if other_source else arrays)[other]:
+            return False
+    return True
+
+
+def _replay_launches(launches, scratch_requests, arrays: dict, outputs: dict) -> None:
+    buffers = []
+    sources = (arrays, outputs, buffers)
+    for kernel, grid3, block3, shared_mem, constants, slots, before in launches:
+        for k in before:   # in request order: buffers[k] is the k-th request's
+            buffers.append(scratch(*scratch_requests[k]))
+        args = list(constants)
+        for i, source, name in slots:
+            args[i] = sources[source][name]
+        kernel._launch_replayed(grid3, block3, tuple(args), shared_mem)
+
+
 @dataclass
 class _LaunchPlan:
     version: Version
     block_size: int | None
     aliases: tuple               # (output name, input name) pairs: outputs updated in place
     alignments: tuple            # (where, name, alignment): arrays whose addresses the checks read
+    launches: tuple | None = None  # the checked call's kernel launches, for a kernels_only version
+    same: tuple = ()               # ((source, name), (source, name)): one array when recorded
+    scratch: tuple = ()            # the scratch() requests of the recorded launcher, in order
 
     @classmethod
-    def record(cls, v: Version, block_size, arrays: dict, out: dict | None, aliases) -> "_LaunchPlan":
+    def record(cls, v: Version, block_size, arrays: dict, out: dict | None, aliases,
+               launches=(None, (), ())) -> "_LaunchPlan":
         bs = v.default_block_size if block_size is None else int(block_size)
         seen = []
         for where, d in (("arrays", arrays), ("out", out or {})):
             for name, a in d.items():
-                if a is not None and id(a) in _RECORDED_ADDRESSES:
-                    seen.append((where, name, _alignment(a)))
-        return cls(v, bs, aliases, tuple(seen))
+                required = None if a is None else _RECORDED_ADDRESSES.get(id(a))
+                if required is not None:
+                    seen.append((where, name, required or _alignment(a)))
+        return cls(v, bs, aliases, tuple(seen), *launches)
 
     def aligned_as_before(self, arrays: dict, out: dict | None) -> bool:
-        # at least as aligned as the checked call was: the alignment checks would pass again
+        # at least as aligned as the checked call was (its alignment, a power of two, divides the
+        # address): the alignment checks would pass again
         for where, name, alignment in self.alignments:
             a = (arrays if where == "arrays" else out).get(name)
-            if a is None or _alignment(a) < alignment:
+            if a is None or _raw_address(a) % alignment:
                 return False
         return True
 
@@ -306,10 +406,13 @@ class Version:
     requires: Callable | None = None
     unavailable: str | None = None
     deterministic: bool = True
+    kernels_only: bool | None = None   # None: as the launcher is marked (``@kernels_only``)
 
     def __post_init__(self):
         if self.default_block_size is None and self.block_sizes:
             self.default_block_size = 256 if 256 in self.block_sizes else self.block_sizes[-1]
+        if self.kernels_only is None:
+            self.kernels_only = bool(getattr(self.launch, "kernels_only", False))
 
     @property
     def available(self) -> bool:
@@ -414,6 +517,8 @@ class Op:
         None follows ``host_checks_enabled()``. Inside ``graph_safe(...)`` the op may not allocate
         outputs, its scratch comes from the workspace and the launch hooks (profiler) are skipped.
         """
+        if _RECORDERS:
+            _RECORDERS[-1].valid = False  # an op inside another op's launcher: replay that launcher instead
         graph_safe_run = _WORKSPACE[0] is not None
         number = self.default_version if version is None else version
         key = _plan_key(number, block_size, graph_safe_run, arrays, out) if _PLANS_ENABLED[0] else None
@@ -422,14 +527,21 @@ class Op:
             return self._replay(plan, arrays, out, host_checks, graph_safe_run)
         _RECORDED_ADDRESSES.clear()
         _RECORDING[0] = True
+        v = self.versions.get(number) if type(number) is int else None
+        recorder = _LaunchRecorder() if key is not None and v is not None and v.kernels_only else None
+        if recorder is not None:
+            _RECORDERS.append(recorder)
         try:
             outputs, aliases = self._checked_run(number, arrays, block_size, out, host_checks, graph_safe_run)
         finally:
             _RECORDING[0] = False
+            if recorder is not None:
+                _RECORDERS.pop()
         if key is not None and aliases is not None:
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.clear()  # a caller cycling through endless shapes: keep memory bounded
-            self._plans[key] = _LaunchPlan.record(self.versions[int(number)], block_size, arrays, out, aliases)
+            self._plans[key] = _LaunchPlan.record(self.versions[int(number)], block_size, arrays, out, aliases,
+                                                  _recorded_launches(recorder, arrays, outputs, out))
         return outputs
 
     def _replay(self, plan, arrays, out, host_checks, graph_safe_run) -> dict:
@@ -448,8 +560,16 @@ class Op:
             outputs = dict(out)
             for name, source in plan.aliases:
                 outputs[name] = arrays[source]
-        merged = {**arrays, **outputs}
         hooks = None if graph_safe_run else _HOOKS
+        launches = plan.launches
+        if launches is not None and (not plan.same or _same_arrays(plan.same, arrays, outputs)):
+            if hooks or _backend.get_backend() == "cuda":
+                self._launch_observed(v, bs, {**arrays, **outputs}, hooks or (),
+                                      lambda: _replay_launches(launches, plan.scratch, arrays, outputs))
+            else:
+                _replay_launches(launches, plan.scratch, arrays, outputs)
+            return outputs
+        merged = {**arrays, **outputs}
         with _TRUSTED:
             if hooks or _backend.get_backend() == "cuda":
                 self._launch_observed(v, bs, merged, hooks or ())
@@ -457,7 +577,7 @@ class Op:
                 v.launch(merged, bs)
         return outputs
 
-    def _launch_observed(self, v, bs, merged, hooks) -> None:
+    def _launch_observed(self, v, bs, merged, hooks, replay=None) -> None:
         with contextlib.ExitStack() as stack:
             if _backend.get_backend() == "cuda":
                 # an NVTX range per op, so Nsight Systems shows the step op by op
@@ -466,7 +586,10 @@ class Op:
                 stack.enter_context(time_range(f"{self.name} v{v.number}"))
             for hook in list(hooks):
                 stack.enter_context(hook(self, v.number, bs, merged))
-            v.launch(merged, bs)
+            if replay is None:
+                v.launch(merged, bs)
+            else:
+                replay()
 
     def _checked_run(self, version, arrays, block_size, out, host_checks, graph_safe_run):
         """Every check, then the launch. Returns the outputs and, for a plan, which outputs alias
@@ -686,13 +809,8 @@ def address(x) -> int:
     view such as ``buf[1:]`` starts 4 bytes past its base.
     """
     if _RECORDING[0]:
-        _RECORDED_ADDRESSES.add(id(x))  # a launch plan must re-check this array's alignment
+        _RECORDED_ADDRESSES[id(x)] = 0  # a launch plan must re-check this array's alignment
     return _raw_address(x)
-
-
-def _raw_address(x) -> int:
-    ptr = getattr(getattr(x, "data", None), "ptr", None)  # CuPy: x.data is a MemoryPointer
-    return int(ptr) if ptr is not None else int(x.ctypes.data)
 
 
 def misaligned(arrays: dict, names, align: int = 16, use: str = "float4 loads/stores") -> str | None:
@@ -702,7 +820,19 @@ def misaligned(arrays: dict, names, align: int = 16, use: str = "float4 loads/st
     misaligned one, joined with "; ". Names missing from ``arrays`` or set to None are skipped;
     ``use`` says what needs the alignment.
     """
-    bad = [k for k in names if arrays.get(k) is not None and address(arrays[k]) % align]
+    bad = []
+    for k in names:
+        a = arrays.get(k)
+        if a is None:
+            continue
+        misses = _raw_address(a) % align
+        if _RECORDING[0]:
+            # a plan needs this alignment again, not the (possibly larger) one this address happens to have
+            previous = _RECORDED_ADDRESSES.get(id(a), 1)
+            if previous:
+                _RECORDED_ADDRESSES[id(a)] = 0 if misses else max(previous, align)
+        if misses:
+            bad.append(k)
     return "; ".join(f"{k} must be {align}-byte aligned for {use}" for k in bad) or None
 
 

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from ._op import Bound, Op, OpError, Version, check_float32, kernel_of, need
+from ._op import Bound, Op, OpError, Version, check_float32, kernel_of, kernels_only, need
 
 SOURCE = "adamw.cu"
 NAME = "adamw"
@@ -120,6 +120,7 @@ def _sizes(a):
 
 
 def _launch(kernel_name):
+    @kernels_only
     def launch(a, bs):
         n = int(a["params"].size)
         lr, b1, b2, eps, wd = (_f32(k, a[k]) for k in SCALARS)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import ALL_BLOCK_SIZES, Bound, Op, OpError, Version, address, check_float32, kernel_of, need
+from ._op import (ALL_BLOCK_SIZES, Bound, Op, OpError, Version, address, check_float32, kernel_of,
+                  kernels_only, need)
 from .crossentropy_forward import check_targets
 
 SOURCE = "classifier_fused.cu"
@@ -126,6 +127,7 @@ def _kernel(name):
     return kernel_of(NAME, name)
 
 
+@kernels_only
 def _launch_v1(a, bs):
     n = _sizes(a)["N"]
     rows_per_block = bs // 32
@@ -133,6 +135,7 @@ def _launch_v1(a, bs):
 
 
 def _block_per_row(name):
+    @kernels_only
     def launch(a, bs):
         _kernel(name)((_sizes(a)["N"],), (bs,), _args(a))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import Bound, Op, Version, check_float32, kernel_of, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, kernels_only, need
 from .encoder_forward import check_tokens
 
 SOURCE = "encoder_backward.cu"
@@ -59,6 +59,7 @@ def allocate(xp, a):
 
 
 def _launch(name, threads):
+    @kernels_only
     def launch(a, bs):
         B, T, C = a["dout"].shape
         grid = max(1, -(-threads(B, T, C) // bs))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import Bound, Op, OpError, Version, check_float32, host_checks_enabled, kernel_of, misaligned, need
+from ._op import (Bound, Op, OpError, Version, check_float32, host_checks_enabled, kernel_of, kernels_only,
+                  misaligned, need)
 
 SOURCE = "encoder_forward.cu"
 _INT_MAX = 2**31 - 1
@@ -70,6 +71,7 @@ def allocate(xp, a):
 
 
 def _launch(name, threads):
+    @kernels_only
     def launch(a, bs):
         B, T = a["tokens"].shape
         C = a["wte"].shape[1]

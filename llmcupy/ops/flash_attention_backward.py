@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _flash
 from ._attention import check_packed_qkv, packed_qkv
-from ._op import Bound, Op, Version, check_float32, need, scratch
+from ._op import Bound, Op, Version, check_float32, kernels_only, need, scratch
 from .attention_backward import _baseline as _attention_backward_baseline
 from .attention_forward import baseline_probabilities
 
@@ -66,6 +66,7 @@ def _requires(a, bs):
     return _flash.head_size_problem(C // NH)
 
 
+@kernels_only
 def _launch(a, bs):
     B, T, C, NH = _dims(a)
     HS = C // NH

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _flash
 from ._attention import check_packed_qkv, packed_qkv
-from ._op import Bound, Op, Version
+from ._op import Bound, Op, Version, kernels_only
 from .attention_forward import _baseline as _attention_baseline
 
 SOURCE = _flash.SOURCE
@@ -45,6 +45,7 @@ def _requires(a, bs):
     return _flash.head_size_problem(C // NH)
 
 
+@kernels_only
 def _launch(a, bs):
     B, T, C, NH = _dims(a)
     HS = C // NH

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, kernel_of, misaligned, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, kernels_only, misaligned, need
 
 SOURCE = "fused_residual_forward.cu"
 _INT_MAX = 2**31 - 1
@@ -95,6 +95,7 @@ def _device_limits():
     return attr("MultiProcessorCount") * attr("MaxThreadsPerMultiProcessor"), attr("MaxSharedMemoryPerBlockOptin")
 
 
+@kernels_only
 def _launch_v1(a, bs):
     N, C = _nc(a)
     _kernel("fused_residual_forward_add_kernel1")(
@@ -104,12 +105,14 @@ def _launch_v1(a, bs):
         (a["normed"], a["mean"], a["rstd"], a["residual_out"], a["weight"], a["bias"], np.int32(N), np.int32(C)))
 
 
+@kernels_only
 def _launch_v2(a, bs):
     N, _ = _nc(a)
     _kernel("fused_residual_forward_kernel2")((max(1, -(-N // bs)),), (bs,), _args(a))
 
 
 def _warp_per_row(name, smem_floats=None):
+    @kernels_only
     def launch(a, bs):
         N, C = _nc(a)
         rows = bs // 32
@@ -128,6 +131,7 @@ def _v6_shape(C, bs):
     return y, z, (2 + z) * C * 4 + 64 * 4 * z
 
 
+@kernels_only
 def _launch_v6(a, bs):
     N, C = _nc(a)
     y, z, smem = _v6_shape(C, bs)

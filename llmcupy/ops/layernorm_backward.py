@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, kernel_of, misaligned, need, scratch
+from ._op import Bound, Op, Version, check_float32, kernel_of, kernels_only, misaligned, need, scratch
 
 SOURCE = "layernorm_backward.cu"
 EPS = 1e-5
@@ -107,11 +107,13 @@ def _args_scratch(a, scratch):
     return (a["dinp"], a["dweight"], a["dbias"], scratch) + _tail(a)
 
 
+@kernels_only
 def _launch_v1(a, bs):
     n, _ = _nc(a)
     _kernel("layernorm_backward_kernel1")(((n + bs - 1) // bs,), (bs,), _args(a))
 
 
+@kernels_only
 def _launch_v2(a, bs):
     n, c = _nc(a)
     # fp32 temporaries the blocks add into with atomics: zeroed here, on every call, as llm.c does
@@ -123,12 +125,14 @@ def _launch_v2(a, bs):
         (1,), (COPY_BLOCK,), (a["dweight"], a["dbias"], dweight_acc, dbias_acc, np.int32(c)))
 
 
+@kernels_only
 def _launch_v3(a, bs):
     _, c = _nc(a)
     grid = (1024 // bs) * _num_sms()
     _kernel("layernorm_backward_kernel3")((grid,), (bs,), _args(a), shared_mem=2 * c * 4)
 
 
+@kernels_only
 def _launch_v5(a, bs):
     _, c = _nc(a)
     grid = _num_sms()
@@ -138,6 +142,7 @@ def _launch_v5(a, bs):
 
 
 def _launch_shared_scratch(name):
+    @kernels_only
     def launch(a, bs):
         _, c = _nc(a)
         grid = (1024 // bs) * _num_sms()
@@ -148,6 +153,7 @@ def _launch_shared_scratch(name):
     return launch
 
 
+@kernels_only
 def _launch_v8(a, bs):
     _, c = _nc(a)
     cr = _rounded_c(c)
@@ -159,11 +165,10 @@ def _launch_v8(a, bs):
 def _sliced_scratch(grid, cr):
     # counter at float 0, block k's partials at float 32 + 2*cr*k; every block writes its whole
     # slice, so only the counter needs zeroing
-    buf = scratch("layernorm_backward", "sliced", (32 + grid * 2 * cr,))
-    buf[:32].fill(0)
-    return buf
+    return scratch("layernorm_backward", "sliced", (32 + grid * 2 * cr,), fill=0.0, fill_count=32)
 
 
+@kernels_only
 def _launch_v9(a, bs):
     _, c = _nc(a)
     cr = _rounded_c(c)
@@ -172,6 +177,7 @@ def _launch_v9(a, bs):
                                           shared_mem=(2 * cr + 2 * bs + 1) * 4)
 
 
+@kernels_only
 def _launch_v10(a, bs):
     _, c = _nc(a)
     cr = _rounded_c(c)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, kernel_of, misaligned, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, kernels_only, misaligned, need
 
 SOURCE = "layernorm_forward.cu"
 EPS = 1e-5
@@ -66,11 +66,13 @@ def _kernel(name):
     return kernel_of("layernorm_forward", name)
 
 
+@kernels_only
 def _launch_v1(a, bs):
     n, _ = _nc(a)
     _kernel("layernorm_forward_kernel1")(((n + bs - 1) // bs,), (bs,), _args(a))
 
 
+@kernels_only
 def _launch_v2(a, bs):
     n, c = _nc(a)
     _kernel("layernorm_forward_mean_kernel2")((n,), (bs,), (a["mean"], a["inp"], np.int32(n), np.int32(c)),
@@ -85,6 +87,7 @@ def _launch_v2(a, bs):
 
 
 def _warp_per_row(name):
+    @kernels_only
     def launch(a, bs):
         n, _ = _nc(a)
         _kernel(name)(((n * 32 + bs - 1) // bs,), (bs,), _args(a))
@@ -92,6 +95,7 @@ def _warp_per_row(name):
     return launch
 
 
+@kernels_only
 def _launch_v5(a, bs):
     n, _ = _nc(a)
     _kernel("layernorm_forward_kernel5")((n,), (bs,), _args(a))
@@ -108,6 +112,7 @@ def _v6_shared_bytes(c, bs):
     return (2 + bs // 32) * c * 4
 
 
+@kernels_only
 def _launch_v6(a, bs):
     n, c = _nc(a)
     smem = _v6_shared_bytes(c, bs)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..runtime import backend as _backend
 from ..runtime import blas
-from ._op import Bound, Op, Version, check_float32, kernel_of, misaligned, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, kernels_only, misaligned, need
 
 SOURCE = "matmul_forward.cu"
 SQRT_BLOCK_SIZES = (4, 8, 16, 32)
@@ -64,6 +64,7 @@ def _kernel(name):
     return kernel_of("matmul_forward", name)
 
 
+@kernels_only
 def _launch_v1(a, s):
     bt, c, oc = _dims(a)
     _kernel("matmul_forward_kernel1")(((bt + s - 1) // s, (oc + s - 1) // s), (s, s),
@@ -88,12 +89,14 @@ def _launch_v3(a, s):
     blas.gemm(a["inp"].reshape(bt, c), a["weight"], a["out"].reshape(bt, oc), trans_b=True, bias=a["bias"])
 
 
+@kernels_only
 def _launch_v4(a, s):
     bt, c, oc = _dims(a)
     _kernel("matmul_forward_kernel4")((bt // 128, oc // 128), (16, 16),
                                       (a["out"], a["inp"], a["weight"], a["bias"], np.int32(c), np.int32(oc)))
 
 
+@kernels_only
 def _launch_v5(a, s):
     bt, c, oc = _dims(a)
     _kernel("matmul_forward_kernel5")(((oc + 127) // 128, (bt + 127) // 128), (256,),

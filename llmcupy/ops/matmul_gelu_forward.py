@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import Bound, Op, Version, kernel_of
+from ._op import Bound, Op, Version, kernel_of, kernels_only
 from . import matmul_forward as _mm
 from . import gelu_forward as _gelu
 
@@ -36,6 +36,7 @@ def _args(a):
     return bt, c, oc, grid
 
 
+@kernels_only
 def _launch_v1(a, s):
     bt, c, oc, grid = _args(a)
     kernel_of("matmul_forward", "matmul_forward_kernel5")(grid, (256,), (a["pre"], a["inp"], a["weight"], a["bias"],
@@ -44,6 +45,7 @@ def _launch_v1(a, s):
     kernel_of("gelu_forward", "gelu_forward_kernel1")(((n + 255) // 256,), (256,), (a["out"], a["pre"], np.int32(n)))
 
 
+@kernels_only
 def _launch_v2(a, s):
     bt, c, oc, grid = _args(a)
     kernel_of("matmul_gelu_forward", "matmul_gelu_forward_kernel2")(

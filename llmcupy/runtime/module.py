@@ -12,6 +12,7 @@ in the emulator by changing one import.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 
 import numpy as np
@@ -71,6 +72,46 @@ class _Trusted:
 
 
 TRUSTED = _Trusted()
+
+# A launch plan being recorded (``ops._op``): the checked launches of one op call, appended by
+# ``RawKernel.__call__`` after their arguments passed the checks. A stack, one per nested op call.
+RECORDERS: list = []
+
+
+class LaunchRecorder:
+    """The kernel launches of one checked op call, as they were checked and enqueued, and the
+    scratch buffers (``ops.scratch``) its launcher asked for, in order.
+
+    ``valid`` turns False when something happened that a replay of the recorded launches would
+    miss: a launch that skipped the checks (trusted) or a nested op call.
+    """
+
+    __slots__ = ("launches", "scratch", "valid")
+
+    def __init__(self):
+        self.launches: list = []
+        self.scratch: list = []
+        self.valid = True
+
+
+# A NumPy array's address: ``a.ctypes.data`` costs 2-5 us (it builds the __array_interface__
+# dict), ctypes' from_buffer reads the same pointer through the buffer protocol in a third of that.
+# (Not cached per array: a cache must not keep arrays alive, and a weak reference would make NumPy
+# refuse the caller's in-place ``resize``.)
+_c_char_from_buffer = ctypes.c_char.from_buffer
+_addressof = ctypes.addressof
+
+
+def array_address(a) -> int:
+    """The address of an array's first element: a CuPy array's device pointer, a NumPy array's host address."""
+    if type(a) is not np.ndarray:
+        ptr = getattr(getattr(a, "data", None), "ptr", None)  # CuPy: a.data is a MemoryPointer
+        return int(ptr) if ptr is not None else int(a.ctypes.data)
+    try:
+        return _addressof(_c_char_from_buffer(a))
+    except (TypeError, ValueError, BufferError):   # read-only, empty or not contiguous
+        return a.ctypes.data
+
 
 # Kernel launches since the process started (every backend): the trainer's launches per step.
 LAUNCHES = [0]
@@ -175,12 +216,14 @@ class RawKernel:
 
     def _launch_trusted(self, grid, block, args, shared_mem: int, stream) -> None:
         LAUNCHES[0] += 1
+        if RECORDERS:
+            RECORDERS[-1].valid = False  # not checked here: a plan cannot replay it as checked
         if len(args) != len(self.params):
             raise KernelArgumentError(f"{self.name}: takes {len(self.params)} argument(s), {len(args)} were given")
         for i, align in self._aligned_params():
             a = args[i]
             if a is not None:
-                address = a.data.ptr if self.backend == "cuda" else a.ctypes.data
+                address = array_address(a)
                 if address % align:
                     raise KernelArgumentError(f"{self.name}: argument {i} ({self.params[i].describe()}): address "
                                               f"{address:#x} is not {align}-byte aligned")
@@ -191,12 +234,43 @@ class RawKernel:
             if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
                 self._kernel.max_dynamic_shared_size_bytes = int(shared_mem)
                 self.max_dynamic_shared_size_bytes = int(shared_mem)
+            if LAUNCH_OBSERVERS:
+                notify_launch("before")  # the profiler's events, as around a checked launch
             if stream is None:
                 self._kernel(_pad3(grid), _pad3(block), prepared, shared_mem=shared_mem)
             else:
                 self._kernel(_pad3(grid), _pad3(block), prepared, shared_mem=shared_mem, stream=stream)
+            if LAUNCH_OBSERVERS:
+                notify_launch("after")
         else:
             _sim_launch(self._entry, self.name, _pad3(grid), _pad3(block), list(args), int(shared_mem),
+                        self.module._sim_library.stack_bytes)
+
+    def _launch_replayed(self, grid3, block3, args: tuple, shared_mem: int) -> None:
+        """A launch a plan recorded after ``__call__`` checked it: the same grid, block, shared memory
+        and prepared arguments, with this call's arrays in the recorded places. Only the alignment of
+        vector pointees is checked again (a property of each address)."""
+        LAUNCHES[0] += 1
+        for i, align in self._aligned_params():
+            a = args[i]
+            if a is not None and array_address(a) % align:
+                raise KernelArgumentError(f"{self.name}: argument {i} ({self.params[i].describe()}): address "
+                                          f"{array_address(a):#x} is not {align}-byte aligned")
+        if _Stubbed.depth:
+            return
+        if self.backend == "cuda":
+            if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
+                # (recorded while stubbed, the checked call did not opt in)
+                self._kernel.max_dynamic_shared_size_bytes = shared_mem
+                self.max_dynamic_shared_size_bytes = shared_mem
+            if LAUNCH_OBSERVERS:
+                notify_launch("before")
+                self._kernel(grid3, block3, args, shared_mem=shared_mem)
+                notify_launch("after")
+            else:
+                self._kernel(grid3, block3, args, shared_mem=shared_mem)
+        else:
+            _sim_launch(self._entry, self.name, grid3, block3, list(args), shared_mem,
                         self.module._sim_library.stack_bytes)
 
     def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None):
@@ -211,6 +285,8 @@ class RawKernel:
         if not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
             raise KernelArgumentError(f"{self.name}: shared_mem must be a non-negative int, got {shared_mem!r}")
         prepared = check_arguments(self.name, self.params, args, self.backend)
+        if RECORDERS:
+            RECORDERS[-1].launches.append((self, grid3, block3, tuple(prepared), int(shared_mem), stream))
         if _Stubbed.depth:
             return
         if self.backend == "cuda":

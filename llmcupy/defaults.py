@@ -1,0 +1,231 @@
+"""The trainer's kernel defaults from GPU measurements: ``bench/defaults.json``.
+
+The catalogue's default version of each op (``op.default_version``, the ``*`` of ``--list``) is
+llm.c's choice: its fastest version per file by its own account, or the version its FP32 trainer
+uses. Measurements replace those choices per GPU:
+
+1. ``python -m llmcupy.bench --trainer-shapes`` (on a GPU) validates and times every version of
+   every op of the training step at the trainer's shapes (GPT-2 124M, B=4, T=1024; see
+   :func:`trainer_sizes`) and records the run in ``bench/results/``.
+2. ``python -m llmcupy.bench defaults`` takes the newest such run per device and writes, per op,
+   the fastest version that passed and is deterministic (the trainer's rule: two runs print the
+   same losses), with its best block size, to ``bench/defaults.json`` (committed, named by GPU).
+3. ``python -m llmcupy.train`` on a GPU named in that file runs those versions unless a flag
+   chooses another (``--matmul-kernel N``, ``--kernel OP=N``, ``--kernel-defaults catalogue``);
+   on any other GPU, and in the emulator, the catalogue's defaults. It prints which applies.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from pathlib import Path
+
+from .ops import OpError
+
+SCHEMA = "llmcupy.defaults/1"
+TRAINER_MODEL, TRAINER_B, TRAINER_T = "d12", 4, 1024   # GPT-2 124M as train_gpt2fp32cu runs it
+RULE = ("per op of the training step: the fastest version that passed validation and is deterministic, at the "
+        f"trainer's shapes (GPT-2 124M, B={TRAINER_B}, T={TRAINER_T}), from the newest "
+        "`python -m llmcupy.bench --trainer-shapes` run of each GPU in bench/results/")
+
+
+class DefaultsError(OpError):
+    """An unreadable or malformed defaults file (the message names it and what to do). An OpError, so
+    every CLI that reports bad kernel choices in one line (exit 2) reports this one too."""
+
+
+def repo_dir() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def default_path() -> Path:
+    """``bench/defaults.json`` of this checkout (``LLMCUPY_DEFAULTS`` names another file)."""
+    return Path(os.environ.get("LLMCUPY_DEFAULTS") or repo_dir() / "bench" / "defaults.json")
+
+
+def display_path(path=None) -> str:
+    """The defaults file as a message names it: relative to the checkout when inside it."""
+    path = Path(path) if path is not None else default_path()
+    try:
+        return path.resolve().relative_to(repo_dir()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def trainer_sizes(B: int = TRAINER_B, T: int = TRAINER_T, model: str = TRAINER_MODEL) -> dict:
+    """Each training-step op's sizes (its ``op.sizes`` names) as the trainer runs it.
+
+    One shape per op: the matmuls at the MLP up-projection (C -> 4C, the largest of the step's
+    GEMMs but the classifier's), adamw over all the parameters.
+    """
+    from .config import GPT2Config, num_parameters
+
+    cfg = GPT2Config.preset(model)
+    C, NH, V, Vp = cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size
+    bt = {"B": B, "T": T}
+    rows = {**bt, "C": C}
+    attention = {**bt, "C": C, "NH": NH}
+    mlp = {**bt, "C": C, "OC": 4 * C}
+    return {
+        "encoder_forward": {**rows, "V": V}, "encoder_backward": {**rows, "V": V},
+        "layernorm_forward": rows, "layernorm_backward": rows, "residual_forward": rows,
+        "gelu_forward": rows, "gelu_backward": rows, "fused_residual_forward": rows,
+        "matmul_forward": mlp, "matmul_backward": mlp, "matmul_gelu_forward": mlp,
+        "attention_forward": attention, "attention_backward": attention,
+        "flash_attention_forward": attention, "flash_attention_backward": attention,
+        "classifier_fused": {**bt, "V": V, "P": Vp},
+        "adamw": {"P": num_parameters(cfg)},
+    }
+
+
+# -- deriving the defaults from bench/results --------------------------------------------------
+
+
+def _newest_per_device(results_dir) -> dict:
+    """{device: (path, record)}: the newest timed GPU run at the trainer's shapes per device."""
+    from .bench import load
+
+    newest: dict = {}
+    for path in sorted(glob.glob(os.path.join(str(results_dir), "*.json"))):
+        try:
+            record = load(path)
+        except (OSError, ValueError) as exc:   # json.JSONDecodeError is a ValueError
+            raise DefaultsError(f"{path}: not a readable benchmark record ({exc}); move it out of "
+                                f"{results_dir} or fix it") from None
+        if record.get("backend") != "cuda" or not record.get("timed") or record.get("sizes") != "trainer":
+            continue
+        device = record.get("device") or "unknown GPU"
+        if device not in newest or str(record.get("date", "")) > str(newest[device][1].get("date", "")):
+            newest[device] = (path, record)
+    return newest
+
+
+def pick(record: dict) -> dict:
+    """{op: choice} of one run: per op, its fastest passing deterministic version at the trainer's shapes."""
+    from . import ops as registry
+
+    wanted = trainer_sizes()
+    best: dict = {}
+    timed: dict = {}
+    for entry in record.get("results", []):
+        op_name, number = entry.get("op"), entry.get("version")
+        sizes = entry.get("sizes") or {}
+        if op_name not in wanted or op_name not in registry.names() or any(
+                sizes.get(k) != v for k, v in wanted[op_name].items()):
+            continue   # another op, or not timed at the trainer's shapes
+        op = registry.get(op_name)
+        v = op.versions.get(int(number)) if number is not None else None
+        ms = (entry.get("best") or {}).get("ms")
+        if v is None or entry.get("ok") is not True or ms is None:
+            continue
+        timed[(op_name, v.number)] = ms
+        if not v.deterministic or not v.available:
+            continue
+        if op_name not in best or ms < best[op_name]["ms"]:
+            best[op_name] = {"version": v.number, "block_size": entry["best"].get("block_size"), "ms": ms}
+    for op_name, choice in best.items():
+        default = registry.get(op_name).default_version
+        choice["catalogue_default"] = default
+        choice["catalogue_default_ms"] = timed.get((op_name, default))
+    return dict(sorted(best.items()))
+
+
+def derive(results_dir) -> dict:
+    """The defaults document from the runs under ``results_dir`` (no runs: no devices)."""
+    devices = {}
+    for device, (path, record) in sorted(_newest_per_device(results_dir).items()):
+        ops = pick(record)
+        if not ops:
+            continue
+        try:
+            source = Path(path).resolve().relative_to(repo_dir()).as_posix()
+        except ValueError:   # results outside the checkout
+            source = Path(path).name
+        devices[device] = {"source": source, "date": record.get("date"),
+                           "commit": (record.get("git") or {}).get("commit", "unknown"), "ops": ops}
+    return {"schema": SCHEMA, "written_by": "python -m llmcupy.bench defaults", "rule": RULE, "devices": devices}
+
+
+def write(doc: dict, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)   # a reader never sees half a file
+    return path
+
+
+def format_doc(doc: dict) -> str:
+    if not doc["devices"]:
+        return ("no GPU has been measured at the trainer's shapes (no `python -m llmcupy.bench --trainer-shapes` "
+                "run in bench/results/): the trainer uses the catalogue's defaults, llm.c's choices")
+    lines = []
+    for device, d in doc["devices"].items():
+        lines.append(f"{device}: {d['source']} ({d['date']}, commit {str(d['commit'])[:10]})")
+        for op_name, c in d["ops"].items():
+            was = c.get("catalogue_default_ms")
+            note = ("= catalogue default" if c["version"] == c["catalogue_default"]
+                    else f"catalogue default v{c['catalogue_default']}"
+                    + (f" {was:.4f} ms, {was / c['ms']:.2f}x slower" if was else " (not timed)"))
+            block = "" if c.get("block_size") is None else f" @ {c['block_size']}"
+            lines.append(f"  {op_name:<26} v{c['version']:<3}{block:<7} {c['ms']:.4f} ms  ({note})")
+    return "\n".join(lines)
+
+
+# -- reading them (the trainer, --list) ---------------------------------------------------------
+
+
+def load(path=None) -> dict:
+    """The defaults document; a missing file is one with no measured device."""
+    path = Path(path) if path is not None else default_path()
+    if not path.exists():
+        return {"schema": SCHEMA, "devices": {}, "missing": str(path)}
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DefaultsError(f"{path}: unreadable kernel defaults ({exc}); regenerate it with "
+                            "python -m llmcupy.bench defaults") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("devices"), dict):
+        raise DefaultsError(f"{path}: not a kernel defaults file (schema {SCHEMA}); regenerate it with "
+                            "python -m llmcupy.bench defaults")
+    for device, d in doc["devices"].items():
+        ops = d.get("ops") if isinstance(d, dict) else None
+        if not isinstance(ops, dict) or not all(isinstance(c, dict) and isinstance(c.get("version"), int)
+                                                for c in ops.values()):
+            raise DefaultsError(f"{path}: the entry of {device!r} has no per-op versions; regenerate it with "
+                                "python -m llmcupy.bench defaults")
+    return doc
+
+
+def for_device(device: str, path=None) -> dict | None:
+    """The measured entry of ``device`` (``source``, ``date``, ``commit``, ``ops``), or None."""
+    return load(path)["devices"].get(device)
+
+
+def provenance(path=None) -> str:
+    """A paragraph for ``--list`` and the README: which defaults are measured, on which GPU."""
+    doc = load(path)
+    where = display_path(path)
+    if not doc["devices"]:
+        state = ("is not there (a package installed without its source checkout)" if "missing" in doc else
+                 "names no GPU (no `python -m llmcupy.bench --trainer-shapes` run has been recorded)")
+        return (f"No default is measured yet: {where} {state}, so every * is the catalogue's default, llm.c's "
+                "choice (its fastest version per file by its own account, or the version its FP32 trainer uses). "
+                "A rung past llm.c "
+                "(matmul_forward 5) becomes the trainer's default only where it is measured fastest: select it "
+                "with --matmul-kernel 5; the fusions (matmul_gelu_forward, fused_residual_forward, "
+                "flash_attention_*) run with --fused, at their measured version where there is one.")
+    lines = [f"Measured defaults in {where} (the trainer uses them on that GPU; elsewhere the * versions, llm.c's "
+             "choices):"]
+    from . import ops as registry
+    from .model import STEP_OPS
+
+    for device, d in doc["devices"].items():
+        chosen = ", ".join(f"{op} {c['version']}" for op, c in d["ops"].items())
+        unmeasured = [op for op in STEP_OPS if op not in d["ops"] and op in registry.names()]
+        lines.append(f"  {device} ({d.get('date')}, {d.get('source')}): {chosen}")
+        if unmeasured:
+            lines.append(f"    not measured there (llm.c's choice): {', '.join(unmeasured)}")
+    return "\n".join(lines)

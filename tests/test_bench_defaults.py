@@ -1,0 +1,214 @@
+"""Defaults from measurements: ``python -m llmcupy.bench defaults`` picks, per op of the training
+step, the fastest passing deterministic version of the newest GPU run at the trainer's shapes per
+device, and writes ``bench/defaults.json``; the trainer's KernelChoice follows it on that GPU.
+
+No GPU results exist yet, so the records here are synthetic (written to a tmp folder in the format
+``bench.save`` writes); the mechanism must also work with none."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+import llmcupy
+from llmcupy import bench, defaults
+from llmcupy.model import STEP_OPS, KernelChoice
+
+GPU, OTHER = "NVIDIA Test GPU 80GB", "NVIDIA Other GPU"
+
+
+def _entry(op, version, ms, ok=True, sizes=None, block=256):
+    sizes = defaults.trainer_sizes()[op] if sizes is None else sizes
+    e = {"op": op, "version": version, "summary": "", "ok": ok, "sizes": dict(sizes), "blocks": []}
+    if ok and ms is not None:
+        e["best"] = {"block_size": block, "ms": ms}
+    return e
+
+
+def _record(results, device=GPU, date="2026-11-01T00:00:00Z", backend="cuda", sizes="trainer", commit="a" * 40):
+    return {"schema": bench.SCHEMA, "date": date, "command": "python -m llmcupy.bench --trainer-shapes",
+            "backend": backend, "device": device, "software": {}, "git": {"commit": commit, "dirty": False},
+            "timed": backend == "cuda", "sizes": sizes, "ops": {}, "results": results}
+
+
+def _save(folder, record, name):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(record))
+
+
+def _call(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            rc = bench.main([str(a) for a in argv])
+        except SystemExit as exc:
+            rc = exc.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def results(tmp_path):
+    d = tmp_path / "results"
+    newest = _record([
+        _entry("layernorm_forward", 6, 0.050, block=128),
+        _entry("layernorm_forward", 3, 0.040, block=512),           # fastest that passed
+        _entry("layernorm_forward", 4, 0.010, ok=False),            # faster, but wrong
+        _entry("encoder_backward", 1, 0.001),                       # fastest, but fp32 atomics (nondeterministic)
+        _entry("encoder_backward", 2, 0.300),
+        _entry("matmul_forward", 4, 0.001, sizes={"B": 32, "T": 1024, "C": 768, "OC": 3072}),  # not the trainer's shape
+        _entry("matmul_forward", 2, 0.500),
+        _entry("softmax_forward", 1, 0.001, sizes={"B": 4, "T": 1024, "V": 50257}),  # not a step op
+    ], date="2026-11-02T00:00:00Z", commit="b" * 40)
+    _save(d, newest, "20261102T000000Z_test_bbbbbbbbbb.json")
+    # an older run of the same GPU: the newest run wins
+    _save(d, _record([_entry("layernorm_forward", 5, 0.001)], date="2026-10-01T00:00:00Z"), "older.json")
+    # another GPU; an emulator record and a GPU run at the spec's sizes count for nothing
+    _save(d, _record([_entry("gelu_forward", 1, 0.02), _entry("gelu_forward", 2, 0.03)], device=OTHER), "other.json")
+    _save(d, _record([_entry("gelu_forward", 1, 0.0)], device="CPU emulator (sim)", backend="sim"), "sim.json")
+    _save(d, _record([_entry("adamw", 1, 0.0)], sizes="sizes"), "spec_sizes.json")
+    return d
+
+
+def test_trainer_sizes_name_every_step_op_by_its_own_size_names():
+    sizes = defaults.trainer_sizes()
+    assert set(sizes) == set(STEP_OPS)
+    for op, s in sizes.items():
+        assert set(s) == set(llmcupy.ops[op].sizes), op
+    assert sizes["classifier_fused"]["P"] == 50304 and sizes["matmul_forward"]["OC"] == 3072
+
+
+def test_defaults_pick_the_fastest_correct_deterministic_version_per_device(results, tmp_path):
+    out = tmp_path / "defaults.json"
+    rc, stdout, err = _call(["defaults", "--results", results, "--out", out])
+    assert rc == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == defaults.SCHEMA and set(doc["devices"]) == {GPU, OTHER}
+    gpu = doc["devices"][GPU]
+    assert gpu["source"].endswith("20261102T000000Z_test_bbbbbbbbbb.json") and gpu["commit"] == "b" * 40
+    assert gpu["ops"]["layernorm_forward"] == {"version": 3, "block_size": 512, "ms": 0.040,
+                                               "catalogue_default": 6, "catalogue_default_ms": 0.050}
+    assert gpu["ops"]["encoder_backward"]["version"] == 2
+    assert gpu["ops"]["matmul_forward"]["version"] == 2
+    assert "softmax_forward" not in gpu["ops"] and "adamw" not in gpu["ops"]
+    assert doc["devices"][OTHER]["ops"]["gelu_forward"]["version"] == 1
+    assert GPU in stdout and "layernorm_forward" in stdout and "1.25x slower" in stdout
+    # --check: up to date now; out of date once a newer run says otherwise
+    assert _call(["defaults", "--results", results, "--out", out, "--check"])[0] == 0
+    _save(results, _record([_entry("layernorm_forward", 6, 0.01)], date="2026-11-03T00:00:00Z"), "newer.json")
+    rc, stdout, _ = _call(["defaults", "--results", results, "--out", out, "--check"])
+    assert rc == 1 and "out of date" in stdout
+    assert json.loads(out.read_text()) == doc        # --check wrote nothing
+
+
+def test_no_gpu_results_give_a_file_naming_no_gpu(tmp_path):
+    out = tmp_path / "defaults.json"
+    rc, stdout, err = _call(["defaults", "--results", tmp_path / "none", "--out", out])
+    assert rc == 0, err
+    assert json.loads(out.read_text())["devices"] == {}
+    assert "catalogue's defaults" in stdout
+    choice = KernelChoice()
+    assert choice.use_measured(GPU, out) is False
+    assert choice.version("layernorm_forward") == llmcupy.ops["layernorm_forward"].default_version
+    assert "No default is measured yet" in defaults.provenance(out)
+    assert defaults.load(tmp_path / "missing.json")["devices"] == {}
+
+
+def test_the_committed_file_is_what_the_committed_results_give():
+    # bench/defaults.json is regenerated whenever bench/results gains a GPU run
+    rc, stdout, err = _call(["defaults", "--results", defaults.repo_dir() / "bench" / "results",
+                             "--out", defaults.repo_dir() / "bench" / "defaults.json", "--check"])
+    assert rc == 0, stdout + err
+
+
+def test_a_bad_results_file_is_named(results, tmp_path):
+    (results / "broken.json").write_text("{not json")
+    rc, _, err = _call(["defaults", "--results", results, "--out", tmp_path / "d.json"])
+    assert rc == 2 and "broken.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_kernel_choice_follows_the_measured_defaults_and_flags_override_them(results, tmp_path):
+    out = tmp_path / "defaults.json"
+    assert _call(["defaults", "--results", results, "--out", out])[0] == 0
+    choice = KernelChoice()
+    assert choice.use_measured(GPU, out) is True and choice.measured_on == GPU
+    assert choice.version("layernorm_forward") == 3 and choice.block_size("layernorm_forward") == 512
+    assert choice.origin("layernorm_forward") == "measured"
+    assert choice.version("gelu_forward") == llmcupy.ops["gelu_forward"].default_version   # not measured there
+    assert choice.origin("gelu_forward") == "llm.c" and choice.block_size("gelu_forward") is None
+    choice.set("layernorm_forward", 5)                          # a flag
+    assert choice.version("layernorm_forward") == 5 and choice.block_size("layernorm_forward") is None
+    assert choice.origin("layernorm_forward") == "chosen"
+    # another GPU, or a GPU the file does not name
+    other = KernelChoice()
+    assert other.use_measured(OTHER, out) and other.version("gelu_forward") == 1
+    assert not KernelChoice().use_measured("NVIDIA Unmeasured", out)
+    text = defaults.provenance(out)
+    assert GPU in text and OTHER in text and "layernorm_forward 3" in text
+    assert "not measured there (llm.c's choice)" in text and "adamw" in text
+
+
+def test_measured_fusion_versions_apply_when_fusions_are_selected(tmp_path):
+    doc = {"schema": defaults.SCHEMA, "devices": {GPU: {"source": "x", "date": "d", "commit": "c", "ops": {
+        "fused_residual_forward": {"version": 1, "block_size": 128}}}}}
+    path = defaults.write(doc, tmp_path / "d.json")
+    choice = KernelChoice()
+    choice.use_measured(GPU, path)
+    assert not choice.uses("fused_residual_forward")            # a measurement does not turn a fusion on
+    choice.select_fusions()
+    assert choice.version("fused_residual_forward") == 1 and choice.block_size("fused_residual_forward") == 128
+
+
+@pytest.mark.parametrize("ops,why", [
+    ({"layernorm_forward": {"version": 99}}, "is not in this catalogue"),
+    ({"encoder_backward": {"version": 1}}, "is nondeterministic"),
+])
+def test_a_measured_version_the_catalogue_cannot_run_is_an_error(tmp_path, ops, why):
+    path = defaults.write({"schema": defaults.SCHEMA, "devices": {GPU: {"ops": ops}}}, tmp_path / "d.json")
+    with pytest.raises(defaults.DefaultsError, match=why) as exc:
+        KernelChoice().use_measured(GPU, path)
+    assert str(path) in str(exc.value) and "--kernel-defaults catalogue" in str(exc.value)
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"schema": "other", "devices": {}}',
+                                  '{"schema": "llmcupy.defaults/1", "devices": {"G": {"ops": {"x": {}}}}}'])
+def test_a_malformed_defaults_file_is_refused_with_its_name(tmp_path, text):
+    path = tmp_path / "d.json"
+    path.write_text(text)
+    with pytest.raises(defaults.DefaultsError, match="regenerate it") as exc:
+        defaults.load(path)
+    assert str(path) in str(exc.value)
+
+
+def test_trainer_shapes_need_a_gpu():
+    rc, _, err = _call(["--trainer-shapes", "--backend", "sim", "--no-save", "--no-progress"])
+    assert rc == 2 and "run it on a GPU" in err
+    rc, _, err = _call(["--trainer-shapes", "--ops", "softmax_forward", "--backend", "sim", "--no-save"])
+    assert rc == 2 and "not an op of the training step" in err
+
+
+@pytest.mark.gpu
+def test_a_trainer_shapes_run_on_a_gpu_gives_defaults_for_it(tmp_path):
+    from llmcupy.runtime import backend
+
+    llmcupy.set_backend("cuda")
+    try:
+        record = bench.run(["layernorm_forward", "gelu_forward"], trainer=True, repeat=5, progress=False,
+                           log=io.StringIO())
+        assert record["sizes"] == "trainer" and record["timed"]
+        path = bench.save(record, tmp_path / "results")
+        doc = defaults.derive(path.parent)
+        entry = doc["devices"][backend.device_name()]
+        for op in ("layernorm_forward", "gelu_forward"):
+            chosen = entry["ops"][op]
+            passed = [r for r in record["results"] if r["op"] == op and r["ok"] is True and r.get("best")]
+            assert chosen["ms"] == min(r["best"]["ms"] for r in passed
+                                       if llmcupy.ops[op].versions[r["version"]].deterministic)
+        out = defaults.write(doc, tmp_path / "defaults.json")
+        choice = KernelChoice()
+        assert choice.use_measured(backend.device_name(), out)
+        assert choice.version("layernorm_forward") == entry["ops"]["layernorm_forward"]["version"]
+    finally:
+        llmcupy.set_backend("sim")
