@@ -123,7 +123,7 @@ def test_warp_synchronous_race_is_flagged_and_syncwarp_makes_it_clean(order, no_
     k, code = kernel(WARP, "neighbours")
     x = np.arange(64, dtype=np.float32)
     out = np.zeros(64, np.float32)
-    reports = run_checked(k, (1,), (64,), (x, out), order, check="race")
+    reports = run_checked(k, (1,), (64,), (x, out, np.int32(0)), order, check="race")
     assert reports and all(r.warp_synchronous for r in reports)
     r = reports[0]
     assert {r.line, r.prev_line} == {line_of(code, "STORE"), line_of(code, "LOAD")}
