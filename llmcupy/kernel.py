@@ -6,6 +6,7 @@
     python -m llmcupy.kernel softmax_forward --all       # every version of one op
     python -m llmcupy.kernel --all --json results.json   # the whole catalogue
     python -m llmcupy.kernel --compile-report [OP]       # NVRTC registers/spills per kernel and arch
+    python -m llmcupy.kernel softmax_forward --all --analyze   # memory-traffic metrics + roofline model
 
 Exit status: 0 all passed, 1 a version failed, 2 bad usage (unknown op or version, bad size; for one
 version: unavailable here, or the sizes refused by every block size; no C++ compiler or NVRTC).
@@ -41,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--compile-report", action="store_true", help="NVRTC compile of kernels_cu (no GPU needed)")
     p.add_argument("--arch", type=int, nargs="+", default=[75, 80, 90], help="archs for --compile-report")
+    p.add_argument("--analyze", action="store_true",
+                   help="emulator: memory-traffic metrics per launch and source line, occupancy and a roofline "
+                        "model of the time on --gpu (see llmcupy/analyze.py)")
+    p.add_argument("--gpu", default=None, metavar="NAME",
+                   help="the GPU the --analyze model predicts for (default h100-sxm; "
+                        "h200, h100-pcie, a100-sxm, rtx-4090, t4)")
+    p.add_argument("--no-lines", action="store_true", help="--analyze without the per-source-line tables")
     return p
 
 
@@ -101,8 +109,32 @@ def _run_one(op_name: str, number: int, sizes: dict, args) -> dict:
         from . import sim
 
         with sim.settings(order=args.order):
-            return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
-    return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+            result = harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+    else:
+        result = harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+    if getattr(args, "analyze", False) and result.get("ok") is not None:
+        from . import analyze
+
+        result["analysis"] = analyze.analyze_version(op, number, sizes, args.block_size, args.seed, args.gpu)
+    return result
+
+
+def _print_comparisons(results: list) -> None:
+    """--analyze over several versions: each op's versions side by side, and the model's rank
+    correlation with GPU times in bench/results when there are any for the same sizes."""
+    from . import analyze
+
+    by_op: dict = {}
+    for r in results:
+        if r.get("analysis"):
+            by_op.setdefault(r["op"], []).append(r["analysis"])
+    for analyses in by_op.values():
+        if len(analyses) > 1:
+            print(analyze.format_comparison(analyses))
+        corr = analyze.correlate(analyses)
+        if corr:
+            print(analyze.format_correlation(corr))
+        print()
 
 
 def isolation(versions: int, backend: str) -> str | None:
@@ -136,6 +168,13 @@ def main(argv=None) -> int:
         if args.list:
             print(list_catalogue())
             return 0
+        if args.analyze:
+            from . import analyze
+
+            analyze.gpu(args.gpu)  # an unknown GPU: exit 2 with the choices
+            if not _backend.is_sim():
+                raise OpError("--analyze counts memory traffic in the emulator: add --backend sim "
+                              "(the model then predicts the time on --gpu)")
         if not args.op and not args.all:
             _parser().print_usage(sys.stderr)
             print("give an op and a version, --all, or --list", file=sys.stderr)
@@ -156,7 +195,7 @@ def main(argv=None) -> int:
             if extra:
                 raise OpError(f"unknown option(s) {' '.join(extra)}")
             plan = [(n, v, {}) for n in ops_registry.names() for v in sorted(ops_registry.get(n).versions)]
-    except (OpError, _backend.BackendError) as exc:
+    except (OpError, _backend.BackendError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -183,9 +222,15 @@ def main(argv=None) -> int:
             print(f"{op_name} version {number}: ERROR {result['error']}\nFAIL")
         else:
             print(harness.format_sweep(result))
+            if result.get("analysis"):
+                from . import analyze
+
+                print(analyze.format_analysis(result["analysis"], lines=not args.no_lines))
         print(flush=True)
         results.append(result)
         failed += result.get("ok") is False
+    if args.analyze:
+        _print_comparisons(results)
     if len(plan) > 1:
         passed = sum(r.get("ok") is True for r in results)
         skipped = sum(r.get("ok") is None for r in results)

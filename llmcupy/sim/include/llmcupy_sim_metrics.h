@@ -10,11 +10,12 @@
 //   two synchronisation points (a block barrier, or a warp collective / __syncwarp releasing those
 //   lanes): lanes of a warp run in lock-step on a GPU, so their k-th executions of one instruction
 //   are one instruction. The emulator runs lanes one after another, so the lanes' accesses are
-//   recorded per warp and grouped when the warp synchronises (or the block ends).
+//   recorded per warp and grouped when the warp synchronises (or the block ends). g++ copies a
+//   float4 as several scalar moves; those are joined back into one vector access (see Pending).
 // * Global memory (the launch's buffers, LaunchConfig::buffers): the 32-byte sectors
 //   a request touches (the unit DRAM and L2 move), bytes requested (the lanes' access sizes, summed)
-//   against bytes in those sectors, and per launch the unique bytes read and written: a lower bound
-//   of DRAM traffic, as if every cache were infinite. Other addresses (a __device__ variable, the
+//   against bytes in those sectors, and per launch the unique bytes read (before the launch wrote
+//   them) and written: a lower bound of DRAM traffic, as if every cache were infinite. Other addresses (a __device__ variable, the
 //   emulator's own records) are only counted (`untracked_global`).
 // * Shared memory: 32 banks of 4 bytes. A request is served in wavefronts; in one wavefront each bank
 //   delivers one 4-byte word, so a request needs, per phase, as many wavefronts as the most distinct
@@ -55,7 +56,7 @@ struct SiteStats {
 
 // Launch-wide figures. ctypes mirrors it (sim/metrics.py).
 struct LaunchTotals {
-    unsigned long long unique_read_bytes;     // distinct bytes of the launch's buffers read
+    unsigned long long unique_read_bytes;     // distinct bytes of the launch's buffers read before it wrote them
     unsigned long long unique_written_bytes;  // distinct bytes of the launch's buffers written (atomics too)
     unsigned long long untracked_global;      // global accesses outside every buffer (__device__ data ...)
     unsigned long long local_accesses;        // accesses to the thread's own stack
@@ -153,6 +154,17 @@ struct Launch {
 };
 inline Launch g_launch;
 
+// A thread's latest access, held back while the next one may extend it: the CPU compiler copies a
+// float4 or float2 as several scalar moves (four instructions), where the GPU issues one 16- or
+// 8-byte access. Contiguous accesses of one kind by one thread from distinct instructions, inside one
+// aligned 16-byte chunk, are counted as one vector access at the first instruction's site. The same
+// instruction again (a loop walking an array) never joins: that is a new access on a GPU too.
+struct Pending {
+    unsigned long long pcs[4];
+    unsigned long long addr, size;
+    unsigned kind, count;        // count 0: nothing pending
+};
+
 // Per OS thread (a block runs on one), reset at each block's start. Plain zero-initialised data.
 struct BlockState {
     int active;
@@ -163,6 +175,7 @@ struct BlockState {
     Array<SiteStats> stats;
     unsigned* counts;            // [thread][site]: executions since the thread's last sync
     size_t count_stride, count_threads;
+    Pending* pending;            // [thread]
     Array<Rec> recs[kMaxThreads / 32];
     Array<Rec> mine, rec_scratch;
     Array<unsigned long long> tmp, tmp_scratch;
@@ -274,8 +287,22 @@ LLMCUPY_SIM_NOSAN_FN inline void account(BlockState& s, const Rec* b, const Rec*
     st.ideal_wavefronts += phases;
 }
 
+// Records thread t's pending access: its site, its execution count k since the last sync.
+LLMCUPY_SIM_NOSAN_FN inline void commit(BlockState& s, size_t t) {
+    Pending& p = s.pending[t];
+    if (p.count == 0) return;
+    p.count = 0;
+    int id = intern(s, p.pcs[0] << 3 | p.kind, (const void*)(uintptr_t)p.pcs[0], p.kind);
+    unsigned k = s.counts[t * s.count_stride + size_t(id)]++;
+    s.recs[t / 32].push(Rec{(unsigned long long)id << 40 | (unsigned long long)k << 8 | (t % 32), p.addr, p.size});
+}
+
 // Groups the recorded accesses of `lanes` of warp `warp` into requests and resets their counts.
 LLMCUPY_SIM_NOSAN_FN inline void flush(BlockState& s, int warp, unsigned lanes) {
+    for (unsigned m = lanes; m; m &= m - 1) {
+        size_t t = size_t(warp) * 32 + size_t(__builtin_ctz(m));
+        if (t < s.count_threads) commit(s, t);
+    }
     Array<Rec>& recs = s.recs[warp];
     Array<Rec>& mine = s.mine;
     mine.size = 0;
@@ -298,10 +325,13 @@ LLMCUPY_SIM_NOSAN_FN inline void flush(BlockState& s, int warp, unsigned lanes) 
     }
 }
 
-LLMCUPY_SIM_NOSAN_FN inline void mark(unsigned long long* bits, unsigned long long off, unsigned long long n) {
+// Sets the bits of bytes [off, off + n) in `bits`, except those already set in `unless` (if given).
+LLMCUPY_SIM_NOSAN_FN inline void mark(unsigned long long* bits, unsigned long long off, unsigned long long n,
+                                      const unsigned long long* unless = nullptr) {
     for (unsigned long long i = off, end = off + n; i < end;) {
         unsigned long long word = i >> 6, bit = i & 63, take = 64 - bit < end - i ? 64 - bit : end - i;
         unsigned long long m = (take == 64 ? ~0ull : ((1ull << take) - 1)) << bit;
+        if (unless) m &= ~__atomic_load_n(&unless[word], __ATOMIC_RELAXED);
         // most accesses revisit marked bytes: look first, write only what is new
         if ((__atomic_load_n(&bits[word], __ATOMIC_RELAXED) & m) != m) __atomic_fetch_or(&bits[word], m, __ATOMIC_RELAXED);
         i += take;
@@ -363,24 +393,35 @@ LLMCUPY_SIM_NOSAN_FN inline void on_block_begin(Worker* w) {
         s.counts = nullptr;
         s.count_threads = threads;
         grow_counts(s, s.count_stride ? s.count_stride : 16);
+        std::free(s.pending);
+        s.pending = static_cast<Pending*>(std::calloc(threads, sizeof(Pending)));
+        if (s.pending == nullptr) std::abort();
     }
+    std::memset(s.pending, 0, s.count_threads * sizeof(Pending));
     std::memset(s.counts, 0, s.count_threads * s.count_stride * sizeof(unsigned));
     for (auto& r : s.recs) r.size = 0;
     s.untracked = s.local = 0;
 }
 
-LLMCUPY_SIM_NOSAN_FN inline bool in_shared(Worker* w, unsigned long long a) {
+// Addresses as a GPU would have them. A global address becomes (buffer + 1) << 40 | offset in the
+// buffer: cudaMalloc aligns every allocation to 256 bytes, NumPy only to 16, and sectors must be
+// counted as the GPU would cut them. A shared address becomes (array + 1) << 40 | offset in its
+// storage: only its place modulo 128 bytes matters for banks, and one array's offsets keep that.
+constexpr unsigned long long kSpace = 1ull << 40;
+
+// The shared array (or dynamic shared memory) holding `a`, as a device address; 0 if none.
+LLMCUPY_SIM_NOSAN_FN inline unsigned long long shared_address(Worker* w, unsigned long long a) {
     // Reading the Worker's vectors calls instrumented std::vector members; their accesses are to the
     // Worker itself, which dispatch_access never passes on.
     unsigned long long d = (unsigned long long)(uintptr_t)w->dyn_shared.data();
-    if (a - d < w->dyn_shared.size()) return true;
+    if (a - d < w->dyn_shared.size()) return kSpace + (a - d);
     const Worker::SharedGuard* g = w->guards.data();
     size_t n = w->guards.size();
     for (size_t i = 0; i < n; ++i) {
         unsigned long long lo = (unsigned long long)(uintptr_t)g[i].lo, hi = (unsigned long long)(uintptr_t)g[i].hi;
-        if (a - lo < hi - lo + kGuardBytes) return true;
+        if (a - lo < hi - lo + kGuardBytes) return (i + 2) * kSpace + (a - lo);
     }
-    return false;
+    return 0;
 }
 
 LLMCUPY_SIM_NOSAN_FN inline void on_access(Worker* w, Fiber* f, const Access& acc) {
@@ -394,7 +435,8 @@ LLMCUPY_SIM_NOSAN_FN inline void on_access(Worker* w, Fiber* f, const Access& ac
     bool write = acc.flags & ACCESS_WRITE, atomic = acc.flags & ACCESS_ATOMIC;
     unsigned long long size = acc.size ? acc.size : 1;
     unsigned kind;
-    if (in_shared(w, a)) {
+    unsigned long long device = shared_address(w, a);
+    if (device) {
         kind = atomic ? SHARED_ATOMIC : write ? SHARED_STORE : SHARED_LOAD;
     } else {
         kind = atomic ? GLOBAL_ATOMIC : write ? GLOBAL_STORE : GLOBAL_LOAD;
@@ -408,8 +450,11 @@ LLMCUPY_SIM_NOSAN_FN inline void on_access(Worker* w, Fiber* f, const Access& ac
         if (lo > 0 && a < L.buffers.data[lo - 1].end) {
             Buffer& buf = L.buffers.data[lo - 1];
             unsigned long long n = size < buf.end - a ? size : buf.end - a;
-            if (!write || atomic) mark(buf.read, a - buf.begin, n);  // an atomic reads and writes
+            // A byte read after this launch wrote it needs no DRAM read (an infinite cache holds it):
+            // only reads of bytes not yet written count. An atomic reads, then writes.
+            if (!write || atomic) mark(buf.read, a - buf.begin, n, buf.written);
             if (write) mark(buf.written, a - buf.begin, n);
+            device = lo * kSpace + (a - buf.begin);
         } else {
             // not the launch's memory: a __device__ variable, or the emulator's own bookkeeping
             // reached through instrumented C++ library code; counted, kept out of the tables
@@ -417,9 +462,26 @@ LLMCUPY_SIM_NOSAN_FN inline void on_access(Worker* w, Fiber* f, const Access& ac
             return;
         }
     }
-    int id = intern(s, (unsigned long long)(uintptr_t)acc.pc << 3 | kind, acc.pc, kind);
-    unsigned k = s.counts[size_t(f->linear) * s.count_stride + size_t(id)]++;
-    s.recs[f->warp].push(Rec{(unsigned long long)id << 40 | (unsigned long long)k << 8 | unsigned(f->lane), a, size});
+    a = device;
+    unsigned long long pc = (unsigned long long)(uintptr_t)acc.pc;
+    Pending& p = s.pending[size_t(f->linear)];
+    if (p.count && p.count < 4 && p.kind == kind && (a == p.addr + p.size || a + size == p.addr)) {
+        unsigned long long lo = a < p.addr ? a : p.addr, hi = a + size > p.addr + p.size ? a + size : p.addr + p.size;
+        bool seen = false;
+        for (unsigned i = 0; i < p.count; ++i) seen |= p.pcs[i] == pc;
+        if (!seen && lo / 16 == (hi - 1) / 16) {
+            p.pcs[p.count++] = pc;
+            p.addr = lo;
+            p.size = hi - lo;
+            return;
+        }
+    }
+    commit(s, size_t(f->linear));
+    p.pcs[0] = pc;
+    p.addr = a;
+    p.size = size;
+    p.kind = kind;
+    p.count = 1;
 }
 
 LLMCUPY_SIM_NOSAN_FN inline void on_block_barrier(Worker* w) {
