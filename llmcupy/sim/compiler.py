@@ -496,15 +496,21 @@ def _stack_from_su(folder: Path) -> int:
 
 
 def build_library(code: str, kernels: list[str], options=(), filename: str = "kernel.cu",
-                  variables: list[str] = ()) -> Path:
+                  variables: list[str] = (), instrument: bool = False) -> Path:
     """Compiles ``code`` with one entry point per name in ``kernels`` (and an address accessor per
-    name in ``variables``); returns the .so path."""
-    memo_key = (code, tuple(kernels), tuple(options or ()), filename, tuple(variables),
+    name in ``variables``); returns the .so path.
+
+    ``instrument=True`` builds the checking variant used by the sanitizers and metrics: the whole
+    unit with GCC's ThreadSanitizer instrumentation (``TSAN_FLAGS``, no TSan runtime) and line
+    tables (``-g1``), ``LLMCUPY_SIM_ACCESS_HOOKS`` defined, so every load and store of the kernel
+    reaches the emulator's access observers (see "Access hooks" in llmcupy_sim.h). It is cached
+    under its own key; the plain build is untouched."""
+    memo_key = (code, tuple(kernels), tuple(options or ()), filename, tuple(variables), bool(instrument),
                 os.environ.get("LLMCUPY_SIM_ASAN", ""), os.environ.get("CXX", "g++"), str(cache_dir()))
     lib = _BUILT.get(memo_key)
     if lib is not None and lib.exists():
         return lib
-    lib = _build_library(code, kernels, options, filename, variables)
+    lib = _build_library(code, kernels, options, filename, variables, bool(instrument))
     _BUILT[memo_key] = lib
     return lib
 
@@ -512,7 +518,7 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
 _BUILT: dict = {}  # the libraries this process built or found, by everything their key is made of
 
 
-def _build_library(code, kernels, options, filename, variables) -> Path:
+def _build_library(code, kernels, options, filename, variables, instrument=False) -> Path:
     flags, include_dirs = translate_options(options)
     if not any(f.startswith("-std=") for f in flags):
         flags.append("-std=c++17")
@@ -523,8 +529,14 @@ def _build_library(code, kernels, options, filename, variables) -> Path:
     # with different options are loaded in one process.
     base_flags = ["-O2", "-g0", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread", "-w",
                   "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique"]
+    if asan and instrument:
+        raise SimCompileError(f"{filename}: the sanitizers (llmcupy.sim.settings(check=...)) and the AddressSanitizer "
+                              "build (LLMCUPY_SIM_ASAN) cannot be combined; unset one of them")
     if asan:
         base_flags += ["-fsanitize=address", "-fno-omit-frame-pointer"]
+    if instrument:
+        # line tables for sim/symbols.py; the hooks' pc is a return address inside the kernel
+        base_flags = [f for f in base_flags if f != "-g0"] + ["-g1", "-DLLMCUPY_SIM_ACCESS_HOOKS=1"]
 
     safe_name = re.sub(r"[^\w.-]", "_", filename)
     # The key hashes the source as written plus this file (which holds the rewrite rules), so a
@@ -541,7 +553,7 @@ def _build_library(code, kernels, options, filename, variables) -> Path:
     key = digest.hexdigest()[:24]
     out_dir = cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    lib = out_dir / f"{Path(safe_name).stem}-{key}{'-asan' if asan else ''}.so"
+    lib = out_dir / f"{Path(safe_name).stem}-{key}{'-asan' if asan else ''}{'-check' if instrument else ''}.so"
     if lib.exists():
         return lib
 
@@ -573,7 +585,7 @@ def _build_library(code, kernels, options, filename, variables) -> Path:
         src = Path(tmp) / "unit.cpp"
         src.write_text(unit)
         tmp_lib = Path(tmp) / "lib.so"
-        if volatile:
+        if volatile or instrument:
             # compile instrumented, link without TSan's runtime (the header defines the hooks)
             obj = Path(tmp) / "unit.o"
             steps = [[cxx, *[f for f in base_flags if f != "-shared"], *TSAN_FLAGS, "-fstack-usage", *flags, *includes,

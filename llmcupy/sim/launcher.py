@@ -13,6 +13,11 @@ a block of code with :func:`settings`::
 ``timeout`` (seconds, default ``LLMCUPY_SIM_TIMEOUT`` or 120; 0 turns it off) is the watchdog's
 limit per launch: a launch that runs longer (a thread spinning on a flag nobody sets) is stopped
 with :class:`SimTimeoutError` naming the kernel and where its threads were last seen.
+
+``check`` turns the sanitizers on (default ``LLMCUPY_SIM_CHECK``; any subset of
+``race,memory,init``, or ``all``; empty: off). Launches then run the library's instrumented build
+(compiled once, cached) and raise :class:`SimSanitizerError` with structured reports; see
+``include/llmcupy_sim_check.h`` for what each check reports.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import threading
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from .compiler import build_library, stack_requirement
 
@@ -50,6 +56,82 @@ class SimSharedMemoryError(SimLaunchError):
     """A write landed just outside a shared-memory array (an out-of-bounds index)."""
 
 
+class SimSanitizerError(SimLaunchError):
+    """racecheck, memcheck or initcheck found errors in a launch; ``reports`` holds them
+    (:class:`SanitizerReport`), the message lists the first few, one per pair of source lines."""
+
+    def __init__(self, message: str, reports: list):
+        super().__init__(message)
+        self.reports = reports
+
+
+CHECKS = {"race": 1, "memory": 2, "init": 4}
+CHECK_METRICS = 8  # the bit of the memory-traffic metrics (another observer)
+
+
+def parse_check(value, source: str = "check") -> int:
+    """``"race,memory"`` / ``"all"`` / ``""`` / an iterable of names -> the bit mask the launch passes."""
+    if value is None or value is False:
+        return 0
+    if value is True:
+        return sum(CHECKS.values())
+    names = value.replace(" ", "").split(",") if isinstance(value, str) else list(value)
+    bits = 0
+    for name in names:
+        if name in ("", "none", "0"):
+            continue
+        if name == "all":
+            bits |= sum(CHECKS.values())
+        elif name in CHECKS:
+            bits |= CHECKS[name]
+        else:
+            raise ValueError(f"{source}: unknown sanitizer {name!r}; choose any of race, memory, init (comma-separated) "
+                             "or all")
+    return bits
+
+
+@dataclass
+class SanitizerReport:
+    """One finding. ``kind``: RAW, WAR, WAW (racecheck), OOB (memcheck), UNINIT (initcheck).
+    Threads are (x, y, z) in the block; ``line`` is where ``thread`` made the access that found it,
+    ``prev_line`` where ``prev_thread`` made the earlier conflicting access (races only)."""
+    kind: str
+    kernel: str
+    space: str                 # "shared", "global" or "unknown" (an address outside everything)
+    line: str
+    block: tuple
+    thread: tuple
+    address: int
+    size: int
+    write: bool
+    where: str                 # the memory: shared array / argument, or the nearest buffer (OOB)
+    prev_line: str = ""
+    prev_thread: tuple = ()
+    warp_synchronous: bool = False
+    count: int = 1             # accesses that hit the same pair of source lines
+
+    @property
+    def check(self) -> str:
+        return {"OOB": "memcheck", "UNINIT": "initcheck"}.get(self.kind, "racecheck")
+
+    def describe(self) -> str:
+        t = "({},{},{})".format(*self.thread)
+        b = "({},{},{})".format(*self.block)
+        if self.kind == "OOB":
+            return (f"memcheck: invalid {self.size}-byte {'write' if self.write else 'read'} at {self.address:#x} in "
+                    f"kernel {self.kernel} at {self.line}, block {b}, thread {t}: {self.where} (stopped before it)")
+        if self.kind == "UNINIT":
+            return (f"initcheck: {self.size}-byte read of uninitialised shared memory in kernel {self.kernel} at "
+                    f"{self.line}, block {b}, thread {t}: {self.where}, bytes no thread of the block wrote in this launch")
+        p = "({},{},{})".format(*self.prev_thread)
+        first, second = {"RAW": ("write", "read"), "WAR": ("read", "write"), "WAW": ("write", "write")}[self.kind]
+        warp = (" [warp-synchronous: lanes of one warp with no __syncwarp or warp collective between the accesses,"
+                " a race on Volta and later]" if self.warp_synchronous else "")
+        return (f"racecheck: {self.kind} hazard on {self.space} memory ({self.where}) in kernel {self.kernel}, block {b}: "
+                f"{first} at {self.prev_line} by thread {p}, {second} at {self.line} by thread {t} with no "
+                f"__syncthreads between{warp}")
+
+
 class _LaunchConfig(ctypes.Structure):
     _fields_ = [
         ("grid", ctypes.c_uint * 3),
@@ -61,6 +143,9 @@ class _LaunchConfig(ctypes.Structure):
         ("poison", ctypes.c_int),
         ("stack_bytes", ctypes.c_ulonglong),
         ("timeout_ms", ctypes.c_ulonglong),
+        ("check", ctypes.c_uint),
+        ("nbuffers", ctypes.c_uint),
+        ("buffers", ctypes.POINTER(ctypes.c_ulonglong)),
     ]
 
 
@@ -75,6 +160,7 @@ class _LaunchResult(ctypes.Structure):
         ("assert_failed", ctypes.c_int),
         ("timed_out", ctypes.c_int),
         ("shared_overflow", ctypes.c_int),
+        ("sanitizer_stop", ctypes.c_int),
     ]
 
 
@@ -88,6 +174,7 @@ class _Settings:
     workers: int = field(default_factory=lambda: int(os.environ.get("LLMCUPY_SIM_WORKERS", os.cpu_count() or 1)))
     poison: bool = True
     timeout: float = field(default_factory=lambda: float(os.environ.get("LLMCUPY_SIM_TIMEOUT", "120") or 0))
+    check: int | None = None   # sanitizer bits; None: from LLMCUPY_SIM_CHECK at the first launch
 
 
 _settings = _Settings()
@@ -98,22 +185,32 @@ _launches = 0
 
 @contextlib.contextmanager
 def settings(order: str | None = None, seed: int | None = None, workers: int | None = None, poison: bool | None = None,
-             timeout: float | None = None):
-    """Temporarily changes the thread order, seed, worker count, shared-memory poisoning or watchdog limit."""
+             timeout: float | None = None, check=None):
+    """Temporarily changes the thread order, seed, worker count, shared-memory poisoning, watchdog
+    limit or sanitizers (``check="race,memory,init"``, any subset, ``"all"``; ``""`` turns them off)."""
     global _settings
     if order is not None and order not in ORDERS:
         raise ValueError(f"unknown thread order {order!r}; choose one of {', '.join(ORDERS)}")
+    if check is not None:
+        check = parse_check(check)
     saved = _Settings(**vars(_settings))
     if timeout is not None and not timeout >= 0:
         raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
     for key, value in (("order", order), ("seed", seed), ("workers", workers), ("poison", poison),
-                       ("timeout", timeout)):
+                       ("timeout", timeout), ("check", check)):
         if value is not None:
             setattr(_settings, key, value)
     try:
         yield _settings
     finally:
         _settings = saved
+
+
+def check_bits() -> int:
+    """The check bits the next launch passes (sanitizers; LLMCUPY_SIM_CHECK unless settings() says)."""
+    if _settings.check is None:
+        _settings.check = parse_check(os.environ.get("LLMCUPY_SIM_CHECK", ""), "LLMCUPY_SIM_CHECK")
+    return _settings.check
 
 
 def hazards() -> dict:
@@ -133,8 +230,12 @@ def reset_hazards() -> None:
 class SimLibrary:
     """A compiled source: one entry point and one signature per kernel name."""
 
-    def __init__(self, code: str, kernels: list[str], options=(), filename: str = "kernel.cu", variables=()):
-        self.path = build_library(code, kernels, options, filename, list(variables))
+    def __init__(self, code: str, kernels: list[str], options=(), filename: str = "kernel.cu", variables=(),
+                 instrument: bool = False):
+        self._source = (code, list(kernels), options, filename, list(variables))
+        self._checked: SimLibrary | None = None
+        self.instrumented = instrument
+        self.path = build_library(code, kernels, options, filename, list(variables), instrument=instrument)
         self._variables = {name: i for i, name in enumerate(variables)}
         self._lib = ctypes.CDLL(str(self.path))
         self._index = {name: i for i, name in enumerate(kernels)}
@@ -153,11 +254,101 @@ class SimLibrary:
         ptr = fn(ctypes.byref(size))
         return int(ptr), int(size.value)
 
-    def launcher(self, name: str):
+    def checked(self) -> "SimLibrary":
+        """The instrumented build of the same source (built on first use, then cached)."""
+        if self.instrumented:
+            return self
+        if self._checked is None:
+            code, kernels, options, filename, variables = self._source
+            self._checked = SimLibrary(code, kernels, options, filename, variables, instrument=True)
+        return self._checked
+
+    def _entry_fn(self, name: str):
         fn = getattr(self._lib, f"llmcupy_sim_entry_{self._index[name]}")
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.POINTER(_LaunchResult)]
         return fn
+
+    def launcher(self, name: str):
+        return _Entry(self, name)
+
+    def reports(self) -> list[tuple]:
+        """The last launch's raw sanitizer reports (instrumented builds only)."""
+        fn = self._lib.llmcupy_sim_check_reports
+        fn.restype = ctypes.c_ulonglong
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong]
+        need = fn(None, 0)
+        buf = ctypes.create_string_buffer(int(need) + 1)
+        fn(buf, need + 1)
+        return [line.split("\t") for line in buf.value.decode(errors="replace").splitlines()]
+
+
+class _Entry:
+    """A kernel's entry point: the plain build's, or with the sanitizers on the instrumented one's."""
+
+    __slots__ = ("library", "name", "fn", "_checked_fn")
+
+    def __init__(self, library: SimLibrary, name: str):
+        self.library, self.name = library, name
+        self.fn = library._entry_fn(name)
+        self._checked_fn = None
+
+    def checked(self):
+        if self._checked_fn is None:
+            self._checked_fn = self.library.checked()._entry_fn(self.name)
+        return self._checked_fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def _root_extent(a: np.ndarray) -> tuple[int, int]:
+    """[begin, end) of the allocation an array argument lives in: the root of its ``.base`` chain, so
+    a view's neighbours inside one allocation are legitimate (as a GPU sees one cudaMalloc)."""
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    lo, hi = byte_bounds(root)
+    return int(lo), int(hi)
+
+
+def _xyz(linear: int, block) -> tuple:
+    return (linear % block[0], (linear // block[0]) % block[1], linear // (block[0] * block[1]))
+
+
+def _sanitizer_error(library: SimLibrary, name: str, block, rows: list) -> SimSanitizerError | None:
+    from . import symbols
+
+    found = [r for r in rows if len(r) >= 15]
+    dropped = next((int(r[1]) for r in rows if r and r[0] == "dropped" and len(r) > 1), 0)
+    if not found:
+        return None
+    where = symbols.lines(str(library.path), [int(r[3]) for r in found] + [int(r[4]) for r in found])
+    space = {"0": "shared", "1": "global", "2": "unknown"}
+    reports = []
+    for r in found:
+        pc, prev = int(r[3]), int(r[4])
+        reports.append(SanitizerReport(
+            kind=r[0], kernel=name, space=space.get(r[1], "unknown"), warp_synchronous=r[2] == "1",
+            line=where.get(pc, "??"), prev_line=where.get(prev, "") if prev else "",
+            block=(int(r[5]), int(r[6]), int(r[7])), thread=_xyz(int(r[8]), block),
+            prev_thread=_xyz(int(r[9]), block) if r[0] in ("RAW", "WAR", "WAW") else (),
+            address=int(r[10]), size=int(r[11]), write=r[12] == "1", count=int(r[13]), where=r[14]))
+    # one line per pair of source lines (several code addresses can share a line)
+    seen, lines = set(), []
+    for rep in reports:
+        key = (rep.kind, rep.line, rep.prev_line)
+        if key not in seen:
+            seen.add(key)
+            lines.append(rep.describe())
+    shown = lines[:5]
+    more = len(lines) - len(shown)
+    message = f"{name}: the sanitizers found {len(lines)} problem(s):\n  " + "\n  ".join(shown)
+    if more > 0:
+        message += f"\n  ... and {more} more (SimSanitizerError.reports lists them all)"
+    if dropped:
+        message += f"\n  ({dropped} further distinct reports were not kept)"
+    return SimSanitizerError(message, reports)
 
 
 def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack_bytes: int = 0) -> None:
@@ -189,12 +380,32 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
     cfg.poison = int(_settings.poison)
     cfg.stack_bytes = stack_bytes
     cfg.timeout_ms = int(round(_settings.timeout * 1000))
+    check = _settings.check if _settings.check is not None else check_bits()
+    library = None
+    if check and isinstance(entry, _Entry):
+        library = entry.library.checked()
+        fn = entry.checked()
+        cfg.stack_bytes = max(stack_bytes, library.stack_bytes)
+        cfg.check = check
+        extents = (ctypes.c_ulonglong * max(2, 2 * len(args)))()
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray):
+                extents[2 * i], extents[2 * i + 1] = _root_extent(a)
+        cfg.nbuffers = len(args)
+        cfg.buffers = extents
+        keep.append(extents)
+    else:
+        fn = entry.fn if isinstance(entry, _Entry) else entry
     res = _LaunchResult()
-    rc = entry(ctypes.byref(cfg), addresses, ctypes.byref(res))
+    rc = fn(ctypes.byref(cfg), addresses, ctypes.byref(res))
     with _counters_lock:
         _launches += 1
         for k in HAZARDS:
             _counters[k] += getattr(res, k)
+    if library is not None:
+        error = _sanitizer_error(library, name, block, library.reports())
+        if error is not None:
+            raise error
     if res.error:
         raise SimLaunchError(f"{name}: {res.message.decode(errors='replace')}")
     message = res.message.decode(errors="replace").rstrip()

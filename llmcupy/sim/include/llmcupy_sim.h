@@ -144,6 +144,10 @@ struct LaunchConfig {
     int poison;         // fill shared memory with 0xFF at block start
     unsigned long long stack_bytes;   // fiber stack the kernel needs (from -fstack-usage), 0: default
     unsigned long long timeout_ms;    // watchdog: abandon the launch after this long, 0: no limit
+    // Instrumented builds only (LLMCUPY_SIM_ACCESS_HOOKS); plain builds ignore them.
+    unsigned check;                   // CHECK_* bits wanted for this launch: 1 race, 2 memory, 4 init, 8 metrics
+    unsigned nbuffers;                // how many (begin, end) pairs `buffers` holds
+    const unsigned long long* buffers;   // the root allocations of the array arguments, index = argument
 };
 
 struct LaunchResult {
@@ -156,6 +160,7 @@ struct LaunchResult {
     int assert_failed;        // a device assert() failed (message names kernel, line, block, thread)
     int timed_out;            // the watchdog stopped the launch (message says where threads were)
     int shared_overflow;      // a write landed just outside a shared-memory array
+    int sanitizer_stop;       // memcheck stopped the launch before a bad access (reports: llmcupy_sim_check_reports)
 };
 
 enum FiberState : int { READY = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3 };
@@ -233,14 +238,102 @@ inline thread_local unsigned long long tls_epoch = 0;
 inline thread_local int tls_poison = 1;
 inline dim3 g_grid_dim, g_block_dim;   // same for every block of a launch (one launch at a time)
 
+// Emulator code that kernel code calls (barriers, collectives, shared-memory lookup, the index
+// accessors) is kept out of GCC's access instrumentation in instrumented builds: its loads and
+// stores are the emulator's bookkeeping, not the kernel's. GCC does not inline such a function
+// into instrumented code, which is fine there; in plain builds the attribute is absent.
+#ifdef LLMCUPY_SIM_ACCESS_HOOKS
+#define LLMCUPY_SIM_NOSAN_FN __attribute__((no_sanitize_thread))
+#else
+#define LLMCUPY_SIM_NOSAN_FN
+#endif
+
+#ifdef LLMCUPY_SIM_ACCESS_HOOKS
+// ---------------------------------------------------------------------------------------------
+// Access hooks (instrumented builds: sim/compiler.py build_library(..., instrument=True)).
+//
+// The kernel's translation unit is compiled with GCC's -fsanitize=thread instrumentation (no TSan
+// runtime) and line tables; the __tsan_* hooks at the end of this header turn every load and store
+// of the kernel's own code into an Access handed to each registered AccessObserver, BEFORE the
+// access happens (an observer may stop the launch there: see stop_launch). Accesses made by the
+// emulator (scheduler, barriers, collectives, the hooks, the Worker and Fiber records) never reach
+// observers. `pc` is the hook's return address, inside the kernel's code: sim/symbols.py maps it to
+// file:line. LaunchConfig::check says what this launch wants (CHECK_* bits); an observer whose bit
+// is off does nothing. Any member of an observer may be null. Observers are registered with
+// add_observer, e.g. from a static initialiser in a header included by an instrumented build; the
+// sanitizers (race, memory, init) live in llmcupy_sim_check.h.
+//   on_launch_begin(cfg)          before any block runs (one launch at a time per library)
+//   on_block_begin(w)             a block starts on worker w (w->block_idx, w->nthreads set)
+//   on_access(w, f, access)       fiber f of w is about to load/store access.size bytes at access.addr
+//   on_block_barrier(w)           a __syncthreads (any variant, cg sync) released the block
+//   on_warp_sync(w, warp, lanes)  a warp collective or __syncwarp released these lanes of a warp
+//   on_block_end(w)               every thread of the block finished (not called for a stopped block)
+//   on_launch_end(res)            after the last block
+// on_access runs on the worker's OS thread; blocks run concurrently on several workers, so
+// per-block state belongs in thread_local storage and launch-wide state needs a lock.
+// ---------------------------------------------------------------------------------------------
+enum CheckBits : unsigned { CHECK_RACE = 1, CHECK_MEMORY = 2, CHECK_INIT = 4, CHECK_METRICS = 8 };
+enum AccessFlags : unsigned { ACCESS_WRITE = 1, ACCESS_ATOMIC = 2 };
+struct Access { const void* addr; unsigned size; unsigned flags; const void* pc; };
+struct AccessObserver {
+    void (*on_launch_begin)(const LaunchConfig*);
+    void (*on_block_begin)(Worker*);
+    void (*on_access)(Worker*, Fiber*, const Access&);
+    void (*on_block_barrier)(Worker*);
+    void (*on_warp_sync)(Worker*, int warp, unsigned lanes);
+    void (*on_block_end)(Worker*);
+    void (*on_launch_end)(LaunchResult*);
+};
+constexpr int kMaxObservers = 8;
+inline const AccessObserver* g_observers[kMaxObservers];
+inline int g_nobservers = 0;
+inline unsigned g_check = 0;   // the running launch's LaunchConfig::check
+// Non-zero while the emulator's own code runs on a fiber (an observer, the shared-memory set-up):
+// the C++ library templates it calls are instrumented like any code in the unit, and their
+// accesses must not reach the observers (nor re-enter them).
+inline thread_local int tls_quiet = 0;
+#define LLMCUPY_SIM_QUIET_BEGIN ++::llmcupy_sim::tls_quiet
+#define LLMCUPY_SIM_QUIET_END --::llmcupy_sim::tls_quiet
+LLMCUPY_SIM_NOSAN_FN inline void add_observer(const AccessObserver* o) {
+    for (int i = 0; i < g_nobservers; ++i)
+        if (g_observers[i] == o) return;
+    if (g_nobservers < kMaxObservers) g_observers[g_nobservers++] = o;
+}
+#define LLMCUPY_SIM_NOTIFY(MEMBER, ...)                                                    \
+    do {                                                                                  \
+        if (::llmcupy_sim::g_check)                                                       \
+            for (int i_ = 0; i_ < ::llmcupy_sim::g_nobservers; ++i_)                      \
+                if (::llmcupy_sim::g_observers[i_]->MEMBER) ::llmcupy_sim::g_observers[i_]->MEMBER(__VA_ARGS__); \
+    } while (0)
+#else
+#define LLMCUPY_SIM_NOTIFY(MEMBER, ...) do { } while (0)
+#define LLMCUPY_SIM_QUIET_BEGIN ((void)0)
+#define LLMCUPY_SIM_QUIET_END ((void)0)
+#endif
+
 }  // namespace llmcupy_sim
 
 // The built-in index variables. threadIdx is read through the running fiber: the context switch
 // is an opaque call, so the compiler reloads it after every sync point.
+#ifdef LLMCUPY_SIM_ACCESS_HOOKS
+// Instrumented builds read them through uninstrumented accessors (by value), so the emulator's
+// records never show up as kernel accesses.
+namespace llmcupy_sim {
+LLMCUPY_SIM_NOSAN_FN inline dim3 thread_idx() { return tls_worker->cur->tid; }
+LLMCUPY_SIM_NOSAN_FN inline dim3 block_idx() { return tls_worker->block_idx; }
+LLMCUPY_SIM_NOSAN_FN inline dim3 block_dim() { return g_block_dim; }
+LLMCUPY_SIM_NOSAN_FN inline dim3 grid_dim() { return g_grid_dim; }
+}  // namespace llmcupy_sim
+#define threadIdx (llmcupy_sim::thread_idx())
+#define blockIdx (llmcupy_sim::block_idx())
+#define blockDim (llmcupy_sim::block_dim())
+#define gridDim (llmcupy_sim::grid_dim())
+#else
 #define threadIdx (llmcupy_sim::tls_worker->cur->tid)
 #define blockIdx (llmcupy_sim::tls_worker->block_idx)
 #define blockDim (llmcupy_sim::g_block_dim)
 #define gridDim (llmcupy_sim::g_grid_dim)
+#endif
 static constexpr int warpSize = 32;
 
 // ---------------------------------------------------------------------------------------------
@@ -309,7 +402,7 @@ inline void init_fiber_stack(Fiber* f) {
 #endif
 }
 
-inline void switch_to_fiber(Worker* w, Fiber* f) {
+LLMCUPY_SIM_NOSAN_FN inline void switch_to_fiber(Worker* w, Fiber* f) {
     w->cur = f;
     w->in_fiber = true;
 #ifdef LLMCUPY_SIM_ASAN
@@ -326,7 +419,7 @@ inline void switch_to_fiber(Worker* w, Fiber* f) {
     w->in_fiber = false;
 }
 
-inline void switch_to_scheduler(Worker* w, bool finished = false) {
+LLMCUPY_SIM_NOSAN_FN inline void switch_to_scheduler(Worker* w, bool finished = false) {
     Fiber* f = w->cur;
 #ifdef LLMCUPY_SIM_ASAN
     void* fake = nullptr;
@@ -343,7 +436,7 @@ inline void switch_to_scheduler(Worker* w, bool finished = false) {
     (void)finished;
 }
 
-inline void fiber_main(Fiber* f) {
+LLMCUPY_SIM_NOSAN_FN inline void fiber_main(Fiber* f) {
     Worker* w = tls_worker;
 #ifdef LLMCUPY_SIM_ASAN
     __sanitizer_finish_switch_fiber(nullptr, &w->sched_stack_bottom, &w->sched_stack_size);
@@ -357,7 +450,7 @@ inline void fiber_main(Fiber* f) {
 // ---------------------------------------------------------------------------------------------
 // Synchronisation: a fiber records what it waits for and yields; the scheduler releases it.
 // ---------------------------------------------------------------------------------------------
-inline void wait_at_barrier(int kind, int pred, int line, const char* what) {
+LLMCUPY_SIM_NOSAN_FN inline void wait_at_barrier(int kind, int pred, int line, const char* what) {
     Worker* w = tls_worker;
     Fiber* f = w->cur;
     f->state = AT_BARRIER;
@@ -370,7 +463,7 @@ inline void wait_at_barrier(int kind, int pred, int line, const char* what) {
 
 // Posts `bytes` bytes of `value` for the lanes named in `mask`, waits until every live lane of the
 // mask has posted, and returns the gathered snapshot of the warp.
-inline const WarpGather& warp_exchange(unsigned mask, const void* value, size_t bytes, int line, const char* what,
+LLMCUPY_SIM_NOSAN_FN inline const WarpGather& warp_exchange(unsigned mask, const void* value, size_t bytes, int line, const char* what,
                                        int kind = COLL_OTHER) {
     Worker* w = tls_worker;
     Fiber* f = w->cur;
@@ -387,7 +480,7 @@ inline const WarpGather& warp_exchange(unsigned mask, const void* value, size_t 
 // Gives the CPU to the other threads of the block without waiting for anything: used where a GPU
 // thread could be waiting for another thread's progress (a volatile access, a repeated atomic poll),
 // which independent thread scheduling (sm_70+) guarantees.
-inline void yield_fiber(int line, const char* what) {
+LLMCUPY_SIM_NOSAN_FN inline void yield_fiber(int line, const char* what) {
     Worker* w = tls_worker;
     if (w == nullptr || !w->in_fiber) return;
     Fiber* f = w->cur;
@@ -398,7 +491,7 @@ inline void yield_fiber(int line, const char* what) {
 
 // An atomic that returns the same old value at the same address as this thread's previous atomic is
 // a poll (a spin lock, a flag wait): after two in a row the thread yields so the writer can run.
-inline void note_atomic(const void* addr, unsigned long long old, int line, const char* what) {
+LLMCUPY_SIM_NOSAN_FN inline void note_atomic(const void* addr, unsigned long long old, int line, const char* what) {
     Worker* w = tls_worker;
     if (w == nullptr || !w->in_fiber) return;
     Fiber* f = w->cur;
@@ -414,12 +507,12 @@ inline void note_atomic(const void* addr, unsigned long long old, int line, cons
     }
 }
 
-inline int current_lane() { return tls_worker->cur->lane; }
+LLMCUPY_SIM_NOSAN_FN inline int current_lane() { return tls_worker->cur->lane; }
 
 // Reads lane `src`'s value from a gathered snapshot; a lane that exited or did not take part is a
 // hazard (CUDA returns an undefined value), counted and answered with the caller's own value.
 template <typename T>
-inline T read_lane(const WarpGather& g, int src, T own) {
+LLMCUPY_SIM_NOSAN_FN inline T read_lane(const WarpGather& g, int src, T own) {
     if (src < 0 || src > 31 || !(g.valid & (1u << src))) {
         tls_worker->counters.exited_lane_reads++;
         return own;
@@ -453,11 +546,12 @@ inline void guard_unpoison(void* p, size_t n) {
 }
 
 template <typename T, int ID>
-inline T& shared_var(const char* name = "?", int line = 0) {
+LLMCUPY_SIM_NOSAN_FN inline T& shared_var(const char* name = "?", int line = 0) {
     constexpr size_t guard = alignof(T) > kGuardBytes ? alignof(T) : kGuardBytes;
     alignas(guard) static thread_local unsigned char storage[sizeof(T) + 2 * guard];
     static thread_local unsigned long long epoch = 0;
     if (__builtin_expect(epoch != tls_epoch, 0)) {
+        LLMCUPY_SIM_QUIET_BEGIN;
         epoch = tls_epoch;
         guard_unpoison(storage, sizeof storage);
         if (tls_poison) std::memset(storage + guard, 0xFF, sizeof(T));
@@ -466,12 +560,13 @@ inline T& shared_var(const char* name = "?", int line = 0) {
         guard_poison(storage, guard);
         guard_poison(storage + guard + sizeof(T), guard);
         if (tls_worker) tls_worker->guards.push_back({storage, storage + guard + sizeof(T), name, line, sizeof(T)});
+        LLMCUPY_SIM_QUIET_END;
     }
     return *reinterpret_cast<T*>(storage + guard);
 }
 
 template <typename T>
-inline T* dynamic_shared() {
+LLMCUPY_SIM_NOSAN_FN inline T* dynamic_shared() {
     return reinterpret_cast<T*>(tls_worker->dyn_shared.data() + kGuardBytes);
 }
 
@@ -1048,6 +1143,7 @@ inline int release_warps(Worker* w) {
                 ok = (member.wait_mask & live) == group && same_collective(member, f);
             }
             if (ok) {
+                LLMCUPY_SIM_NOTIFY(on_warp_sync, w, warp, group);
                 WarpGather& g = w->gathers[warp];
                 g.valid = group;
                 for (unsigned m = group; m; m &= m - 1) {
@@ -1100,6 +1196,7 @@ inline int release_block_barrier(Worker* w) {
         any |= f.predicate;
     }
     if (waiting == 0) return 0;
+    LLMCUPY_SIM_NOTIFY(on_block_barrier, w);
     if (divergent) w->counters.divergent_barriers++;
     if (done) w->counters.barrier_after_exit++;
     w->barrier_result = kind == BAR_COUNT ? count : kind == BAR_AND ? all : kind == BAR_OR ? any : 0;
@@ -1234,6 +1331,7 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
     }
     w->order.resize(n);
     for (int t = 0; t < n; ++t) w->order[t] = cfg->order == 1 ? n - 1 - t : t;
+    LLMCUPY_SIM_NOTIFY(on_block_begin, w);
     int finished = 0;
     while (true) {
         if (cfg->order == 2) std::shuffle(w->order.begin(), w->order.end(), w->rng);
@@ -1265,6 +1363,7 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
         w->abandoned = true;
         return;
     }
+    LLMCUPY_SIM_NOTIFY(on_block_end, w);
     check_shared_guards(w);
 }
 
@@ -1403,9 +1502,11 @@ inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>
     total->barrier_after_exit += w->counters.barrier_after_exit;
     total->exited_lane_reads += w->counters.exited_lane_reads;
     bool failed = w->counters.deadlock || w->counters.assert_failed || w->counters.timed_out ||
-                  w->counters.shared_overflow || w->counters.error;
-    bool reported = total->deadlock || total->assert_failed || total->timed_out || total->shared_overflow || total->error;
+                  w->counters.shared_overflow || w->counters.error || w->counters.sanitizer_stop;
+    bool reported = total->deadlock || total->assert_failed || total->timed_out || total->shared_overflow || total->error ||
+                    total->sanitizer_stop;
     if (failed && !reported) {
+        total->sanitizer_stop = w->counters.sanitizer_stop;
         total->error = w->counters.error;
         total->deadlock = w->counters.deadlock;
         total->assert_failed = w->counters.assert_failed;
@@ -1545,6 +1646,10 @@ inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure
         sigaction(kWatchdogSignal, &dog, &old_dog);
     }
     g_timed_out.store(0);
+#ifdef LLMCUPY_SIM_ACCESS_HOOKS
+    g_check = cfg->check;
+    LLMCUPY_SIM_NOTIFY(on_launch_begin, cfg);
+#endif
     std::atomic<unsigned long long> next{0};
     std::atomic<int> abort_flag{0}, lock{0};
     int workers = std::max(1, cfg->workers);
@@ -1555,6 +1660,10 @@ inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure
     sigaction(SIGSEGV, &old_segv, nullptr);
     sigaction(SIGBUS, &old_bus, nullptr);
     if (cfg->timeout_ms) sigaction(kWatchdogSignal, &old_dog, nullptr);
+#ifdef LLMCUPY_SIM_ACCESS_HOOKS
+    LLMCUPY_SIM_NOTIFY(on_launch_end, res);
+    g_check = 0;
+#endif
     if (g_timed_out.load() && !res->timed_out && !res->deadlock && !res->assert_failed && !res->shared_overflow) {
         // The limit passed while the last blocks were finishing: the launch did complete.
         g_timed_out.store(0);
@@ -1563,8 +1672,8 @@ inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure
 }
 
 template <int> constexpr bool always_false = false;
-inline unsigned ptx_laneid() { return unsigned(tls_worker->cur->lane); }
-inline unsigned ptx_warpid() { return unsigned(tls_worker->cur->warp); }
+LLMCUPY_SIM_NOSAN_FN inline unsigned ptx_laneid() { return unsigned(tls_worker->cur->lane); }
+LLMCUPY_SIM_NOSAN_FN inline unsigned ptx_warpid() { return unsigned(tls_worker->cur->warp); }
 
 // Unpacks the argument array (one pointer to each argument's bytes, as cuLaunchKernel takes
 // them) into the kernel's own parameter types and runs the grid.
@@ -1579,7 +1688,9 @@ inline int launch(void (*kernel)(A...), const char* name, const LaunchConfig* cf
         void (*kernel)(A...);
         std::tuple<std::decay_t<A>...> args;
     } closure{kernel, unpack_args<A...>(args, std::index_sequence_for<A...>{})};
-    auto thunk = [](void* p) {
+    // Not instrumented: the closure lives on the launching thread's stack, not in kernel memory.
+    // (GCC does not inline the instrumented kernel into it, so the kernel's accesses stay hooked.)
+    auto thunk = [](void* p) LLMCUPY_SIM_NOSAN_FN {
         auto* c = static_cast<Closure*>(p);
         auto copy = c->args;  // every CUDA thread gets its own copy of the parameters
         std::apply(c->kernel, copy);
@@ -1639,49 +1750,100 @@ inline const char* signature(void (*)(A...)) {
 #endif
 #define __assertfail(msg, file, line, fn, size) llmcupy_sim::device_assert_fail(msg, file, line)
 
-#ifdef LLMCUPY_SIM_VOLATILE_HOOKS
-// ThreadSanitizer's hooks, compiled into sources that use `volatile` (see sim/compiler.py). A
-// volatile access made by a CUDA thread yields, so the threads of a block take their volatile
-// accesses in turns: warp-synchronous code on volatile shared memory runs in lock-step, and a
-// thread spinning on a volatile flag lets the writer run. Every other hook does nothing.
+#if defined(LLMCUPY_SIM_VOLATILE_HOOKS) || defined(LLMCUPY_SIM_ACCESS_HOOKS)
+// ThreadSanitizer's hooks, compiled into sources that use `volatile` and into instrumented builds
+// (see sim/compiler.py). A volatile access made by a CUDA thread yields, so the threads of a block
+// take their volatile accesses in turns: warp-synchronous code on volatile shared memory runs in
+// lock-step, and a thread spinning on a volatile flag lets the writer run. In an instrumented build
+// every hook first hands the access to the observers (see "Access hooks" above); otherwise the
+// plain hooks do nothing.
 #define LLMCUPY_SIM_NOSAN extern "C" __attribute__((no_sanitize_thread, used))
-#define LLMCUPY_SIM_VOLATILE_HOOK(KIND, N) \
-    LLMCUPY_SIM_NOSAN void __tsan_volatile_##KIND##N(void*) { llmcupy_sim::yield_fiber(0, "a volatile " #KIND); }
-#define LLMCUPY_SIM_NOP_HOOK(NAME) LLMCUPY_SIM_NOSAN void NAME(void*) {}
+#ifdef LLMCUPY_SIM_ACCESS_HOOKS
+namespace llmcupy_sim {
+__attribute__((no_sanitize_thread)) inline void dispatch_access(const void* addr, unsigned size, unsigned flags,
+                                                                const void* pc) {
+    if (__builtin_expect(!g_check, 0) || tls_quiet) return;
+    Worker* w = tls_worker;
+    if (w == nullptr || !w->in_fiber) return;  // the scheduler's own accesses
+    uintptr_t a = uintptr_t(addr);
+    // The emulator's records, read by collectives compiled into the kernel (gathered lane values).
+    if (a - uintptr_t(w) < sizeof(Worker)) return;
+    if (a - uintptr_t(w->fibers.data()) < w->fibers.size() * sizeof(Fiber)) return;
+    if (addr == &tls_worker || addr == &tls_epoch || addr == &tls_poison) return;
+    Access acc{addr, size, flags, pc};
+    ++tls_quiet;
+    for (int i = 0; i < g_nobservers; ++i)
+        if (g_observers[i]->on_access) g_observers[i]->on_access(w, w->cur, acc);
+    --tls_quiet;
+}
+// Stops the launch from inside an observer, before the access it was shown happens (memcheck):
+// the running thread never resumes, the block is abandoned, Python raises.
+[[noreturn]] __attribute__((no_sanitize_thread)) inline void stop_launch(Worker* w) {
+    Fiber* f = w->cur;
+    tls_quiet = 0;
+    w->counters.sanitizer_stop = 1;
+    w->abandoned = true;
+    f->state = DONE;
+    switch_to_scheduler(w, true);
+    std::abort();  // never resumed
+}
+}  // namespace llmcupy_sim
+#define LLMCUPY_SIM_SEE(ADDR, N, FLAGS) llmcupy_sim::dispatch_access((ADDR), (N), (FLAGS), __builtin_return_address(0))
+#else
+#define LLMCUPY_SIM_SEE(ADDR, N, FLAGS) ((void)0)
+#endif
+#define LLMCUPY_SIM_VOLATILE_HOOK(KIND, N)                                                         \
+    LLMCUPY_SIM_NOSAN void __tsan_volatile_##KIND##N(void* p) {                                     \
+        LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND);                                            \
+        llmcupy_sim::yield_fiber(0, "a volatile " #KIND);                                           \
+    }                                                                                               \
+    LLMCUPY_SIM_NOSAN void __tsan_unaligned_volatile_##KIND##N(void* p) {                           \
+        LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND);                                            \
+        llmcupy_sim::yield_fiber(0, "a volatile " #KIND);                                           \
+    }
+#define LLMCUPY_SIM_FLAGS_read 0u
+#define LLMCUPY_SIM_FLAGS_write 1u
 #define LLMCUPY_SIM_SIZES(M, KIND) M(KIND, 1) M(KIND, 2) M(KIND, 4) M(KIND, 8) M(KIND, 16)
 LLMCUPY_SIM_SIZES(LLMCUPY_SIM_VOLATILE_HOOK, read)
 LLMCUPY_SIM_SIZES(LLMCUPY_SIM_VOLATILE_HOOK, write)
-#define LLMCUPY_SIM_PLAIN(KIND, N) LLMCUPY_SIM_NOP_HOOK(__tsan_##KIND##N) LLMCUPY_SIM_NOP_HOOK(__tsan_unaligned_##KIND##N) \
-    LLMCUPY_SIM_NOSAN void __tsan_unaligned_volatile_##KIND##N(void*) { llmcupy_sim::yield_fiber(0, "a volatile " #KIND); }
+#define LLMCUPY_SIM_PLAIN(KIND, N)                                                                  \
+    LLMCUPY_SIM_NOSAN void __tsan_##KIND##N(void* p) { LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND); } \
+    LLMCUPY_SIM_NOSAN void __tsan_unaligned_##KIND##N(void* p) { LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND); }
 LLMCUPY_SIM_SIZES(LLMCUPY_SIM_PLAIN, read)
 LLMCUPY_SIM_SIZES(LLMCUPY_SIM_PLAIN, write)
 LLMCUPY_SIM_NOSAN void __tsan_init() {}
 LLMCUPY_SIM_NOSAN void __tsan_func_entry(void*) {}
 LLMCUPY_SIM_NOSAN void __tsan_func_exit() {}
-LLMCUPY_SIM_NOSAN void __tsan_read_range(void*, unsigned long) {}
-LLMCUPY_SIM_NOSAN void __tsan_write_range(void*, unsigned long) {}
+LLMCUPY_SIM_NOSAN void __tsan_read_range(void* p, unsigned long n) { LLMCUPY_SIM_SEE(p, unsigned(n), 0u); }
+LLMCUPY_SIM_NOSAN void __tsan_write_range(void* p, unsigned long n) { LLMCUPY_SIM_SEE(p, unsigned(n), 1u); }
 LLMCUPY_SIM_NOSAN void __tsan_vptr_update(void**, void*) {}
 LLMCUPY_SIM_NOSAN void __tsan_vptr_read(void**) {}
 LLMCUPY_SIM_NOSAN void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 LLMCUPY_SIM_NOSAN void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
 #define LLMCUPY_SIM_TSAN_ATOMIC(N, T)                                                                          \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN void __tsan_atomic##N##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_exchange(volatile T* a, T v, int) { return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) { return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_load(const volatile T* a, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 2u); return __atomic_load_n(a, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN void __tsan_atomic##N##_store(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); __atomic_store_n(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_exchange(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST); } \
     LLMCUPY_SIM_NOSAN int __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {              \
+        LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u);                                                               \
         return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); }                      \
     LLMCUPY_SIM_NOSAN int __tsan_atomic##N##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {                \
+        LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u);                                                               \
         return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); }                      \
     LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_compare_exchange_val(volatile T* a, T c, T v, int, int) {                    \
+        LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u);                                                               \
         __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); return c; }
 LLMCUPY_SIM_TSAN_ATOMIC(8, unsigned char)
 LLMCUPY_SIM_TSAN_ATOMIC(16, unsigned short)
 LLMCUPY_SIM_TSAN_ATOMIC(32, unsigned int)
 LLMCUPY_SIM_TSAN_ATOMIC(64, unsigned long long)
+#ifdef LLMCUPY_SIM_ACCESS_HOOKS
+#include "llmcupy_sim_check.h"
+#endif
 #endif

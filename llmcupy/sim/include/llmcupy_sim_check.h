@@ -1,0 +1,419 @@
+// llmcupy_sim_check.h -- racecheck, memcheck and initcheck on the emulator's access hooks.
+//
+// Included by llmcupy_sim.h in instrumented builds only (LLMCUPY_SIM_ACCESS_HOOKS); registers one
+// AccessObserver. What it checks, per launch (LaunchConfig::check bits):
+//   race (1):   two accesses to the same byte by different threads of a block between the same two
+//               barriers, at least one a write, not both atomic -> RAW / WAR / WAW. Lanes of one warp
+//               are ordered by a __syncwarp or warp collective that both took part in; without one
+//               the hazard is reported as warp-synchronous. Shared memory, and global memory within
+//               a block (blocks are not compared with each other).
+//   memory (2): an access outside every root allocation passed to the launch, the shared arrays
+//               (their registered extents; dynamic: the launch's shared_mem), the thread's own fiber
+//               stack and the library's own image (__device__ / __constant__ variables) -> the
+//               launch stops before the access happens.
+//   init (4):   a shared-memory read of a byte no thread of the block wrote in this launch.
+// Detection is by shadow state per byte (epoch of the last barrier, last writer, two readers), not
+// by watching interleavings: the emulator runs each thread from one sync point to the next, so a
+// race is reported in every thread order.
+#pragma once
+
+#include <dlfcn.h>
+#include <link.h>
+
+namespace llmcupy_sim {
+namespace check {
+
+// Shadow of one byte. Epochs are (block serial << 24) + barriers released so far in the block, so
+// cells of an earlier block or barrier interval are stale without being cleared.
+struct Cell {
+    unsigned long long w_epoch = 0;   // 0: never written
+    const void* w_pc = nullptr;
+    unsigned w_gen = 0;               // the writer's warp-sync generation at the write
+    unsigned short w_tid = 0;
+    unsigned char w_atomic = 0;
+    unsigned char nreaders = 0;
+    unsigned long long r_epoch = 0;   // readers belong to this interval
+    const void* r_pc[2] = {nullptr, nullptr};
+    unsigned r_gen[2] = {0, 0};
+    unsigned short r_tid[2] = {0, 0};
+    unsigned char r_atomic[2] = {0, 0};
+};
+
+struct Region {                       // one shared array's storage on this worker
+    const unsigned char* lo = nullptr;   // data (not the guard bytes)
+    size_t bytes = 0;
+    std::vector<Cell> shadow;
+};
+
+struct Event { unsigned id; unsigned mask; };
+constexpr unsigned kHistory = 64;     // warp-sync events remembered per warp
+
+struct GlobalSlot { uintptr_t addr; unsigned long long serial; Cell cell; };
+constexpr size_t kGlobalSlots = size_t(1) << 18;   // per worker; a block touching more loses coverage
+
+struct BlockState {
+    unsigned long long serial = 0, epoch = 0, launch = 0;
+    std::vector<unsigned> gen;           // per thread: id of the last warp-sync event it took part in
+    std::vector<unsigned> warp_events;   // per warp: events so far
+    std::vector<Event> history;          // per warp: kHistory slots
+    std::vector<Region> regions;
+    std::vector<GlobalSlot> global;
+    size_t global_used = 0;
+};
+// A pointer, not an object: a thread_local with a constructor is initialised by a compiler-made
+// function that is itself instrumented, and would call the hooks from inside the hooks.
+inline thread_local BlockState* tls_block = nullptr;
+inline thread_local unsigned long long tls_serial = 0;
+
+// Reports, launch-wide (blocks run on several workers).
+struct Report {
+    char kind[8];          // RAW WAR WAW OOB UNINIT
+    int space;             // 0 shared, 1 global, 2 unknown (memcheck)
+    int warp;              // a warp-synchronous hazard (lanes of one warp, no __syncwarp between)
+    const void* pc;        // the access that found it
+    const void* prev_pc;   // the earlier access it conflicts with (races)
+    unsigned block[3];
+    unsigned tid, prev_tid;   // linear thread ids in the block
+    unsigned long long addr;
+    unsigned size;
+    int write;
+    unsigned long long count;
+    char where[240];
+};
+constexpr size_t kMaxReports = 256;
+inline std::mutex g_report_mutex;
+inline std::vector<Report> g_reports;
+inline unsigned long long g_dropped = 0;
+inline unsigned long long g_launch = 0;
+inline const LaunchConfig* g_cfg = nullptr;
+inline uintptr_t g_image_lo[16], g_image_hi[16];
+inline int g_nimage = -1;
+
+__attribute__((no_sanitize_thread)) inline void find_image() {
+    // The PT_LOAD segments of this library: __device__ / __constant__ variables and read-only tables.
+    g_nimage = 0;
+    Dl_info info;
+    if (!dladdr(reinterpret_cast<void*>(&find_image), &info)) return;
+    struct Ctx { const void* base; } ctx{info.dli_fbase};
+    dl_iterate_phdr([](dl_phdr_info* pi, size_t, void* p) -> int {
+        auto* c = static_cast<Ctx*>(p);
+        bool ours = false;
+        for (int i = 0; i < pi->dlpi_phnum; ++i)
+            if (pi->dlpi_phdr[i].p_type == PT_LOAD && pi->dlpi_phdr[i].p_offset == 0 &&
+                reinterpret_cast<const void*>(pi->dlpi_addr + pi->dlpi_phdr[i].p_vaddr) == c->base)
+                ours = true;
+        if (!ours) return 0;
+        for (int i = 0; i < pi->dlpi_phnum && g_nimage < 16; ++i) {
+            if (pi->dlpi_phdr[i].p_type != PT_LOAD) continue;
+            g_image_lo[g_nimage] = pi->dlpi_addr + pi->dlpi_phdr[i].p_vaddr;
+            g_image_hi[g_nimage] = g_image_lo[g_nimage] + pi->dlpi_phdr[i].p_memsz;
+            ++g_nimage;
+        }
+        return 1;
+    }, &ctx);
+}
+
+__attribute__((no_sanitize_thread)) inline void add_report(Worker* w, const char* kind, int space, int warp,
+                                                           const void* pc, const void* prev_pc, unsigned tid,
+                                                           unsigned prev_tid, const void* addr, unsigned size,
+                                                           int write, const char* where) {
+    std::lock_guard<std::mutex> lk(g_report_mutex);
+    for (auto& r : g_reports)
+        if (r.pc == pc && r.prev_pc == prev_pc && std::strcmp(r.kind, kind) == 0) { ++r.count; return; }
+    if (g_reports.size() >= kMaxReports) { ++g_dropped; return; }
+    Report r{};
+    std::snprintf(r.kind, sizeof r.kind, "%s", kind);
+    r.space = space;
+    r.warp = warp;
+    r.pc = pc;
+    r.prev_pc = prev_pc;
+    r.block[0] = w->block_idx.x, r.block[1] = w->block_idx.y, r.block[2] = w->block_idx.z;
+    r.tid = tid;
+    r.prev_tid = prev_tid;
+    r.addr = (unsigned long long)(uintptr_t)addr;
+    r.size = size;
+    r.write = write;
+    r.count = 1;
+    std::snprintf(r.where, sizeof r.where, "%s", where);
+    g_reports.push_back(r);
+}
+
+// Did a warp-sync event that both lanes took part in come after a's access (made at generation
+// a_gen) and before b's current position?
+__attribute__((no_sanitize_thread)) inline bool ordered(const BlockState& bs, unsigned a, unsigned a_gen, unsigned b) {
+    if (a / 32 != b / 32) return false;
+    unsigned warp = a / 32, cur = bs.gen[b];
+    if (cur <= a_gen) return false;
+    if (bs.warp_events[warp] - a_gen > kHistory) return true;  // too old to tell: assume synchronised
+    unsigned both = (1u << (a % 32)) | (1u << (b % 32));
+    for (unsigned id = a_gen + 1; id <= cur; ++id) {
+        const Event& e = bs.history[warp * kHistory + id % kHistory];
+        if (e.id == id && (e.mask & both) == both) return true;
+    }
+    return false;
+}
+
+// The race rules on one byte's shadow. Returns the conflicting thread (or -1) and its pc/kind.
+struct Conflict { int tid = -1; const void* pc = nullptr; const char* kind = ""; };
+
+__attribute__((no_sanitize_thread)) inline Conflict race_step(BlockState& bs, Cell& c, unsigned t, const void* pc,
+                                                              bool write, bool atomic) {
+    Conflict out;
+    unsigned gen = bs.gen[t];
+    unsigned long long e = bs.epoch;
+    if (c.w_epoch == e && c.w_tid != t && !(atomic && c.w_atomic) && !ordered(bs, c.w_tid, c.w_gen, t)) {
+        out.tid = c.w_tid, out.pc = c.w_pc, out.kind = write ? "WAW" : "RAW";
+    }
+    if (c.r_epoch != e) c.nreaders = 0, c.r_epoch = e;
+    if (write) {
+        if (out.tid < 0)
+            for (int k = 0; k < c.nreaders; ++k)
+                if (c.r_tid[k] != t && !(atomic && c.r_atomic[k]) && !ordered(bs, c.r_tid[k], c.r_gen[k], t)) {
+                    out.tid = c.r_tid[k], out.pc = c.r_pc[k], out.kind = "WAR";
+                    break;
+                }
+        c.w_epoch = e, c.w_pc = pc, c.w_gen = gen, c.w_tid = (unsigned short)t, c.w_atomic = atomic;
+    }
+    if (!write || atomic) {  // an atomic read-modify-write is also a read
+        int k = 0;
+        while (k < c.nreaders && c.r_tid[k] != t) ++k;
+        if (k == c.nreaders) {
+            if (c.nreaders < 2) ++c.nreaders;
+            else k = 1;  // two distinct readers are enough to find any later writer's conflict
+        }
+        c.r_tid[k] = (unsigned short)t, c.r_pc[k] = pc, c.r_gen[k] = gen, c.r_atomic[k] = atomic;
+    }
+    return out;
+}
+
+__attribute__((no_sanitize_thread)) inline void check_cells(Worker* w, Fiber* f, Cell* cells, size_t n,
+                                                            const Access& a, int space, const char* where) {
+    BlockState& bs = *tls_block;
+    unsigned t = unsigned(f->linear);
+    bool write = a.flags & ACCESS_WRITE, atomic = a.flags & ACCESS_ATOMIC;
+    bool race = g_check & CHECK_RACE, init = (g_check & CHECK_INIT) && space == 0 && (!write || atomic);
+    bool race_seen = false, init_seen = false;
+    for (size_t i = 0; i < n; ++i) {
+        Cell& c = cells[i];
+        if (init && !init_seen && (c.w_epoch >> 24) != bs.serial) {
+            init_seen = true;
+            add_report(w, "UNINIT", space, 0, a.pc, nullptr, t, t, a.addr, a.size, write, where);
+        }
+        if (race) {
+            Conflict k = race_step(bs, c, t, a.pc, write, atomic);
+            if (k.tid >= 0 && !race_seen) {
+                race_seen = true;
+                add_report(w, k.kind, space, unsigned(k.tid) / 32 == t / 32, a.pc, k.pc, t, unsigned(k.tid), a.addr,
+                           a.size, write, where);
+            }
+        } else if (write) {
+            c.w_epoch = bs.epoch, c.w_tid = (unsigned short)t;
+        }
+    }
+}
+
+__attribute__((no_sanitize_thread)) inline Cell* global_cell(BlockState& bs, uintptr_t addr) {
+    size_t mask = bs.global.size() - 1;
+    size_t h = (addr * 0x9E3779B97F4A7C15ull) >> 20;
+    for (size_t probe = 0; probe < 32; ++probe) {
+        GlobalSlot& s = bs.global[(h + probe) & mask];
+        if (s.serial != bs.serial) {
+            if (bs.global_used * 2 > bs.global.size()) return nullptr;  // full for this block
+            s.serial = bs.serial, s.addr = addr, s.cell = Cell{};
+            ++bs.global_used;
+            return &s.cell;
+        }
+        if (s.addr == addr) return &s.cell;
+    }
+    return nullptr;
+}
+
+// Shared-memory regions of the running block: the static arrays it has touched (w->guards) and the
+// dynamic shared memory. Returns the data extent in [lo, hi) and its guard bytes.
+struct SharedArea { const unsigned char* lo; const unsigned char* hi; size_t guard; const char* name; int line; };
+
+__attribute__((no_sanitize_thread)) inline int shared_areas(Worker* w, SharedArea* out, int cap) {
+    int n = 0;
+    for (const auto& g : w->guards) {
+        if (n == cap) break;
+        size_t guard = size_t(g.hi - g.lo) - g.bytes;
+        out[n++] = {g.hi - g.bytes, g.hi, guard, g.name, g.line};
+    }
+    if (n < cap && w->cfg) {
+        const unsigned char* d = w->dyn_shared.data() + kGuardBytes;
+        out[n++] = {d, d + w->cfg->shared_mem, kGuardBytes, nullptr, 0};
+    }
+    return n;
+}
+
+__attribute__((no_sanitize_thread)) inline Region& region_for(BlockState& bs, const unsigned char* lo, size_t bytes) {
+    for (auto& r : bs.regions)
+        if (r.lo == lo && r.bytes == bytes) return r;
+    bs.regions.push_back(Region{lo, bytes, std::vector<Cell>(bytes)});
+    return bs.regions.back();
+}
+
+__attribute__((no_sanitize_thread)) inline void describe_area(char* buf, size_t n, const SharedArea& s) {
+    if (s.name) std::snprintf(buf, n, "shared array '%s' (line %d, %zu bytes)", s.name, s.line, size_t(s.hi - s.lo));
+    else std::snprintf(buf, n, "the dynamic shared memory (extern __shared__, %zu bytes = the launch's shared_mem)",
+                       size_t(s.hi - s.lo));
+}
+
+// The nearest known memory to a bad address, as "N bytes past the end of argument 2 (...)".
+__attribute__((no_sanitize_thread)) inline void nearest(Worker* w, uintptr_t a, unsigned size, char* out, size_t n) {
+    unsigned long long best = ~0ull;
+    char text[240] = "no buffer of the launch";
+    auto consider = [&](uintptr_t lo, uintptr_t hi, const char* what) {
+        unsigned long long d;
+        char rel[64];
+        if (a + size <= lo) d = lo - a, std::snprintf(rel, sizeof rel, "%llu bytes before", d);
+        else if (a >= hi) d = a - hi, std::snprintf(rel, sizeof rel, "%llu bytes past the end of", d);
+        else d = 0, std::snprintf(rel, sizeof rel, "overlapping the end of");
+        if (d < best) {
+            best = d;
+            std::snprintf(text, sizeof text, "%s %s", rel, what);
+        }
+    };
+    const LaunchConfig* cfg = w->cfg;
+    char what[200];
+    for (unsigned i = 0; cfg && i < cfg->nbuffers; ++i) {
+        uintptr_t lo = uintptr_t(cfg->buffers[2 * i]), hi = uintptr_t(cfg->buffers[2 * i + 1]);
+        if (lo == hi) continue;
+        std::snprintf(what, sizeof what, "argument %u (a %llu-byte allocation at %#llx)", i,
+                      (unsigned long long)(hi - lo), (unsigned long long)lo);
+        consider(lo, hi, what);
+    }
+    SharedArea areas[64];
+    int na = shared_areas(w, areas, 64);
+    for (int i = 0; i < na; ++i) {
+        describe_area(what, sizeof what, areas[i]);
+        consider(uintptr_t(areas[i].lo), uintptr_t(areas[i].hi), what);
+    }
+    std::snprintf(out, n, "%s", text);
+}
+
+__attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, const Access& a) {
+    unsigned bits = g_check & (CHECK_RACE | CHECK_MEMORY | CHECK_INIT);
+    if (!bits) return;
+    uintptr_t p = uintptr_t(a.addr), end = p + a.size;
+    if (p - uintptr_t(f->stack) < f->stack_size) return;  // the thread's own local memory
+    BlockState& bs = *tls_block;
+    char where[240];
+    SharedArea areas[64];
+    int na = shared_areas(w, areas, 64);
+    for (int i = 0; i < na; ++i) {
+        const SharedArea& s = areas[i];
+        uintptr_t lo = uintptr_t(s.lo), hi = uintptr_t(s.hi);
+        if (p >= lo && end <= hi) {
+            if (bits & (CHECK_RACE | CHECK_INIT)) {
+                Region& r = region_for(bs, s.lo, size_t(hi - lo));
+                describe_area(where, sizeof where, s);
+                check_cells(w, f, r.shadow.data() + (p - lo), a.size, a, 0, where);
+            }
+            return;
+        }
+        if ((bits & CHECK_MEMORY) && end > lo - s.guard && p < hi + s.guard) {
+            char what[200];
+            describe_area(what, sizeof what, s);
+            if (p < lo) std::snprintf(where, sizeof where, "%llu bytes before %s", (unsigned long long)(lo - p), what);
+            else if (p >= hi) std::snprintf(where, sizeof where, "%llu bytes past the end of %s", (unsigned long long)(p - hi), what);
+            else std::snprintf(where, sizeof where, "overlapping the end of %s", what);
+            add_report(w, "OOB", 0, 0, a.pc, nullptr, unsigned(f->linear), unsigned(f->linear), a.addr, a.size,
+                       a.flags & ACCESS_WRITE, where);
+            stop_launch(w);
+        }
+    }
+    const LaunchConfig* cfg = w->cfg;
+    for (unsigned i = 0; i < cfg->nbuffers; ++i) {
+        uintptr_t lo = uintptr_t(cfg->buffers[2 * i]), hi = uintptr_t(cfg->buffers[2 * i + 1]);
+        if (p >= lo && end <= hi) {
+            if (bits & CHECK_RACE) {
+                if (bs.global.empty()) bs.global.resize(kGlobalSlots);
+                std::snprintf(where, sizeof where, "argument %u", i);
+                for (unsigned k = 0; k < a.size; ++k) {
+                    Cell* c = global_cell(bs, p + k);
+                    if (c == nullptr) break;
+                    check_cells(w, f, c, 1, a, 1, where);
+                }
+            }
+            return;
+        }
+    }
+    if (!(bits & CHECK_MEMORY)) return;
+    for (int i = 0; i < g_nimage; ++i)
+        if (p >= g_image_lo[i] && end <= g_image_hi[i]) return;
+    nearest(w, p, a.size, where, sizeof where);
+    add_report(w, "OOB", 2, 0, a.pc, nullptr, unsigned(f->linear), unsigned(f->linear), a.addr, a.size,
+               a.flags & ACCESS_WRITE, where);
+    stop_launch(w);
+}
+
+__attribute__((no_sanitize_thread)) inline void on_launch_begin(const LaunchConfig* cfg) {
+    std::lock_guard<std::mutex> lk(g_report_mutex);
+    g_reports.clear();
+    g_dropped = 0;
+    ++g_launch;
+    g_cfg = cfg;
+    if (g_nimage < 0) find_image();
+}
+
+__attribute__((no_sanitize_thread)) inline void on_block_begin(Worker* w) {
+    if (tls_block == nullptr) tls_block = new BlockState();  // one per worker thread, kept for its life
+    BlockState& bs = *tls_block;
+    if (bs.launch != g_launch) {  // shared storage (and the dynamic area) may have moved
+        bs.launch = g_launch;
+        bs.regions.clear();
+    }
+    bs.serial = ++tls_serial;
+    bs.epoch = bs.serial << 24;
+    bs.global_used = 0;
+    bs.gen.assign(size_t(w->nthreads), 0);
+    int nwarps = (w->nthreads + 31) / 32;
+    bs.warp_events.assign(size_t(nwarps), 0);
+    bs.history.assign(size_t(nwarps) * kHistory, Event{0, 0});
+}
+
+__attribute__((no_sanitize_thread)) inline void on_block_barrier(Worker*) {
+    BlockState& bs = *tls_block;
+    ++bs.epoch;
+}
+
+__attribute__((no_sanitize_thread)) inline void on_warp_sync(Worker*, int warp, unsigned lanes) {
+    BlockState& bs = *tls_block;
+    unsigned id = ++bs.warp_events[size_t(warp)];
+    bs.history[size_t(warp) * kHistory + id % kHistory] = Event{id, lanes};
+    for (unsigned m = lanes; m; m &= m - 1) bs.gen[size_t(warp) * 32 + __builtin_ctz(m)] = id;
+}
+
+inline const AccessObserver observer = {on_launch_begin, on_block_begin, on_access, on_block_barrier, on_warp_sync,
+                                        nullptr, nullptr};
+struct Register { Register() { add_observer(&observer); } };
+inline Register registered;
+
+}  // namespace check
+}  // namespace llmcupy_sim
+
+// The last launch's reports as text, one per line, tab-separated:
+// kind space warp pc prev_pc bx by bz tid prev_tid addr size write count where
+// then a last line "dropped N". Returns the length the whole text needs (copies at most n - 1 bytes).
+extern "C" LLMCUPY_SIM_EXPORT __attribute__((no_sanitize_thread)) unsigned long long llmcupy_sim_check_reports(
+    char* buf, unsigned long long n) {
+    using namespace llmcupy_sim::check;
+    std::lock_guard<std::mutex> lk(g_report_mutex);
+    std::string text;
+    char line[512];
+    for (const auto& r : g_reports) {
+        std::snprintf(line, sizeof line, "%s\t%d\t%d\t%llu\t%llu\t%u\t%u\t%u\t%u\t%u\t%llu\t%u\t%d\t%llu\t%s\n", r.kind,
+                      r.space, r.warp, (unsigned long long)(uintptr_t)r.pc, (unsigned long long)(uintptr_t)r.prev_pc,
+                      r.block[0], r.block[1], r.block[2], r.tid, r.prev_tid, r.addr, r.size, r.write, r.count, r.where);
+        text += line;
+    }
+    std::snprintf(line, sizeof line, "dropped\t%llu\n", g_dropped);
+    text += line;
+    if (buf && n) {
+        size_t k = std::min<size_t>(text.size(), size_t(n - 1));
+        std::memcpy(buf, text.data(), k);
+        buf[k] = 0;
+    }
+    return text.size();
+}
