@@ -117,24 +117,58 @@ def occupancy(g: GPU, threads: int, registers: int | None, static_smem: int, dyn
 _RESOURCES: dict = {}
 
 
+def _resource_cache_path(op, arch: int):
+    """Where NVRTC's report for ``op``'s file and ``arch`` is kept across processes (``--all`` runs
+    each version in a child, and an NVRTC compile takes seconds): keyed by the file, the headers
+    beside it and the NVRTC library."""
+    import hashlib
+
+    from . import nvrtc
+    from .runtime.module import kernels_dir
+    from .sim.compiler import cache_dir
+
+    d = kernels_dir()
+    digest = hashlib.sha256(f"{arch}\0{nvrtc.find_nvrtc().path}\0".encode())
+    for path in [d / op.source] + sorted(d.glob("*.cuh")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return cache_dir().parent / "nvrtc" / f"{op.source.rsplit('.', 1)[0]}-sm{arch}-{digest.hexdigest()[:20]}.json"
+
+
 def kernel_resources(op, arch: int) -> tuple[dict, str | None]:
     """``({kernel name: nvrtc.KernelStats}, None)`` for ``op``'s file compiled for ``sm_<arch>``, or
     ``({}, reason)`` when NVRTC is not installed or the file does not compile for that arch."""
     key = (op.source, arch)
-    if key not in _RESOURCES:
-        from . import nvrtc
-        from .runtime.module import kernels_dir
+    if key in _RESOURCES:
+        return _RESOURCES[key]
+    from . import nvrtc
+    from .runtime.module import kernels_dir
 
-        try:
-            res = nvrtc.compile_file(kernels_dir() / op.source, arch)
-            if res.ok:
-                _RESOURCES[key] = ({k.kernel: k for k in res.kernels}, None)
-            else:
-                first = next((l for l in res.log.splitlines() if l.strip()), "failed")
-                _RESOURCES[key] = ({}, f"NVRTC cannot compile {op.source} for sm_{arch}: {first.strip()}")
-        except nvrtc.NvrtcNotFound as exc:
-            _RESOURCES[key] = ({}, f"no NVRTC ({exc})")
-    return _RESOURCES[key]
+    try:
+        cached = _resource_cache_path(op, arch)
+    except nvrtc.NvrtcNotFound as exc:
+        _RESOURCES[key] = ({}, f"no NVRTC ({exc})")
+        return _RESOURCES[key]
+    try:
+        data = json.loads(cached.read_text())
+        _RESOURCES[key] = ({k["kernel"]: nvrtc.KernelStats(**k) for k in data["kernels"]}, data["reason"])
+        return _RESOURCES[key]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    res = nvrtc.compile_file(kernels_dir() / op.source, arch)
+    if res.ok:
+        found = ({k.kernel: k for k in res.kernels}, None)
+    else:
+        first = next((l for l in res.log.splitlines() if l.strip()), "failed")
+        found = ({}, f"NVRTC cannot compile {op.source} for sm_{arch}: {first.strip()}")
+    _RESOURCES[key] = found
+    try:  # written whole under a temporary name, then renamed: a concurrent reader sees all or nothing
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"kernels": [asdict(k) for k in found[0].values()], "reason": found[1]}))
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return found
 
 
 def _resources_for(table: dict, kernel: str):
@@ -333,6 +367,8 @@ def summarize(result: dict) -> dict:
          "conflict_ways": sh["wavefronts"] / sh["ideal_wavefronts"] if sh["ideal_wavefronts"] else None,
          "occupancy": min(occs) if occs else None,
          "model_seconds": sum(times) if times and all(t is not None for t in times) else None}
+    if not result["launches"]:
+        s["moved_over_ideal"] = s["unique_over_ideal"] = None
     return s
 
 
@@ -418,6 +454,9 @@ def format_analysis(result: dict, lines: bool = True) -> str:
                    f"(ideal {_bytes(ideal)}: {result.get('ideal_source')})")
     if result.get("resources_note"):
         out.append(f"  note: registers unknown, occupancy from threads and shared memory only: {result['resources_note']}")
+    if not result["launches"]:
+        out.append("  no kernel launch: this version calls a library (cuBLAS), which the emulator runs in NumPy")
+        return "\n".join(out)
     out.append(f"  model total on {g['name']}: {_us(s['model_seconds'])} (a roofline model, not a measurement)")
     return "\n".join(out)
 
@@ -429,6 +468,9 @@ def format_comparison(results: list) -> str:
         if not r or r.get("skipped") or "summary" not in r:
             continue
         s = r["summary"]
+        if not s["launches"]:  # a library call (cuBLAS) only: no kernel of ours to count
+            rows.append([f"v{r['version']}", "-", 0] + ["-"] * 7 + ["no kernel launch (library call)"])
+            continue
         f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
         rows.append([f"v{r['version']}", "-" if r.get("block_size") is None else r["block_size"], s["launches"],
                      s["global_requests"], f(s["sectors_per_request"], ".2f"), f(s["moved_over_ideal"], ".2f"),

@@ -129,12 +129,10 @@ def _print_comparisons(results: list) -> None:
         if r.get("analysis"):
             by_op.setdefault(r["op"], []).append(r["analysis"])
     for analyses in by_op.values():
-        if len(analyses) > 1:
-            print(analyze.format_comparison(analyses))
-        corr = analyze.correlate(analyses)
-        if corr:
-            print(analyze.format_correlation(corr))
-        print()
+        text = analyze.format_comparison(analyses) if len(analyses) > 1 else ""
+        corr = analyze.format_correlation(analyze.correlate(analyses))
+        if text or corr:
+            print("\n".join(t for t in (text, corr) if t) + "\n")
 
 
 def isolation(versions: int, backend: str) -> str | None:
