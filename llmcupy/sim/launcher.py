@@ -409,7 +409,7 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
         for k in HAZARDS:
             _counters[k] += getattr(res, k)
     if library is not None and check & CHECK_METRICS and not res.error:
-        _metrics.record_launch(library._lib, str(library.path), name, grid, block, shared_mem)
+        _metrics.record_launch(library._lib, str(library.path), name, grid, block, shared_mem, library._source[3])
     if library is not None:
         error = _sanitizer_error(library, name, block, library.reports())
         if error is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import re
 import threading
 
 KINDS = ("global load", "global store", "global atomic", "shared load", "shared store", "shared atomic")
@@ -72,8 +73,9 @@ def collect():
         _stack().remove(records)
 
 
-def read(cdll, path: str) -> tuple[dict, list]:
-    """The totals and the site rows the last launch of the library ``cdll`` (loaded from ``path``) left."""
+def read(cdll, path: str, filename: str | None = None) -> tuple[dict, list]:
+    """The totals and the site rows the last launch of the library ``cdll`` (loaded from ``path``)
+    left. Lines are given in ``filename`` (the kernel's source file) where a helper was inlined."""
     from . import symbols
 
     totals = _LaunchTotals()
@@ -84,7 +86,9 @@ def read(cdll, path: str) -> tuple[dict, list]:
     fetch.restype = ctypes.c_ulonglong
     fetch.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong]
     n = int(fetch(ctypes.addressof(rows), n))
-    lines = symbols.lines(path, [rows[i].pc for i in range(n)])
+    # the unit is compiled under the file's name with odd characters replaced (compiler.py)
+    prefer = re.sub(r"[^\w.-]", "_", filename) if filename else None
+    lines = symbols.lines(path, [rows[i].pc for i in range(n)], prefer=prefer)
     sites = []
     for i in range(n):
         r = rows[i]
@@ -96,10 +100,10 @@ def read(cdll, path: str) -> tuple[dict, list]:
     return out, sites
 
 
-def record_launch(cdll, path: str, name: str, grid, block, shared_mem: int) -> None:
+def record_launch(cdll, path: str, name: str, grid, block, shared_mem: int, filename: str | None = None) -> None:
     """Called by the launcher after a launch made with :data:`CHECK_METRICS`: reads the tables and
     hands the record to every active :func:`collect` block."""
-    totals, sites = read(cdll, path)
+    totals, sites = read(cdll, path, filename)
     record = {"kernel": name, "grid": [int(g) for g in grid], "block": [int(b) for b in block],
               "shared_mem": int(shared_mem), "totals": totals, "sites": sites}
     for records in _stack():

@@ -40,18 +40,23 @@ def _addr2line() -> str | None:
     return shutil.which("addr2line")
 
 
-def _pick(frames: list[str]) -> str:
-    """From addr2line's inline chain (innermost first) the first frame outside the emulator's headers."""
+def _pick(frames: list[str], prefer: str | None = None) -> str:
+    """From addr2line's inline chain (innermost first) the first frame outside the emulator's headers
+    (with ``prefer``, a file name: the first frame in that file, if any)."""
+    own = [loc for loc in frames if prefer and os.path.basename(loc.rpartition(":")[0]) == prefer]
+    frames = own[:1] or frames
     chosen = next((loc for loc in frames if not loc.startswith("??") and
                    not any(marker in loc for marker in _EMULATOR_FILES)), frames[0] if frames else "??")
     file, _, line = chosen.rpartition(":")
     return f"{os.path.basename(file)}:{line}" if file else chosen
 
 
-def lines(path: str, pcs) -> dict[int, str]:
-    """``{pc: "file.cu:LINE"}`` for absolute addresses inside the library at ``path`` ("??" if unknown)."""
+def lines(path: str, pcs, prefer: str | None = None) -> dict[int, str]:
+    """``{pc: "file.cu:LINE"}`` for absolute addresses inside the library at ``path`` ("??" if unknown).
+    ``prefer`` (a file name, e.g. the kernel's .cu) picks, of an inlined helper's chain, the line in
+    that file that called it (the metrics want the kernel's line, not common.cuh's load helper)."""
     pcs = [int(p) for p in pcs if p]
-    out = {p: _CACHE[(path, p)] for p in pcs if (path, p) in _CACHE}
+    out = {p: _CACHE[(path, p, prefer)] for p in pcs if (path, p, prefer) in _CACHE}
     todo = sorted({p for p in pcs if p not in out})
     if not todo:
         return out
@@ -76,5 +81,5 @@ def lines(path: str, pcs) -> dict[int, str]:
             file, _, line = loc.rpartition(":")
             chains[-1].append(loc)
     for p, chain in zip(todo, chains + [[]] * (len(todo) - len(chains))):
-        out[p] = _CACHE[(path, p)] = _pick(chain)
+        out[p] = _CACHE[(path, p, prefer)] = _pick(chain, prefer)
     return out
