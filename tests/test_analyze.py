@@ -193,6 +193,19 @@ def test_softmax_thread_per_row_vs_block_per_row(no_hazards):
     assert "sectors/req" in table and "v1" in table and "v7" in table
 
 
+def test_float4_copies_count_as_one_16_byte_access_at_the_kernels_line(no_hazards):
+    """gelu_forward v2 loads and stores float4 through common.cuh's load128cs/store128: g++ copies
+    each as scalar moves, which count as one 16-byte access per lane (16 sectors per request, all
+    bytes used), reported at the line of gelu_forward.cu that called the helper."""
+    r = analyze.analyze_version(llmcupy.ops["gelu_forward"], 2)
+    rows = r["launches"][0]["lines"]
+    assert rows and all(row["line"].startswith("gelu_forward.cu:") for row in rows), rows
+    for row in rows:
+        assert row["width"] == 16 and row["lane_accesses"] == row["bytes"] // 16
+        assert analyze.ratios(row)["sectors_per_request"] == 16 and analyze.ratios(row)["efficiency"] == 1.0
+    assert r["summary"]["moved_over_ideal"] == 1.0
+
+
 def test_kernel_cli_analyze_prints_the_tables(capsys):
     from llmcupy import kernel
 
