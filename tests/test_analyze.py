@@ -304,6 +304,27 @@ def test_correlation_with_a_synthetic_results_folder(tmp_path):
     assert analyze.correlate(analyses, tmp_path) is None
 
 
+def test_kernel_cli_prints_the_correlation_when_bench_results_hold_gpu_times(tmp_path, monkeypatch, capsys):
+    from llmcupy import kernel
+
+    op = llmcupy.ops["softmax_forward"]
+    sizes = dict(op.sim_sizes)
+    analyses = [analyze.analyze_version(op, v, sizes) for v in (1, 5, 6, 7)]
+    results = [{"op": a["op"], "version": a["version"], "analysis": a} for a in analyses]
+    monkeypatch.chdir(tmp_path)
+    kernel._print_comparisons(results)
+    out = capsys.readouterr().out
+    assert "metrics per version" in out and "rank correlation" not in out  # no GPU results here
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    times = {1: 0.9, 5: 0.5, 6: 0.05, 7: 0.04}
+    (tmp_path / "bench" / "results" / "h100.json").write_text(json.dumps(_gpu_record(sizes, times)))
+    kernel._print_comparisons(results)
+    out = capsys.readouterr().out
+    model = {a["version"]: a["summary"]["model_seconds"] for a in analyses}
+    rho = analyze.spearman([model[v] for v in times], list(times.values()))
+    assert f"Spearman rho = {rho:.2f} over 4 versions (h100.json)" in out
+
+
 # ----------------------------------------------------------------------------------------------
 # bench records and plot
 
