@@ -129,19 +129,25 @@ def plan_for(op_names=None) -> list[tuple[str, int]]:
     return plan
 
 
-def _sweep_one(op_name: str, number: int, small: bool, seed: int, repeat: int, analyze: bool = False,
-               gpu: str | None = None) -> dict:
+def _sweep_one(op_name: str, number: int, small: bool, seed: int, repeat: int) -> dict:
     from . import harness
     from . import ops as registry
     from .runtime import backend as _backend
 
     op = registry.get(op_name)
     sizes = dict(op.sim_sizes) if (small or _backend.is_sim()) else dict(op.sizes)
-    raw = harness.sweep(op, number, sizes, None, seed, repeat=repeat)
+    return harness.sweep(op, number, sizes, None, seed, repeat=repeat)
+
+
+def _sweep_and_analyze(op_name: str, number: int, small: bool, seed: int, repeat: int, analyze: bool,
+                       gpu: str | None) -> dict:
+    """``_sweep_one``, then (``analyze``) the version's metrics and model at the same sizes."""
+    raw = _sweep_one(op_name, number, small, seed, repeat)
     if analyze and raw.get("ok") is not None:
         from . import analyze as _analyze
+        from . import ops as registry
 
-        raw["analysis"] = _analyze.analyze_version(op, number, sizes, None, seed, gpu)
+        raw["analysis"] = _analyze.analyze_version(registry.get(op_name), number, raw.get("sizes"), None, seed, gpu)
     return raw
 
 
@@ -245,9 +251,9 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
             bar.set_postfix_str(f"{op_name} v{number}")
         try:
             if isolate:
-                raw = harness.run_isolated(_sweep_one, op_name, number, small, seed, repeat, analyze, gpu)
+                raw = harness.run_isolated(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu)
             else:
-                raw = _sweep_one(op_name, number, small, seed, repeat, analyze, gpu)
+                raw = _sweep_and_analyze(op_name, number, small, seed, repeat, analyze, gpu)
         except (OpError, _backend.BackendError) as exc:
             raw = {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one version's crash must not lose the whole run
