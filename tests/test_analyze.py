@@ -94,6 +94,29 @@ def test_vector_loads_move_16_sectors_per_request_at_full_efficiency(order, no_h
     assert r["sectors_per_request"] == 16 and r["efficiency"] == 1.0 and r["bytes_moved"] == 1024
 
 
+PAIRS = r"""
+__global__ void pair(float* out, const float* in) {
+    int t = threadIdx.x;
+    float2 v = reinterpret_cast<const float2*>(in)[t];   // one 8-byte access (g++: two moves)
+    float a = in[2 * t];                                 // two statements: two accesses on a GPU too
+    float b = in[2 * t + 1];
+    out[t] = v.x + v.y + a + b;
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_vector_copy_is_one_access_two_statements_are_two(order, no_hazards):
+    mod = _module(PAIRS)
+    inp, out = _zeros(64), _zeros(32)
+    launch = _run(mod.get_function("pair"), (1,), (32,), (out, inp), order)
+    rows = {s["line"].rsplit(":", 1)[1]: s for s in launch["sites"] if s["kind"] == "global load"}
+    assert sorted(rows) == ["4", "5", "6"], launch["sites"]
+    assert (rows["4"]["width"], rows["4"]["requests"], rows["4"]["sectors"]) == (8, 1, 8)
+    for line in ("5", "6"):
+        assert (rows[line]["width"], rows[line]["requests"], rows[line]["sectors"]) == (4, 1, 8)
+
+
 @pytest.mark.parametrize("order", ORDERS)
 def test_a_request_is_the_kth_execution_per_warp_between_sync_points(order, no_hazards):
     mod = _module(GLOBAL)

@@ -393,6 +393,8 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
         fn = entry.checked()
         cfg.stack_bytes = max(stack_bytes, library.stack_bytes)
         cfg.check = check
+        if check & CHECK_METRICS:
+            _metrics.prepare(library)
         extents = (ctypes.c_ulonglong * max(2, 2 * len(args)))()
         for i, a in enumerate(args):
             if isinstance(a, np.ndarray):

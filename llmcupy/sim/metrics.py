@@ -100,6 +100,52 @@ def read(cdll, path: str, filename: str | None = None) -> tuple[dict, list]:
     return out, sites
 
 
+def line_table(path: str) -> tuple[list, list]:
+    """(code offsets, line ids) from the library's DWARF line table (``objdump --dwarf=decodedline``):
+    where each source line's code starts, sorted; id 0 ends a sequence. Empty without binutils."""
+    import shutil
+    import subprocess
+
+    tool = shutil.which("objdump")
+    if tool is None:
+        return [], []
+    try:
+        text = subprocess.run([tool, "--dwarf=decodedline", path], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return [], []
+    ids: dict = {}
+    rows = []
+    for row in text.splitlines():
+        fields = row.split()
+        if len(fields) < 3 or not fields[2].startswith("0x"):
+            continue
+        line = fields[1]
+        ident = ids.setdefault((fields[0], line), len(ids) + 1) if line.isdigit() else 0
+        rows.append((int(fields[2], 16), ident))
+    rows.sort(key=lambda r: r[0])
+    return [r[0] for r in rows], [r[1] for r in rows]
+
+
+def prepare(library) -> None:
+    """Hands the instrumented ``library`` (a ``launcher.SimLibrary``) its line table, once: the
+    observer joins the scalar moves g++ makes of one float4 copy only within one source line."""
+    if getattr(library, "_metrics_lines", False):
+        return
+    from . import symbols
+
+    library._metrics_lines = True
+    starts, ids = line_table(str(library.path))
+    base = symbols.load_base(str(library.path))
+    if not starts or base is None:
+        return
+    fn = library._lib.llmcupy_sim_metrics_set_lines
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong]
+    a = (ctypes.c_ulonglong * len(starts))(*starts)
+    b = (ctypes.c_uint * len(ids))(*ids)
+    fn(ctypes.addressof(a), ctypes.addressof(b), len(starts), base)
+
+
 def record_launch(cdll, path: str, name: str, grid, block, shared_mem: int, filename: str | None = None) -> None:
     """Called by the launcher after a launch made with :data:`CHECK_METRICS`: reads the tables and
     hands the record to every active :func:`collect` block."""

@@ -154,14 +154,44 @@ struct Launch {
 };
 inline Launch g_launch;
 
-// A thread's latest access, held back while the next one may extend it: the CPU compiler copies a
-// float4 or float2 as several scalar moves (four instructions), where the GPU issues one 16- or
-// 8-byte access. Contiguous accesses of one kind by one thread from distinct instructions, inside one
-// aligned 16-byte chunk, are counted as one vector access at the first instruction's site. The same
-// instruction again (a loop walking an array) never joins: that is a new access on a GPU too.
+// A thread's latest accesses, held back while the next one may extend them: the CPU compiler copies
+// a float4 or float2 as several scalar moves, where the GPU issues one 16- or 8-byte access.
+// Contiguous accesses of one kind by one thread, from distinct instructions of the same source line
+// (the line table Python hands over, llmcupy_sim_metrics_set_lines; without one: at most kMaxPcGap
+// bytes of code apart), that together fill an aligned 8- or 16-byte vector count as one vector
+// access at the first instruction's site. Anything else counts access by access: the same
+// instruction again (a loop walking an array), or two statements reading neighbouring floats
+// (separate instructions on a GPU too).
+constexpr unsigned long long kMaxPcGap = 48;
+
+// The library's line table: code offsets (sorted) and a source-line id from each on (0: none).
+struct LineTable {
+    unsigned long long* starts;
+    unsigned* ids;
+    unsigned long long n, base;
+};
+inline LineTable g_lines;
+
+LLMCUPY_SIM_NOSAN_FN inline unsigned line_of(unsigned long long pc) {
+    const LineTable& t = g_lines;
+    unsigned long long rel = pc - 1 - t.base;  // the return address follows the hook's call
+    size_t lo = 0, hi = size_t(t.n);
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (t.starts[mid] <= rel) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo ? t.ids[lo - 1] : 0u;
+}
+
+LLMCUPY_SIM_NOSAN_FN inline bool same_statement(unsigned long long a, unsigned long long b) {
+    if (g_lines.n == 0) return (a > b ? a - b : b - a) <= kMaxPcGap;
+    unsigned la = line_of(a);
+    return la != 0 && la == line_of(b);
+}
 struct Pending {
-    unsigned long long pcs[4];
-    unsigned long long addr, size;
+    unsigned long long pcs[4], addrs[4], sizes[4];
+    unsigned long long lo, hi;   // the parts' union
     unsigned kind, count;        // count 0: nothing pending
 };
 
@@ -288,13 +318,24 @@ LLMCUPY_SIM_NOSAN_FN inline void account(BlockState& s, const Rec* b, const Rec*
 }
 
 // Records thread t's pending access: its site, its execution count k since the last sync.
+LLMCUPY_SIM_NOSAN_FN inline void record(BlockState& s, size_t t, unsigned long long pc, unsigned kind,
+                                        unsigned long long addr, unsigned long long size) {
+    int id = intern(s, pc << 3 | kind, (const void*)(uintptr_t)pc, kind);
+    unsigned k = s.counts[t * s.count_stride + size_t(id)]++;
+    s.recs[t / 32].push(Rec{(unsigned long long)id << 40 | (unsigned long long)k << 8 | (t % 32), addr, size});
+}
+
 LLMCUPY_SIM_NOSAN_FN inline void commit(BlockState& s, size_t t) {
     Pending& p = s.pending[t];
-    if (p.count == 0) return;
+    unsigned n = p.count;
+    if (n == 0) return;
     p.count = 0;
-    int id = intern(s, p.pcs[0] << 3 | p.kind, (const void*)(uintptr_t)p.pcs[0], p.kind);
-    unsigned k = s.counts[t * s.count_stride + size_t(id)]++;
-    s.recs[t / 32].push(Rec{(unsigned long long)id << 40 | (unsigned long long)k << 8 | (t % 32), p.addr, p.size});
+    unsigned long long size = p.hi - p.lo;
+    if (n > 1 && (size == 8 || size == 16) && p.lo % size == 0) {
+        record(s, t, p.pcs[0], p.kind, p.lo, size);
+        return;
+    }
+    for (unsigned i = 0; i < n; ++i) record(s, t, p.pcs[i], p.kind, p.addrs[i], p.sizes[i]);
 }
 
 // Groups the recorded accesses of `lanes` of warp `warp` into requests and resets their counts.
@@ -465,21 +506,25 @@ LLMCUPY_SIM_NOSAN_FN inline void on_access(Worker* w, Fiber* f, const Access& ac
     a = device;
     unsigned long long pc = (unsigned long long)(uintptr_t)acc.pc;
     Pending& p = s.pending[size_t(f->linear)];
-    if (p.count && p.count < 4 && p.kind == kind && (a == p.addr + p.size || a + size == p.addr)) {
-        unsigned long long lo = a < p.addr ? a : p.addr, hi = a + size > p.addr + p.size ? a + size : p.addr + p.size;
+    if (p.count && p.count < 4 && p.kind == kind && (a == p.hi || a + size == p.lo)) {
+        unsigned long long lo = a < p.lo ? a : p.lo, hi = a + size > p.hi ? a + size : p.hi;
         bool seen = false;
         for (unsigned i = 0; i < p.count; ++i) seen |= p.pcs[i] == pc;
-        if (!seen && lo / 16 == (hi - 1) / 16) {
-            p.pcs[p.count++] = pc;
-            p.addr = lo;
-            p.size = hi - lo;
+        if (!seen && lo / 16 == (hi - 1) / 16 && same_statement(pc, p.pcs[p.count - 1])) {
+            p.pcs[p.count] = pc;
+            p.addrs[p.count] = a;
+            p.sizes[p.count] = size;
+            ++p.count;
+            p.lo = lo;
+            p.hi = hi;
             return;
         }
     }
     commit(s, size_t(f->linear));
     p.pcs[0] = pc;
-    p.addr = a;
-    p.size = size;
+    p.addrs[0] = p.lo = a;
+    p.sizes[0] = size;
+    p.hi = a + size;
     p.kind = kind;
     p.count = 1;
 }
@@ -556,6 +601,21 @@ inline Register g_register;
 // Read by sim/metrics.py after a launch with CHECK_METRICS; valid until the next launch of this library.
 extern "C" LLMCUPY_SIM_EXPORT LLMCUPY_SIM_NOSAN_FN void llmcupy_sim_metrics_totals(llmcupy_sim::metrics::LaunchTotals* out) {
     *out = llmcupy_sim::metrics::g_launch.totals;
+}
+// The line table (see Pending): n code offsets from the library's load address `base`, sorted, and
+// the source-line id that starts at each. Copied; called by sim/metrics.py before the first launch.
+extern "C" LLMCUPY_SIM_EXPORT LLMCUPY_SIM_NOSAN_FN void llmcupy_sim_metrics_set_lines(
+    const unsigned long long* starts, const unsigned* ids, unsigned long long n, unsigned long long base) {
+    llmcupy_sim::metrics::LineTable& t = llmcupy_sim::metrics::g_lines;
+    std::free(t.starts);
+    std::free(t.ids);
+    t.starts = static_cast<unsigned long long*>(std::malloc((n ? n : 1) * sizeof(unsigned long long)));
+    t.ids = static_cast<unsigned*>(std::malloc((n ? n : 1) * sizeof(unsigned)));
+    if (t.starts == nullptr || t.ids == nullptr) std::abort();
+    std::memcpy(t.starts, starts, n * sizeof(unsigned long long));
+    std::memcpy(t.ids, ids, n * sizeof(unsigned));
+    t.base = base;
+    t.n = n;
 }
 extern "C" LLMCUPY_SIM_EXPORT LLMCUPY_SIM_NOSAN_FN unsigned long long llmcupy_sim_metrics_sites(
     llmcupy_sim::metrics::SiteStats* out, unsigned long long capacity) {
