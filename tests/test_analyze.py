@@ -179,6 +179,17 @@ def test_eight_byte_shared_accesses_are_served_per_half_warp(order, no_hazards):
     assert (load["wavefronts"], load["ideal_wavefronts"]) == (4, 2)
 
 
+def test_metrics_alongside_the_sanitizers(no_hazards):
+    """Both observers on one instrumented launch: the sanitizers stay quiet on a clean kernel and the
+    counts are the same as with the metrics alone (the observers never see each other's work)."""
+    mod = _module(SHARED)
+    out = _zeros(32)
+    alone = _run(mod.get_function("bank"), (1,), (32,), (out, np.int32(2)))
+    with llmcupy.sim.settings(check="race,memory,init"):
+        both = _run(mod.get_function("bank"), (1,), (32,), (out, np.int32(2)))
+    assert both["sites"] == alone["sites"] and both["totals"] == alone["totals"]
+
+
 def test_launches_outside_collect_are_not_instrumented():
     mod = _module(GLOBAL)
     inp, out = _zeros(64), _zeros(64)
