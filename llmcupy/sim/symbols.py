@@ -40,23 +40,21 @@ def _addr2line() -> str | None:
     return shutil.which("addr2line")
 
 
-def _pick(frames: list[str], prefer: str | None = None) -> str:
-    """From addr2line's inline chain (innermost first) the first frame outside the emulator's headers
-    (with ``prefer``, a file name: the first frame in that file, if any)."""
-    own = [loc for loc in frames if prefer and os.path.basename(loc.rpartition(":")[0]) == prefer]
-    frames = own[:1] or frames
-    chosen = next((loc for loc in frames if not loc.startswith("??") and
-                   not any(marker in loc for marker in _EMULATOR_FILES)), frames[0] if frames else "??")
+def _pick(frames: list[str], prefer: str | None) -> str:
+    """From addr2line's inline chain (innermost first): the first frame in the kernel's own file
+    (``prefer``), else the first outside the emulator's headers (a helper of an included .cuh)."""
+    chosen = next((loc for loc in frames if prefer and os.path.basename(loc.rpartition(":")[0]) == prefer), None)
+    chosen = chosen or next((loc for loc in frames if not loc.startswith("??") and
+                             not any(marker in loc for marker in _EMULATOR_FILES)), frames[0] if frames else "??")
     file, _, line = chosen.rpartition(":")
     return f"{os.path.basename(file)}:{line}" if file else chosen
 
 
 def lines(path: str, pcs, prefer: str | None = None) -> dict[int, str]:
-    """``{pc: "file.cu:LINE"}`` for absolute addresses inside the library at ``path`` ("??" if unknown).
-    ``prefer`` (a file name, e.g. the kernel's .cu) picks, of an inlined helper's chain, the line in
-    that file that called it (the metrics want the kernel's line, not common.cuh's load helper)."""
+    """``{pc: "file.cu:LINE"}`` for absolute addresses inside the library at ``path`` ("??" if unknown);
+    ``prefer``: the kernel's file name, whose line wins over an inlined helper's."""
     pcs = [int(p) for p in pcs if p]
-    out = {p: _CACHE[(path, p, prefer)] for p in pcs if (path, p, prefer) in _CACHE}
+    out = {p: _CACHE[(path, p)] for p in pcs if (path, p) in _CACHE}
     todo = sorted({p for p in pcs if p not in out})
     if not todo:
         return out
@@ -81,5 +79,5 @@ def lines(path: str, pcs, prefer: str | None = None) -> dict[int, str]:
             file, _, line = loc.rpartition(":")
             chains[-1].append(loc)
     for p, chain in zip(todo, chains + [[]] * (len(todo) - len(chains))):
-        out[p] = _CACHE[(path, p, prefer)] = _pick(chain, prefer)
+        out[p] = _CACHE[(path, p)] = _pick(chain, prefer)
     return out
