@@ -5,8 +5,8 @@
     python -m llmcupy.kernel softmax_forward 5 --block-size 256 --B 4 --T 512
     python -m llmcupy.kernel softmax_forward --all       # every version of one op
     python -m llmcupy.kernel --all --json results.json   # the whole catalogue
-    python -m llmcupy.kernel --compile-report [OP]       # NVRTC registers/spills per kernel and arch
     python -m llmcupy.kernel softmax_forward --all --analyze   # memory-traffic metrics + roofline model
+    python -m llmcupy.kernel --compile-report [OP]       # NVRTC registers/spills per kernel and arch
 
 Exit status: 0 all passed, 1 a version failed, 2 bad usage (unknown op or version, bad size; for one
 version: unavailable here, or the sizes refused by every block size; no C++ compiler or NVRTC).
@@ -109,13 +109,18 @@ def _run_one(op_name: str, number: int, sizes: dict, args) -> dict:
         from . import sim
 
         with sim.settings(order=args.order):
-            result = harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
-    else:
-        result = harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
-    if getattr(args, "analyze", False) and result.get("ok") is not None:
+            return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+    return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+
+
+def _run_and_analyze(op_name: str, number: int, sizes: dict, args) -> dict:
+    """``_run_one``, then with ``--analyze`` the version's metrics and model (llmcupy.analyze)."""
+    result = _run_one(op_name, number, sizes, args)
+    if getattr(args, "analyze", False) and result.get("ok") is not None and "error" not in result:
         from . import analyze
 
-        result["analysis"] = analyze.analyze_version(op, number, sizes, args.block_size, args.seed, args.gpu)
+        result["analysis"] = analyze.analyze_version(ops_registry.get(op_name), number, sizes, args.block_size,
+                                                     args.seed, args.gpu)
     return result
 
 
@@ -204,9 +209,9 @@ def main(argv=None) -> int:
     for op_name, number, sizes in plan:
         try:
             if isolate:
-                result = harness.run_isolated(_run_one, op_name, number, sizes, args, start=isolate)
+                result = harness.run_isolated(_run_and_analyze, op_name, number, sizes, args, start=isolate)
             else:
-                result = _run_one(op_name, number, sizes, args)
+                result = _run_and_analyze(op_name, number, sizes, args)
         except CompilerNotFound as exc:
             if len(plan) == 1:   # nothing can run here: one line, exit 2 (with --all: each version FAILs)
                 print(f"error: {exc}", file=sys.stderr)
