@@ -227,6 +227,19 @@ def test_softmax_thread_per_row_vs_block_per_row(no_hazards):
     assert "sectors/req" in table and "v1" in table and "v7" in table
 
 
+def test_layernorm_thread_per_row_vs_warp_per_row(no_hazards):
+    """The same property on another memory-bound ladder: layernorm_forward's thread per row (v1)
+    against a warp per row (v3, v4): several times the sectors per request and the bytes through L1."""
+    op = llmcupy.ops["layernorm_forward"]
+    sizes = {"B": 2, "T": 16, "C": 96}   # 32 rows: v1's warp is full
+    inputs = op.make_inputs(np.random.default_rng(0), **sizes)
+    s = {v: analyze.analyze_version(op, v, sizes, inputs=inputs)["summary"] for v in (1, 3, 4)}
+    for v in (3, 4):
+        assert s[1]["sectors_per_request"] > 3 * s[v]["sectors_per_request"], s
+        assert s[1]["moved_over_ideal"] > 3 * s[v]["moved_over_ideal"], s
+        assert s[v]["unique_over_ideal"] == pytest.approx(1.0)
+
+
 def test_float4_copies_count_as_one_16_byte_access_at_the_kernels_line(no_hazards):
     """gelu_forward v2 loads and stores float4 through common.cuh's load128cs/store128: g++ copies
     each as scalar moves, which count as one 16-byte access per lane (16 sectors per request, all
