@@ -206,12 +206,13 @@ def main(argv=None) -> int:
     from .sim.compiler import CompilerNotFound
 
     results, failed = [], 0
+    run = _run_and_analyze if args.analyze else _run_one
     for op_name, number, sizes in plan:
         try:
             if isolate:
-                result = harness.run_isolated(_run_and_analyze, op_name, number, sizes, args, start=isolate)
+                result = harness.run_isolated(run, op_name, number, sizes, args, start=isolate)
             else:
-                result = _run_and_analyze(op_name, number, sizes, args)
+                result = run(op_name, number, sizes, args)
         except CompilerNotFound as exc:
             if len(plan) == 1:   # nothing can run here: one line, exit 2 (with --all: each version FAILs)
                 print(f"error: {exc}", file=sys.stderr)
