@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import glob
 import json
-import math
 import os
 from dataclasses import asdict, dataclass
 
