@@ -268,16 +268,18 @@ def model_launch(g: GPU, launch: dict, occ: dict | None, flops: float = 0.0) -> 
 # running a version
 
 
-def analysis_block_size(version, pinned: int | None = None):
-    """The block size analysed: ``pinned``, else 256 when the version sweeps it, else the largest of
-    its sweep below 256, else its first (None: a fixed launch shape)."""
+def analysis_block_sizes(version, pinned: int | None = None) -> list:
+    """The block sizes to analyse at, in order of preference: ``pinned``, else the version's sweep
+    nearest 256 first (the smaller of two equally near); ``[None]`` for a fixed launch shape."""
     sizes = tuple(version.block_sizes)
     if pinned is not None or not sizes:
-        return pinned
-    if 256 in sizes:
-        return 256
-    below = [s for s in sizes if s < 256]
-    return max(below) if below else sizes[0]
+        return [pinned]
+    return sorted(sizes, key=lambda b: (abs(np.log2(b / 256)), b))
+
+
+def analysis_block_size(version, pinned: int | None = None):
+    """The preferred block size of :func:`analysis_block_sizes`."""
+    return analysis_block_sizes(version, pinned)[0]
 
 
 def ideal_bytes(op, inputs: dict, outputs: dict, sizes: dict) -> tuple[int, str]:
@@ -307,14 +309,17 @@ def analyze_version(op, number: int, sizes: dict | None = None, block_size: int 
     merged.update({k: v for k, v in (sizes or {}).items() if v is not None})
     if inputs is None:
         inputs = op.make_inputs(np.random.default_rng(seed), **merged)
-    bs = analysis_block_size(version, block_size)
+    # the preferred block size the version's constraints accept at these sizes
+    problem, bs = None, None
+    for bs in analysis_block_sizes(version, block_size):
+        problem = version.requires(inputs, bs) if version.requires is not None else None
+        if not problem:
+            break
     out = {"op": op.name, "version": number, "block_size": bs, "sizes": {k: int(v) for k, v in merged.items()},
            "gpu": asdict(g) | {"key": next(k for k, v in GPUS.items() if v == g)}}
-    if version.requires is not None:
-        problem = version.requires(inputs, bs)
-        if problem:
-            out["skipped"] = problem
-            return out
+    if problem:
+        out["skipped"] = problem
+        return out
     arrays = _copy_to_backend(inputs)
     with metrics.collect() as launches:
         got = op.run(number, arrays, bs)
