@@ -451,6 +451,9 @@ def format_analysis(result: dict, lines: bool = True) -> str:
             out.append(f"    model ({g['name']}, sm_{g['arch']}): {occ_text}; {m['resident_warps_per_sm']} warps/SM "
                        f"resident -> {_us(m['seconds'])} predicted, bound by {m['bound']} ({terms or 'no traffic'})")
     s = result["summary"]
+    if not result["launches"]:
+        out.append("  no kernel launch: this version calls a library (cuBLAS), which the emulator runs in NumPy")
+        return "\n".join(out)
     ideal = result.get("ideal_bytes")
     if ideal:
         out.append(f"  unique bytes {_bytes(s['unique_bytes'])} = {s['unique_over_ideal']:.2f}x ideal, "
@@ -458,9 +461,6 @@ def format_analysis(result: dict, lines: bool = True) -> str:
                    f"(ideal {_bytes(ideal)}: {result.get('ideal_source')})")
     if result.get("resources_note"):
         out.append(f"  note: registers unknown, occupancy from threads and shared memory only: {result['resources_note']}")
-    if not result["launches"]:
-        out.append("  no kernel launch: this version calls a library (cuBLAS), which the emulator runs in NumPy")
-        return "\n".join(out)
     out.append(f"  model total on {g['name']}: {_us(s['model_seconds'])} (a roofline model, not a measurement)")
     return "\n".join(out)
 

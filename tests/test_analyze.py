@@ -253,6 +253,16 @@ def test_float4_copies_count_as_one_16_byte_access_at_the_kernels_line(no_hazard
     assert r["summary"]["moved_over_ideal"] == 1.0
 
 
+def test_a_version_that_only_calls_cublas_is_shown_as_such():
+    op = llmcupy.ops["matmul_forward"]
+    assert op.versions[3].summary.startswith("cuBLASLt")  # bias fused in cuBLAS's epilogue: no kernel of ours
+    r = analyze.analyze_version(op, 3)
+    assert r["launches"] == [] and r["summary"]["model_seconds"] is None
+    assert "no kernel launch" in analyze.format_analysis(r)
+    other = analyze.analyze_version(op, 2)
+    assert "no kernel launch (library call)" in analyze.format_comparison([other, r])
+
+
 def test_kernel_cli_analyze_prints_the_tables(capsys):
     from llmcupy import kernel
 
