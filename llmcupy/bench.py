@@ -24,7 +24,11 @@ command line), ``backend``, ``device``, ``software`` (Python, NumPy, CuPy, CUDA 
 emulator), ``ops`` and ``results``: one entry per op and version with ``ok`` (None: skipped, with
 ``skipped``; ``error`` when it crashed), ``sizes``, ``bound``, ``best`` (the fastest passing block size)
 and ``blocks``, one per block size: ``ok``, ``errors`` (per output: max abs / rel error, mismatches),
-``ms`` (mean; ``min_ms``, ``max_ms``), ``gbs`` or ``tflops`` and ``fraction_of_bound``.
+``ms`` (mean; ``min_ms``, ``max_ms``), ``gbs`` or ``tflops`` and ``fraction_of_bound``. Emulator runs
+also record ``metrics`` per version (``--no-analyze`` skips them): memory-traffic counts at one block
+size, per launch and per source line, occupancy and the roofline model's time on ``--gpu``
+(``llmcupy.analyze``; ``summary`` holds the op-level figures: ``sectors_per_request``,
+``bytes_moved``, ``unique_bytes``, ``ideal_bytes``, ``conflict_ways``, ``model_seconds``, ...).
 
 ``compare`` reads two such files (or ``python -m llmcupy.kernel --json`` lists): the before/after
 record of an optimisation, per op and version the best time before and after, the speed-up and any
@@ -142,6 +146,18 @@ def _sweep_one(op_name: str, number: int, small: bool, seed: int, repeat: int, t
     return harness.sweep(op, number, sizes, None, seed, repeat=repeat)
 
 
+def _sweep_and_analyze(op_name: str, number: int, small: bool, seed: int, repeat: int, analyze: bool,
+                       gpu: str | None, *trainer) -> dict:
+    """``_sweep_one``, then (``analyze``) the version's metrics and model at the same sizes."""
+    raw = _sweep_one(op_name, number, small, seed, repeat, *trainer)
+    if analyze and raw.get("ok") is not None:
+        from . import analyze as _analyze
+        from . import ops as registry
+
+        raw["analysis"] = _analyze.analyze_version(registry.get(op_name), number, raw.get("sizes"), None, seed, gpu)
+    return raw
+
+
 def _block_entry(b: dict) -> dict:
     """A harness block entry in the record's vocabulary (ok, errors, ms, gbs/tflops, fraction_of_bound)."""
     out = {"block_size": b.get("block_size"), "ok": b.get("ok")}
@@ -168,22 +184,25 @@ def _version_entry(op_name: str, number: int, raw: dict) -> dict:
 
 def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, isolate: bool | None = None,
         command: str | None = None, progress: bool = True, verbose: bool = False, log=None,
-        trainer: bool = False) -> dict:
+        trainer: bool = False, analyze: bool | None = None, gpu: str | None = None) -> dict:
     """Sweeps every version of the given ops and returns the run's record (see the module docstring).
 
     ``isolate`` (default: in the emulator) runs each version in a forked child so that a kernel which
     crashes the emulator fails only its own entry. ``log`` (default stdout) gets one line per version.
     The emulator's watchdog time limit is off during a benchmark. ``trainer`` runs the training
     step's ops at the trainer's shapes (``defaults.trainer_sizes``), the runs ``defaults`` reads.
+    ``analyze`` (default: in the emulator) adds each version's memory-traffic metrics and roofline
+    model on ``gpu`` (``llmcupy.analyze``) to its entry as ``metrics``.
     """
     from .sim import settings as sim_settings
 
     with sim_settings(timeout=0):
         return _run(op_names, small=small, seed=seed, repeat=repeat, isolate=isolate, command=command,
-                    progress=progress, verbose=verbose, log=log, trainer=trainer)
+                    progress=progress, verbose=verbose, log=log, trainer=trainer, analyze=analyze, gpu=gpu)
 
 
-def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, log, trainer=False) -> dict:
+def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, log, trainer=False, analyze=None,
+         gpu=None) -> dict:
     from tqdm import tqdm
 
     from . import harness
@@ -201,6 +220,8 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
     plan = plan_for(op_names)
     backend = _backend.get_backend()
     isolate = (backend == "sim") if isolate is None else isolate
+    # the metrics are counted by the emulator; on a GPU they would need a second, emulated run
+    analyze = (backend == "sim") if analyze is None else (analyze and backend == "sim")
     date = _utc_now()
     record = {
         "schema": SCHEMA,
@@ -248,9 +269,10 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
         try:
             extra = (True,) if trainer else ()   # (the trainer's shapes; absent otherwise, as before)
             if isolate:
-                raw = harness.run_isolated(_sweep_one, op_name, number, small, seed, repeat, *extra)
+                raw = harness.run_isolated(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu,
+                                           *extra)
             else:
-                raw = _sweep_one(op_name, number, small, seed, repeat, *extra)
+                raw = _sweep_and_analyze(op_name, number, small, seed, repeat, analyze, gpu, *extra)
         except (OpError, _backend.BackendError) as exc:
             raw = {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one version's crash must not lose the whole run
@@ -302,6 +324,15 @@ def format_entry(entry: dict) -> str:
             line += f", {best['tflops']:.2f} TFLOP/s"
         if "fraction_of_bound" in best:
             line += f", {100 * best['fraction_of_bound']:.0f}% of bound"
+    summary = entry.get("metrics", {}).get("summary")
+    if summary:
+        spr = summary.get("sectors_per_request")
+        moved = summary.get("moved_over_ideal")
+        line += (f"; metrics @ {entry['metrics'].get('block_size')}: "
+                 + (f"{spr:.1f} sectors/req, " if spr is not None else "")
+                 + (f"moved {moved:.2f}x ideal, " if moved is not None else "")
+                 + (f"model {summary['model_seconds'] * 1e6:.3g} us on {entry['metrics'].get('model_gpu')}"
+                    if summary.get("model_seconds") else "no model"))
     return line
 
 
@@ -350,11 +381,26 @@ def _version_entry_from_raw(raw: dict, default: bool | None = None) -> dict:
         if raw.get(k) is not None:
             entry[k] = raw[k]
     entry["blocks"] = [_block_entry(b) for b in raw.get("blocks", [])]
+    if raw.get("analysis"):
+        entry["metrics"] = _metrics_entry(raw["analysis"])
     timed = [b for b in entry["blocks"] if b.get("ok") and b.get("ms") is not None]
     if timed:
         best = min(timed, key=lambda b: b["ms"])
         entry["best"] = {k: best[k] for k in ("block_size", "ms", "gbs", "tflops", "fraction_of_bound") if k in best}
     return entry
+
+
+def _metrics_entry(analysis: dict) -> dict:
+    """An analysis (``llmcupy.analyze.analyze_version``) as a record's ``metrics``: the summary, and per
+    launch its totals, per-kind and per-line counts, occupancy and model (the raw site rows dropped)."""
+    out = {k: analysis[k] for k in ("block_size", "sizes", "ideal_bytes", "ideal_source", "skipped",
+                                    "resources_note") if k in analysis}
+    out["model_gpu"] = analysis["gpu"]["key"]
+    if "summary" in analysis:
+        out["summary"] = analysis["summary"]
+        out["launches"] = [{k: l[k] for k in ("kernel", "grid", "block", "shared_mem", "totals", "kinds", "lines",
+                                              "occupancy", "model")} for l in analysis["launches"]]
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -404,11 +450,15 @@ def plot_results(record: dict, path: str | os.PathLike | None = None, *, ops=Non
     n = len(by_op)
     cols = columns or (1 if n == 1 else 2 if n <= 4 else 3)
     rows = math.ceil(n / cols)
+    # a second row of panels per op when the record holds memory-traffic metrics (emulator runs)
+    traffic = {k: v for k, v in by_op.items() if any(e.get("metrics", {}).get("summary") for e in v)}
+    traffic_rows = math.ceil(len(traffic) / cols) if traffic else 0
     panel_w, panel_h = (9.0, 5.0) if cols == 1 else (6.6, 4.4)
     summary_h = max(1.9, 0.36 * n + 1.3)
-    fig = Figure(figsize=(panel_w * cols, panel_h * rows + summary_h + 1.0), dpi=110, layout="constrained")
+    fig = Figure(figsize=(panel_w * cols, panel_h * (rows + traffic_rows) + summary_h + 1.0), dpi=110,
+                 layout="constrained")
     FigureCanvasAgg(fig)
-    gs = fig.add_gridspec(rows + 1, cols, height_ratios=[panel_h] * rows + [summary_h])
+    gs = fig.add_gridspec(rows + traffic_rows + 1, cols, height_ratios=[panel_h] * (rows + traffic_rows) + [summary_h])
 
     device = record.get("device", "unknown device")
     commit = record.get("git", {}).get("commit", "unknown")
@@ -421,8 +471,11 @@ def plot_results(record: dict, path: str | os.PathLike | None = None, *, ops=Non
     for i, (op_name, entries) in enumerate(by_op.items()):
         ax = fig.add_subplot(gs[i // cols, i % cols])
         _plot_op_panel(ax, op_name, entries, timed)
+    for i, (op_name, entries) in enumerate(traffic.items()):
+        ax = fig.add_subplot(gs[rows + i // cols, i % cols])
+        _plot_traffic_panel(ax, op_name, entries)
 
-    ax = fig.add_subplot(gs[rows, :])
+    ax = fig.add_subplot(gs[rows + traffic_rows, :])
     if timed:
         _plot_bound_summary(ax, by_op)
     else:
@@ -535,6 +588,42 @@ def _plot_op_panel(ax, op_name: str, entries: list, timed: bool):
     if runnable:
         ax.legend(fontsize=8, ncol=2 if len(runnable) > 6 else 1, loc="upper left", bbox_to_anchor=(1.0, 1.0),
                   borderaxespad=0.0, frameon=False, title="version\n(* default)", title_fontsize=8)
+
+
+def _plot_traffic_panel(ax, op_name: str, entries: list):
+    """Bytes moved against the op's ideal bytes, per version (emulator metrics): the bytes in the
+    32-byte sectors the warps' requests touched and the unique bytes (a lower bound of DRAM traffic),
+    each as a multiple of the ideal; labels give sectors per request and the model's time."""
+    rows = [(e, e["metrics"]) for e in entries if e.get("metrics", {}).get("summary")]
+    xs = list(range(len(rows)))
+    moved = [m["summary"].get("moved_over_ideal") or 0.0 for _, m in rows]
+    unique = [m["summary"].get("unique_over_ideal") or 0.0 for _, m in rows]
+    w = 0.38
+    ax.bar([x - w / 2 for x in xs], moved, width=w, color="#d95f0e", label="bytes in sectors moved")
+    ax.bar([x + w / 2 for x in xs], unique, width=w, color="#2c7fb8", label="unique bytes (DRAM lower bound)")
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1.2, label="ideal (1.0)")
+    ax.set_yscale("log")
+    top = max(moved + unique + [1.0])
+    ax.set_ylim(min([v for v in moved + unique if v > 0] + [1.0]) / 2, top * 4)
+    for x, (e, m) in zip(xs, rows):
+        s = m["summary"]
+        text = []
+        if s.get("sectors_per_request") is not None:
+            text.append(f"{s['sectors_per_request']:.1f} sec/req")
+        if s.get("conflict_ways"):
+            text.append(f"{s['conflict_ways']:.1f}-way smem")
+        if s.get("model_seconds"):
+            text.append(f"{s['model_seconds'] * 1e6:.3g} us")
+        ax.text(x, max(moved[x], unique[x]) * 1.15, "\n".join(text), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"v{e['version']}{'*' if e.get('default') else ''}\n@{m.get('block_size')}" for e, m in rows],
+                       fontsize=8)
+    ax.set_ylabel("bytes / ideal bytes (log)")
+    gpu = next((m.get("model_gpu") for _, m in rows), "")
+    ax.set_title(f"{op_name}: memory traffic per version (emulator counts)\n"
+                 f"labels: sectors per request, model time on {gpu} (a model, not a measurement)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(True, axis="y", alpha=0.35)
 
 
 def _plot_bound_summary(ax, by_op: dict):
@@ -758,6 +847,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-isolate", action="store_true",
                    help="emulator: run versions in this process instead of a forked child each")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    p.add_argument("--no-analyze", action="store_true",
+                   help="emulator: skip the memory-traffic metrics and roofline model recorded per version")
+    p.add_argument("--gpu", default=None, metavar="NAME",
+                   help="the GPU the recorded roofline model predicts for (default h100-sxm)")
     p.add_argument("-v", "--verbose", action="store_true", help="the full per-block report of every version")
     return p
 
@@ -875,7 +968,16 @@ def main(argv=None) -> int:
         return 2
     if backend != "cuda":
         print(f"note: backend {backend}: {NO_TIMING_REASON}.", flush=True)
-    record = run(args.ops, small=args.small, seed=args.seed, repeat=args.repeat,
+    if args.gpu:
+        from . import analyze as _analyze
+
+        try:
+            _analyze.gpu(args.gpu)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    record = run(args.ops, small=args.small, seed=args.seed, repeat=args.repeat, analyze=not args.no_analyze,
+                 gpu=args.gpu,
                  isolate=False if args.no_isolate else None, command=command, progress=not args.no_progress,
                  verbose=args.verbose, trainer=args.trainer_shapes)
     c = record["summary"]

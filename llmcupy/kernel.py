@@ -5,6 +5,7 @@
     python -m llmcupy.kernel softmax_forward 5 --block-size 256 --B 4 --T 512
     python -m llmcupy.kernel softmax_forward --all       # every version of one op
     python -m llmcupy.kernel --all --json results.json   # the whole catalogue
+    python -m llmcupy.kernel softmax_forward --all --analyze   # memory-traffic metrics + roofline model
     python -m llmcupy.kernel --compile-report [OP]       # NVRTC registers/spills per kernel and arch
     python -m llmcupy.kernel softmax_forward --all --sanitize          # racecheck, memcheck, initcheck
     python -m llmcupy.kernel --all --sanitize race,memory              # (emulator only)
@@ -46,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--compile-report", action="store_true", help="NVRTC compile of kernels_cu (no GPU needed)")
     p.add_argument("--arch", type=int, nargs="+", default=[75, 80, 90], help="archs for --compile-report")
+    p.add_argument("--analyze", action="store_true",
+                   help="emulator: memory-traffic metrics per launch and source line, occupancy and a roofline "
+                        "model of the time on --gpu (see llmcupy/analyze.py)")
+    p.add_argument("--gpu", default=None, metavar="NAME",
+                   help="the GPU the --analyze model predicts for (default h100-sxm; "
+                        "h200, h100-pcie, a100-sxm, rtx-4090, t4)")
+    p.add_argument("--no-lines", action="store_true", help="--analyze without the per-source-line tables")
     return p
 
 
@@ -109,6 +117,33 @@ def _run_one(op_name: str, number: int, sizes: dict, args) -> dict:
     return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
 
 
+def _run_and_analyze(op_name: str, number: int, sizes: dict, args) -> dict:
+    """``_run_one``, then with ``--analyze`` the version's metrics and model (llmcupy.analyze)."""
+    result = _run_one(op_name, number, sizes, args)
+    if getattr(args, "analyze", False) and result.get("ok") is not None and "error" not in result:
+        from . import analyze
+
+        result["analysis"] = analyze.analyze_version(ops_registry.get(op_name), number, sizes, args.block_size,
+                                                     args.seed, args.gpu)
+    return result
+
+
+def _print_comparisons(results: list) -> None:
+    """--analyze over several versions: each op's versions side by side, and the model's rank
+    correlation with GPU times in bench/results when there are any for the same sizes."""
+    from . import analyze
+
+    by_op: dict = {}
+    for r in results:
+        if r.get("analysis"):
+            by_op.setdefault(r["op"], []).append(r["analysis"])
+    for analyses in by_op.values():
+        text = analyze.format_comparison(analyses) if len(analyses) > 1 else ""
+        corr = analyze.format_correlation(analyze.correlate(analyses))
+        if text or corr:
+            print("\n".join(t for t in (text, corr) if t) + "\n")
+
+
 def isolation(versions: int, backend: str) -> str | None:
     """How a run of several versions isolates each one in a child process, so that one bad kernel
     fails its own line instead of the run: ``fork`` in the emulator (a crash kills only the child),
@@ -147,6 +182,13 @@ def main(argv=None) -> int:
         if args.list:
             print(list_catalogue())
             return 0
+        if args.analyze:
+            from . import analyze
+
+            analyze.gpu(args.gpu)  # an unknown GPU: exit 2 with the choices
+            if not _backend.is_sim():
+                raise OpError("--analyze counts memory traffic in the emulator: add --backend sim "
+                              "(the model then predicts the time on --gpu)")
         if not args.op and not args.all:
             _parser().print_usage(sys.stderr)
             print("give an op and a version, --all, or --list", file=sys.stderr)
@@ -175,12 +217,13 @@ def main(argv=None) -> int:
     from .sim.compiler import CompilerNotFound
 
     results, failed = [], 0
+    run = _run_and_analyze if args.analyze else _run_one
     for op_name, number, sizes in plan:
         try:
             if isolate:
-                result = harness.run_isolated(_run_one, op_name, number, sizes, args, start=isolate)
+                result = harness.run_isolated(run, op_name, number, sizes, args, start=isolate)
             else:
-                result = _run_one(op_name, number, sizes, args)
+                result = run(op_name, number, sizes, args)
         except CompilerNotFound as exc:
             if len(plan) == 1:   # nothing can run here: one line, exit 2 (with --all: each version FAILs)
                 print(f"error: {exc}", file=sys.stderr)
@@ -194,9 +237,15 @@ def main(argv=None) -> int:
             print(f"{op_name} version {number}: ERROR {result['error']}\nFAIL")
         else:
             print(harness.format_sweep(result))
+            if result.get("analysis"):
+                from . import analyze
+
+                print(analyze.format_analysis(result["analysis"], lines=not args.no_lines))
         print(flush=True)
         results.append(result)
         failed += result.get("ok") is False
+    if args.analyze:
+        _print_comparisons(results)
     if len(plan) > 1:
         passed = sum(r.get("ok") is True for r in results)
         skipped = sum(r.get("ok") is None for r in results)

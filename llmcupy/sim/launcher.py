@@ -18,6 +18,9 @@ with :class:`SimTimeoutError` naming the kernel and where its threads were last 
 ``race,memory,init``, or ``all``; empty: off). Launches then run the library's instrumented build
 (compiled once, cached) and raise :class:`SimSanitizerError` with structured reports; see
 ``include/llmcupy_sim_check.h`` for what each check reports.
+
+Inside ``sim.metrics.collect()`` launches run the instrumented build with the memory-traffic
+observer (``include/llmcupy_sim_metrics.h``) on and each leaves one metrics record there.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
+from . import metrics as _metrics
 from .compiler import build_library, stack_requirement
 
 ORDERS = {"forward": 0, "reverse": 1, "random": 2}
@@ -402,12 +406,16 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
     cfg.stack_bytes = stack_bytes
     cfg.timeout_ms = int(round(_settings.timeout * 1000))
     check = _settings.check if _settings.check is not None else check_bits()
+    if _metrics.enabled():  # inside sim.metrics.collect(): the memory-traffic observer too
+        check |= CHECK_METRICS
     library = None
     if check and isinstance(entry, _Entry):
         library = entry.library.checked()
         fn = entry.checked()
         cfg.stack_bytes = max(stack_bytes, library.stack_bytes)
         cfg.check = check
+        if check & CHECK_METRICS:
+            _metrics.prepare(library)
         extents = (ctypes.c_ulonglong * max(2, 2 * len(args)))()
         for i, a in enumerate(args):
             if isinstance(a, np.ndarray):
@@ -430,6 +438,8 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
         _launches += 1
         for k in HAZARDS:
             _counters[k] += getattr(res, k)
+    if library is not None and check & CHECK_METRICS and not res.error:
+        _metrics.record_launch(library._lib, str(library.path), name, grid, block, shared_mem, library._source[3])
     if library is not None:
         error = _sanitizer_error(library, name, block, library.reports())
         if error is None and res.sanitizer_stop:  # cannot happen (memcheck always keeps its report)

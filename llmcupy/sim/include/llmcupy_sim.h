@@ -1896,5 +1896,6 @@ LLMCUPY_SIM_TSAN_ATOMIC(32, unsigned int)
 LLMCUPY_SIM_TSAN_ATOMIC(64, unsigned long long)
 #ifdef LLMCUPY_SIM_ACCESS_HOOKS
 #include "llmcupy_sim_check.h"
+#include "llmcupy_sim_metrics.h"
 #endif
 #endif
