@@ -56,6 +56,20 @@ preatt/datt/dpreatt scratch; flash keeps lse (B, NH, T) per layer. See README (f
 #define FA_BC 32   // keys per shared-memory tile (forward, dq)
 #define FA_BCQ 16  // queries per shared-memory tile (dk/dv: its k and v rows take the rest of the 48 KiB)
 
+// Keys j0 .. j0 + FA_BC - 1 of one (b, h) into shared memory, k and v rows side by side (the forward
+// and the dq kernel walk the same key tiles). base points at (b, t = 0, q part, head h) of the packed
+// QKV, C3 = 3C apart per position; entries past T or HS are zeros, so the tile loops need no bounds.
+template <int HSMAX>
+__device__ __forceinline__ void fa_load_kv_tile(float (*k_s)[HSMAX], float (*v_s)[HSMAX], const float* base, int j0,
+                                                int T, int C, int HS) {
+    for (int e = threadIdx.x; e < FA_BC * HSMAX; e += FA_BR) {
+        int jj = e / HSMAX, d = e % HSMAX, j = j0 + jj;
+        bool in = j < T && d < HS;
+        k_s[jj][d] = in ? base[(size_t)j * 3 * C + C + d] : 0.0f;
+        v_s[jj][d] = in ? base[(size_t)j * 3 * C + 2 * C + d] : 0.0f;
+    }
+}
+
 // ----------------------------------------------------------------------------------------------
 // op flash_attention_forward, version 1
 
@@ -81,12 +95,7 @@ __global__ void __launch_bounds__(FA_BR) flash_attention_forward_kernel1(float* 
     const int keys = min(T, i0 + FA_BR);  // the block's last row sees keys 0 .. keys - 1
     for (int j0 = 0; j0 < keys; j0 += FA_BC) {
         __syncthreads();  // every thread is done with the previous tile
-        for (int e = threadIdx.x; e < FA_BC * HSMAX; e += FA_BR) {
-            int jj = e / HSMAX, d = e % HSMAX, j = j0 + jj;
-            bool in = j < T && d < HS;
-            k_s[jj][d] = in ? base[(size_t)j * C3 + C + d] : 0.0f;
-            v_s[jj][d] = in ? base[(size_t)j * C3 + 2 * C + d] : 0.0f;
-        }
+        fa_load_kv_tile<HSMAX>(k_s, v_s, base, j0, T, C, HS);
         __syncthreads();
         const int n = active ? min(FA_BC, i - j0 + 1) : 0;  // keys j0 .. i of this tile
         if (n <= 0) continue;
@@ -155,12 +164,7 @@ __global__ void __launch_bounds__(FA_BR) flash_attention_backward_dq_kernel1(flo
     const int keys = min(T, i0 + FA_BR);
     for (int j0 = 0; j0 < keys; j0 += FA_BC) {
         __syncthreads();
-        for (int e = threadIdx.x; e < FA_BC * HSMAX; e += FA_BR) {
-            int jj = e / HSMAX, d = e % HSMAX, j = j0 + jj;
-            bool in = j < T && d < HS;
-            k_s[jj][d] = in ? base[(size_t)j * C3 + C + d] : 0.0f;
-            v_s[jj][d] = in ? base[(size_t)j * C3 + 2 * C + d] : 0.0f;
-        }
+        fa_load_kv_tile<HSMAX>(k_s, v_s, base, j0, T, C, HS);
         __syncthreads();
         const int n = active ? min(FA_BC, i - j0 + 1) : 0;
         for (int jj = 0; jj < n; jj++) {

@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(16 * 16, 2) matmul_forward_kernel4(float* out,
 #endif
 
 #if MM5_ASYNC
-#include <cuda_pipeline.h>
+#include "async_copy.cuh"   // copy_chunk_async: a slab chunk by cp.async, zero-filled past the edges
 #endif
 
 #define MM_EPI_BIAS 0        // out = acc + bias
@@ -209,21 +209,7 @@ __global__ void __launch_bounds__(16 * 16, 2) matmul_forward_kernel4(float* out,
 // Chunk c (0..511) of a 128 x 16 slab: row c / 4, columns 4 * (c % 4) .. +3.
 // vec: K % 4 == 0 and the matrix 16-byte aligned, so a chunk is a whole float4 or wholly past K.
 
-#if MM5_ASYNC
-__device__ __forceinline__ void mm5_copy_async(float* dst, const float* src, int row, int k, int nrows, int K,
-                                               bool vec) {
-    if (vec) {
-        bool in = row < nrows && k < K;
-        // out of range: zero-fill all 16 bytes and read nothing (src is then any aligned address)
-        __pipeline_memcpy_async(dst, in ? src + (size_t)row * K + k : src, 16, in ? 0 : 16);
-    } else {
-        for (int j = 0; j < 4; j++) {
-            bool in = row < nrows && k + j < K;
-            __pipeline_memcpy_async(dst + j, in ? src + (size_t)row * K + k + j : src, 4, in ? 0 : 4);
-        }
-    }
-}
-#else
+#if !MM5_ASYNC
 __device__ __forceinline__ float4 mm5_fetch(const float* src, int row, int k, int nrows, int K, bool vec) {
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (row >= nrows) return v;
@@ -263,8 +249,8 @@ __device__ __forceinline__ void mm5_gemm(float* out, float* pre, const float* in
 #if MM5_ASYNC
     for (int q = 0; q < MM5_CHUNKS; q++) {
         int c = tid + q * MM5_THREADS, r = c / 4, kc = 4 * (c % 4);
-        mm5_copy_async(&As[0][r * MM5_LD + kc], inp, m0 + r, kc, M, K, vec);
-        mm5_copy_async(&Bs[0][r * MM5_LD + kc], weight, n0 + r, kc, N, K, vec);
+        copy_chunk_async(&As[0][r * MM5_LD + kc], inp, m0 + r, kc, M, K, vec);
+        copy_chunk_async(&Bs[0][r * MM5_LD + kc], weight, n0 + r, kc, N, K, vec);
     }
     __pipeline_commit();
 #else
@@ -286,8 +272,8 @@ __device__ __forceinline__ void mm5_gemm(float* out, float* pre, const float* in
         if (t + 1 < ntiles) {
             for (int q = 0; q < MM5_CHUNKS; q++) {
                 int c = tid + q * MM5_THREADS, r = c / 4, kc = 4 * (c % 4);
-                mm5_copy_async(&As[buf ^ 1][r * MM5_LD + kc], inp, m0 + r, k_next + kc, M, K, vec);
-                mm5_copy_async(&Bs[buf ^ 1][r * MM5_LD + kc], weight, n0 + r, k_next + kc, N, K, vec);
+                copy_chunk_async(&As[buf ^ 1][r * MM5_LD + kc], inp, m0 + r, k_next + kc, M, K, vec);
+                copy_chunk_async(&Bs[buf ^ 1][r * MM5_LD + kc], weight, n0 + r, k_next + kc, N, K, vec);
             }
         }
         __pipeline_commit();        // an empty group on the last step keeps the count uniform

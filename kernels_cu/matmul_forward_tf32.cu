@@ -27,7 +27,8 @@ version 1: matmul_forward version 5's block tile (128 x 128, 256 threads, 8 warp
 
 #include "common.cuh"
 
-#include <cuda_pipeline.h>
+#include "async_copy.cuh"   // copy_chunk_async, as matmul_forward version 5 stages its slabs
+
 #include <mma.h>
 
 #define TF_BM 128                  // block tile: rows of inp (B*T)
@@ -36,21 +37,6 @@ version 1: matmul_forward version 5's block tile (128 x 128, 256 threads, 8 warp
 #define TF_LD (TF_BK + 4)          // padded shared row (floats), see the header
 #define TF_THREADS 256
 #define TF_CHUNKS (TF_BM * TF_BK / 4 / TF_THREADS)  // float4 chunks per thread per slab (2)
-
-// Chunk (row, k .. k + 3) of a slab: a 16-byte cp.async when vec (C % 4 == 0, aligned operands),
-// else four 4-byte ones; whatever lies past the matrix is zero-filled without being read.
-__device__ __forceinline__ void tf_copy_async(float* dst, const float* src, int row, int k, int nrows, int K,
-                                              bool vec) {
-    if (vec) {
-        bool in = row < nrows && k < K;
-        __pipeline_memcpy_async(dst, in ? src + (size_t)row * K + k : src, 16, in ? 0 : 16);
-    } else {
-        for (int j = 0; j < 4; j++) {
-            bool in = row < nrows && k + j < K;
-            __pipeline_memcpy_async(dst + j, in ? src + (size_t)row * K + k + j : src, 4, in ? 0 : 4);
-        }
-    }
-}
 
 // ----------------------------------------------------------------------------------------------
 // version 1: wmma m16n16k8 TF32, FP32 accumulators, cp.async double-buffered slabs
@@ -81,8 +67,8 @@ __global__ void __launch_bounds__(TF_THREADS) matmul_forward_tf32_kernel1(float*
 
     for (int q = 0; q < TF_CHUNKS; q++) {
         int c = tid + q * TF_THREADS, r = c / 4, kc = 4 * (c % 4);
-        tf_copy_async(&As[0][r * TF_LD + kc], inp, m0 + r, kc, BT, C, vec);
-        tf_copy_async(&Bs[0][r * TF_LD + kc], weight, n0 + r, kc, OC, C, vec);
+        copy_chunk_async(&As[0][r * TF_LD + kc], inp, m0 + r, kc, BT, C, vec);
+        copy_chunk_async(&Bs[0][r * TF_LD + kc], weight, n0 + r, kc, OC, C, vec);
     }
     __pipeline_commit();
 
@@ -93,8 +79,8 @@ __global__ void __launch_bounds__(TF_THREADS) matmul_forward_tf32_kernel1(float*
             const int k_next = (t + 1) * TF_BK;
             for (int q = 0; q < TF_CHUNKS; q++) {
                 int c = tid + q * TF_THREADS, r = c / 4, kc = 4 * (c % 4);
-                tf_copy_async(&As[buf ^ 1][r * TF_LD + kc], inp, m0 + r, k_next + kc, BT, C, vec);
-                tf_copy_async(&Bs[buf ^ 1][r * TF_LD + kc], weight, n0 + r, k_next + kc, OC, C, vec);
+                copy_chunk_async(&As[buf ^ 1][r * TF_LD + kc], inp, m0 + r, k_next + kc, BT, C, vec);
+                copy_chunk_async(&Bs[buf ^ 1][r * TF_LD + kc], weight, n0 + r, k_next + kc, OC, C, vec);
             }
         }
         __pipeline_commit();

@@ -182,12 +182,7 @@ def run_isolated(fn, *args, start: str = "fork", **kwargs):
     pid = os.fork()
     if pid == 0:  # child
         os.close(read_fd)
-        code = 0
-        try:
-            payload = {"value": fn(*args, **kwargs)}
-        except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
-            payload = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
-            code = 1
+        payload, code = _call_in_child(fn, args, kwargs)
         with os.fdopen(write_fd, "w") as f:
             json.dump(payload, f, default=str)
         sys.stdout.flush()
@@ -207,14 +202,17 @@ def run_isolated(fn, *args, start: str = "fork", **kwargs):
     return {"ok": False, "error": f"the child exited with status {os.WEXITSTATUS(status)}"}
 
 
+def _call_in_child(fn, args, kwargs) -> tuple[dict, int]:
+    """A child's run of fn: ({"value": ...}, 0), or ({"error": ..., "trace": ...}, 1) if it raised."""
+    try:
+        return {"value": fn(*args, **kwargs)}, 0
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+        return {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}, 1
+
+
 def _child_main(conn, fn, args, kwargs) -> None:
     """The spawned child: runs fn, sends {"value": ...} or {"error": ...} as JSON, exits."""
-    code = 0
-    try:
-        payload = {"value": fn(*args, **kwargs)}
-    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
-        payload = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
-        code = 1
+    payload, code = _call_in_child(fn, args, kwargs)
     conn.send(json.dumps(payload, default=str))
     conn.close()
     sys.stdout.flush()

@@ -1,5 +1,6 @@
-"""What the catalogue's modules hand the compiler on a GPU: common.cuh's hash in the options (CuPy's
-cache key does not cover files found through -I) and no cooperative groups where they are unused."""
+"""What the catalogue's modules hand the compiler on a GPU: the hash of its headers (common.cuh,
+async_copy.cuh) in the options (CuPy's cache key does not cover files found through -I) and no
+cooperative groups where they are unused."""
 
 import hashlib
 import re
@@ -8,24 +9,29 @@ from llmcupy.runtime import module
 from llmcupy.runtime.module import kernels_dir
 
 
-def test_editing_common_cuh_changes_the_compile_options(tmp_path, monkeypatch):
-    for name in ("common.cuh", "gelu_forward.cu"):
+def test_editing_a_header_changes_the_compile_options(tmp_path, monkeypatch):
+    for name in ("common.cuh", "async_copy.cuh", "gelu_forward.cu"):
         (tmp_path / name).write_text((kernels_dir() / name).read_text())
     monkeypatch.setattr(module, "kernels_dir", lambda: tmp_path)
     monkeypatch.setattr(module, "_FILE_MODULES", {})
 
     def define():
         mod = module.load_kernel_file("gelu_forward.cu")
-        (opt,) = [o for o in mod.options if o.startswith("-DLLMCUPY_COMMON_CUH=")]
+        (opt,) = [o for o in mod.options if o.startswith("-DLLMCUPY_HEADERS=")]
         return opt
 
     before = define()
-    digest = hashlib.sha256((tmp_path / "common.cuh").read_bytes()).hexdigest()[:16]
-    assert before == f"-DLLMCUPY_COMMON_CUH={digest}"
-    with open(tmp_path / "common.cuh", "a") as f:
-        f.write("\n#define SOMETHING_NEW 1\n")
-    module._FILE_MODULES.clear()
-    assert define() != before
+    digest = hashlib.sha256()
+    for name in ("async_copy.cuh", "common.cuh"):  # every header, sorted by name
+        digest.update(name.encode() + b"\0" + (tmp_path / name).read_bytes())
+    assert before == f"-DLLMCUPY_HEADERS={digest.hexdigest()[:16]}"
+    seen = {before}
+    for name in ("common.cuh", "async_copy.cuh"):
+        with open(tmp_path / name, "a") as f:
+            f.write("\n#define SOMETHING_NEW 1\n")
+        module._FILE_MODULES.clear()
+        assert define() not in seen, name
+        seen.add(define())
 
 
 def test_cooperative_groups_only_where_used():

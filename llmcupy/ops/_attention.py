@@ -58,3 +58,10 @@ def split_qkv(inp: np.ndarray, NH: int):
 def elementwise(kernel, n: int, bs: int, args) -> None:
     """One thread per element: grid ceil(n / bs)."""
     kernel(((n + bs - 1) // bs,), (bs,), args)
+
+
+def causal_flops(s: dict, products: int) -> int:
+    """FLOPs of ``products`` HS-long dot products for every causal pair (t, t2 <= t) of every head:
+    2 * HS each (a multiply and an add), over the B * NH * T * (T + 1) / 2 pairs."""
+    HS = s["C"] // s["NH"]
+    return products * 2 * s["B"] * s["NH"] * HS * s["T"] * (s["T"] + 1) // 2

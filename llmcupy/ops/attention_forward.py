@@ -39,7 +39,7 @@ import numpy as np
 
 from ..runtime import blas
 from ..runtime import xp as _xp
-from ._attention import check_packed_qkv, elementwise, packed_qkv, split_qkv
+from ._attention import causal_flops, check_packed_qkv, elementwise, packed_qkv, split_qkv
 from ._op import Bound, Op, Version, kernel_of, scratch
 from .attention_permute import launch_permute
 from .attention_unpermute import launch_unpermute
@@ -193,9 +193,8 @@ def _sizes_of(a):
 
 
 def _flops(s):
-    # the causal half of both products: Q K^T and att V, 2 * HS flops per (t, t2 <= t) each
-    HS = s["C"] // s["NH"]
-    return 2 * 2 * s["B"] * s["NH"] * HS * s["T"] * (s["T"] + 1) // 2
+    # the causal half of both products: Q K^T and att V
+    return causal_flops(s, 2)
 
 
 def baseline_probabilities(a):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _flash
-from ._attention import check_packed_qkv, packed_qkv
+from ._attention import causal_flops, check_packed_qkv, packed_qkv
 from ._op import Bound, Op, Version, check_float32, kernels_only, need, scratch
 from .attention_backward import _baseline as _attention_backward_baseline
 from .attention_forward import baseline_probabilities
@@ -86,8 +86,7 @@ def _sizes_of(a):
 
 def _flops(s):
     # recomputed scores (dq and dkv kernels) and dP twice, dq, dk, dv: 7 HS-long products per pair
-    HS = s["C"] // s["NH"]
-    return 7 * 2 * s["B"] * s["NH"] * HS * s["T"] * (s["T"] + 1) // 2
+    return causal_flops(s, 7)
 
 
 def _baseline(a):

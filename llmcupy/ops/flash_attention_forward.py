@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _flash
-from ._attention import check_packed_qkv, packed_qkv
+from ._attention import causal_flops, check_packed_qkv, packed_qkv
 from ._op import Bound, Op, Version, kernels_only
 from .attention_forward import _baseline as _attention_baseline
 
@@ -60,8 +60,8 @@ def _sizes_of(a):
 
 
 def _flops(s):
-    HS = s["C"] // s["NH"]
-    return 2 * 2 * s["B"] * s["NH"] * HS * s["T"] * (s["T"] + 1) // 2
+    # Q K^T and P V over the causal pairs
+    return causal_flops(s, 2)
 
 
 OP = Op(

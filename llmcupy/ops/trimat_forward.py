@@ -15,7 +15,7 @@ import numpy as np
 
 from ..runtime import blas
 from ..runtime import xp as _xp
-from ._attention import check_packed_qkv, packed_qkv, split_qkv
+from ._attention import causal_flops, check_packed_qkv, packed_qkv, split_qkv
 from ._op import Bound, Op, Version, kernel_of
 from .attention_permute import launch_permute
 
@@ -91,9 +91,8 @@ def _sizes_of(a):
 
 
 def _flops(s):
-    # the useful (causal) half: 2 * HS flops for every (t, t2 <= t)
-    HS = s["C"] // s["NH"]
-    return 2 * s["B"] * s["NH"] * HS * s["T"] * (s["T"] + 1) // 2
+    # the useful (causal) half: Q K^T
+    return causal_flops(s, 1)
 
 
 def _baseline(a):

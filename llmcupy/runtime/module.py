@@ -480,6 +480,15 @@ def kernels_dir():
 _FILE_MODULES: dict = {}
 
 
+def _headers_digest(directory) -> str:
+    """Hash of every header of the catalogue (common.cuh, async_copy.cuh, ...); read when a file's
+    module is first made, so an edit between runs gives a new key."""
+    digest = hashlib.sha256()
+    for header in sorted(directory.glob("*.cuh")):
+        digest.update(header.name.encode() + b"\0" + header.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def load_kernel_file(filename: str, name_expressions=()) -> RawModule:
     """The catalogue file ``kernels_cu/<filename>`` compiled for the current backend (cached).
 
@@ -494,9 +503,8 @@ def load_kernel_file(filename: str, name_expressions=()) -> RawModule:
         code = (directory / filename).read_text()
         names = sim_compiler.global_kernel_names(code) + [n for n in name_expressions]
         # CuPy's compile cache key covers the source and the options, not files found through -I:
-        # the hash of common.cuh as a define makes an edited common.cuh a new key (not a stale cubin)
-        common = hashlib.sha256((directory / "common.cuh").read_bytes()).hexdigest()[:16]
-        options = DEFAULT_OPTIONS + (f"-I{directory}", f"-DLLMCUPY_COMMON_CUH={common}")
+        # the catalogue headers' hash as a define makes an edited header a new key (not a stale cubin)
+        options = DEFAULT_OPTIONS + (f"-I{directory}", f"-DLLMCUPY_HEADERS={_headers_digest(directory)}")
         mod = RawModule(code=code, options=options, name_expressions=names, filename=filename, target=backend)
         _FILE_MODULES[key] = mod
     return mod
