@@ -5,6 +5,8 @@ report can be checked for the exact source lines and threads; the fixed kernel m
 """
 
 import ctypes
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
@@ -241,7 +243,7 @@ extern "C" __global__ void dynamic_shared(float* out, int idx, int write) {
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("which", ["static", "dynamic"])
 @pytest.mark.parametrize("write", [0, 1])
-@pytest.mark.parametrize("idx", [32, -1, 40000])
+@pytest.mark.parametrize("idx", [32, -1, 40000, -40000, 1 << 28])
 def test_shared_memory_out_of_bounds_read_and_write(order, which, write, idx, no_hazards):
     k, code = kernel(SHARED_OOB, f"{which}_shared")
     out = np.zeros(1, np.float32)
@@ -252,9 +254,30 @@ def test_shared_memory_out_of_bounds_read_and_write(order, which, write, idx, no
     marker = ("S" if which == "static" else "D") + ("WRITE" if write else "READ")
     assert r.kind == "OOB" and bool(r.write) == bool(write) and r.thread == (3, 0, 0)
     assert r.line == line_of(code, marker)
-    if idx in (32, -1):  # next to the array: named as such
+    if idx in (32, -1) or which == "dynamic":
+        # next to a static array, or anywhere in the dynamic shared memory's own address window
+        # (+-8 GiB, so 160 KB or 1 GiB out cannot land in a fiber stack or a heap block): named as such
+        assert r.space == "shared", r.describe()
         assert ("'s'" if which == "static" else "dynamic shared memory") in r.where
-        assert ("past the end" if idx == 32 else "before") in r.where
+        assert ("past the end" if idx > 0 else "before") in r.where
+    if which == "dynamic":  # the exact distance from the 128-byte array
+        assert f"{idx * 4 - 128 if idx > 0 else -idx * 4} bytes" in r.where, r.where
+
+
+def test_far_dynamic_shared_index_faults_a_plain_launch_with_the_distance(tmp_path):
+    """Without a check mode, an index far outside the dynamic shared memory faults in its window
+    (instead of reading or writing whatever heap block lay there) and the emulator says which access."""
+    script = tmp_path / "far.py"
+    script.write_text(textwrap.dedent(f"""
+        import numpy as np, llmcupy
+        k = llmcupy.RawModule(code={SHARED_OOB!r}, target="sim").get_function("dynamic_shared")
+        k((1,), (32,), (np.zeros(1, np.float32), np.int32(40000), np.int32(1)), shared_mem=128)
+        print("no fault")
+    """))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "no fault" not in res.stdout, (res.stdout, res.stderr)
+    assert ("kernel dynamic_shared crashed with SIGSEGV in block (0,0,0), thread (3,0,0): a dynamic shared "
+            "memory access 159872 bytes past the end of extern __shared__ (128 bytes") in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("which", ["static", "dynamic"])

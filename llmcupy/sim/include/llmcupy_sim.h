@@ -201,6 +201,74 @@ struct WarpGather {
     unsigned int valid = 0;                           // lanes whose value is meaningful
 };
 
+constexpr size_t kGuardBytes = 16;       // canary bytes on both sides of every shared array
+constexpr unsigned char kGuardByte = 0xA5;
+
+// The dynamic shared memory (`extern __shared__`) of the block an OS thread runs. It lives in a
+// window of address space of its own: a large reservation without access rights, with the launch's
+// bytes and their guard bytes made readable and writable in its middle. An index however far
+// outside the array then stays inside the window, so memcheck names it as a dynamic-shared-memory
+// access at any distance, and a plain launch faults there. (In an ordinary heap block, an index far
+// past the end lands in whatever lies beyond, a fiber stack or another allocation, and could pass
+// unnoticed, depending on the heap's layout.) Reserving costs address space only, never memory.
+class DynamicSharedWindow {
+public:
+    // +-8 GiB around the array: every 32-bit index of a 4-byte type stays inside
+    static constexpr size_t kReserve = size_t(16) << 30;
+
+    DynamicSharedWindow() = default;
+    DynamicSharedWindow(const DynamicSharedWindow&) = delete;
+    DynamicSharedWindow& operator=(const DynamicSharedWindow&) = delete;
+    ~DynamicSharedWindow() {
+        if (base_ != nullptr) munmap(base_, kReserve);
+    }
+
+    // The launch's storage: kGuardBytes, then the shared_mem bytes, then kGuardBytes (as before).
+    unsigned char* data() const { return base_ == nullptr ? nullptr : base_ + kReserve / 2 - kGuardBytes; }
+    size_t size() const { return size_; }
+    // Readable and writable bytes from data() on (whole pages; size() of them belong to the launch).
+    size_t capacity() const { return base_ == nullptr ? 0 : size_t(rw_end_ - data()); }
+    uintptr_t window_lo() const { return uintptr_t(base_); }
+    uintptr_t window_hi() const { return uintptr_t(base_) + (base_ == nullptr ? 0 : kReserve); }
+
+    // Makes `bytes` bytes from data() on accessible and zero; the pages past them lose access again.
+    void assign(size_t bytes) {
+        const size_t page = size_t(sysconf(_SC_PAGESIZE));
+        if (base_ == nullptr) {
+            void* mem = mmap(nullptr, kReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (mem == MAP_FAILED) {
+                std::fprintf(stderr, "llmcupy sim: cannot reserve %zu GiB of address space for dynamic shared "
+                             "memory: %s\n", kReserve >> 30, std::strerror(errno));
+                std::abort();
+            }
+            base_ = static_cast<unsigned char*>(mem);
+            rw_begin_ = rw_end_ = base_ + kReserve / 2 - page;  // the first guard bytes end a page
+        }
+        if (bytes > kReserve / 2 - page) {
+            std::fprintf(stderr, "llmcupy sim: %zu bytes of dynamic shared memory do not fit the window\n", bytes);
+            std::abort();
+        }
+        // whole pages from rw_begin_ (a page before the array) to the page holding the last byte
+        size_t from_begin = size_t(data() - rw_begin_) + bytes;
+        unsigned char* end = rw_begin_ + (from_begin + page - 1) / page * page;
+        if (end > rw_end_ && mprotect(rw_end_, size_t(end - rw_end_), PROT_READ | PROT_WRITE) != 0) {
+            std::fprintf(stderr, "llmcupy sim: cannot map %zu bytes of dynamic shared memory: %s\n", bytes,
+                         std::strerror(errno));
+            std::abort();
+        }
+        if (end < rw_end_) mprotect(end, size_t(rw_end_ - end), PROT_NONE);
+        rw_end_ = end;
+        size_ = bytes;
+        std::memset(data(), 0, bytes);
+    }
+
+private:
+    unsigned char* base_ = nullptr;
+    unsigned char* rw_begin_ = nullptr;
+    unsigned char* rw_end_ = nullptr;
+    size_t size_ = 0;
+};
+
 struct Worker;
 
 // Per-OS-thread state. Fibers of one block run on one OS thread, so `thread_local` is per block.
@@ -216,7 +284,7 @@ struct Worker {
     dim3 block_idx;
     WarpGather gathers[kMaxThreads / 32];
     int barrier_result = 0;
-    std::vector<unsigned char> dyn_shared;
+    DynamicSharedWindow dyn_shared;
     unsigned long long epoch = 0;
     void (*thunk)(void*) = nullptr;
     void* closure = nullptr;
@@ -534,10 +602,8 @@ LLMCUPY_SIM_NOSAN_FN inline T read_lane(const WarpGather& g, int src, T own) {
 }
 
 // Shared memory: one storage per declaration site and per OS thread (= per running block),
-// poisoned the first time a block touches it. Guard bytes on both sides are checked when the block
-// ends, so a write just outside the array is reported at the launch that made it.
-constexpr size_t kGuardBytes = 16;
-constexpr unsigned char kGuardByte = 0xA5;
+// poisoned the first time a block touches it. Guard bytes on both sides (kGuardBytes, above) are
+// checked when the block ends, so a write just outside the array is reported at the launch that made it.
 
 // In the AddressSanitizer build the guard bytes are also poisoned, so ASan reports any access to
 // them, reads included, where it happens.
@@ -1378,20 +1444,41 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
     check_shared_guards(w);
 }
 
-// Signal handling: a kernel that faults (out-of-bounds access, fiber stack overflow) says where.
+// Signal handling: a kernel that faults (out-of-bounds access, fiber stack overflow) says where,
+// and what the faulting address was when the emulator knows it (the dynamic shared memory's
+// window, a fiber stack's guard page). Only async-signal-safe calls here: snprintf into a local
+// buffer and write(2).
 inline thread_local Worker* tls_fault_worker = nullptr;
-inline void fault_handler(int sig) {
+inline void fault_handler(int sig, siginfo_t* info, void*) {
     Worker* w = tls_fault_worker;
-    char msg[512];
+    char msg[640], what[240];
     if (w && w->cur) {
-        int n = std::snprintf(msg, sizeof msg,
-                              "\nllmcupy sim: kernel %s crashed with %s in block (%u,%u,%u), thread (%u,%u,%u): "
-                              "an out-of-bounds memory access or a fiber stack overflow "
-                              "(LLMCUPY_SIM_STACK_KB raises the fiber stack)\n",
+        uintptr_t a = info ? uintptr_t(info->si_addr) : 0;
+        const size_t page = size_t(sysconf(_SC_PAGESIZE));
+        uintptr_t stack = uintptr_t(w->cur->stack);
+        uintptr_t d = uintptr_t(w->dyn_shared.data()) + kGuardBytes;
+        size_t shared_mem = w->cfg ? size_t(w->cfg->shared_mem) : 0;
+        if (a >= w->dyn_shared.window_lo() && a < w->dyn_shared.window_hi()) {
+            if (a < d)
+                std::snprintf(what, sizeof what, "a dynamic shared memory access %llu bytes before extern __shared__ "
+                              "(%zu bytes = the launch's shared_mem)", (unsigned long long)(d - a), shared_mem);
+            else
+                std::snprintf(what, sizeof what, "a dynamic shared memory access %llu bytes past the end of extern "
+                              "__shared__ (%zu bytes = the launch's shared_mem)",
+                              (unsigned long long)(a - d - shared_mem), shared_mem);
+        } else if (stack && a < stack && a + page >= stack) {
+            std::snprintf(what, sizeof what, "a fiber stack overflow (LLMCUPY_SIM_STACK_KB raises the fiber stack)");
+        } else {
+            std::snprintf(what, sizeof what, "an out-of-bounds memory access at %#llx or a fiber stack overflow "
+                          "(LLMCUPY_SIM_STACK_KB raises the fiber stack; LLMCUPY_SIM_CHECK=memory names the line)",
+                          (unsigned long long)a);
+        }
+        int n = std::snprintf(msg, sizeof msg, "\nllmcupy sim: kernel %s crashed with %s in block (%u,%u,%u), "
+                              "thread (%u,%u,%u): %s\n",
                               w->kernel_name, sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : "a signal",
                               w->block_idx.x, w->block_idx.y, w->block_idx.z, w->cur->tid.x, w->cur->tid.y,
-                              w->cur->tid.z);
-        if (n > 0) { ssize_t ignored = write(2, msg, size_t(n)); (void)ignored; }
+                              w->cur->tid.z, what);
+        if (n > 0) { ssize_t ignored = write(2, msg, size_t(n) < sizeof msg ? size_t(n) : sizeof msg - 1); (void)ignored; }
     }
     signal(sig, SIG_DFL);
     raise(sig);
@@ -1513,7 +1600,7 @@ inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>
     w->nthreads = int(cfg->block[0] * cfg->block[1] * cfg->block[2]);
     ensure_fibers(w, w->nthreads, size_t(cfg->stack_bytes));
     guard_unpoison(w->dyn_shared.data(), w->dyn_shared.capacity());
-    w->dyn_shared.assign(cfg->shared_mem + 2 * kGuardBytes, 0);
+    w->dyn_shared.assign(cfg->shared_mem + 2 * kGuardBytes);
     w->thunk = thunk;
     w->closure = closure;
     w->counters = LaunchResult{};
@@ -1669,8 +1756,8 @@ inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure
     g_block_dim = dim3(cfg->block[0], cfg->block[1], cfg->block[2]);
     if (nblocks == 0) return 0;
     struct sigaction sa{}, old_segv{}, old_bus{}, dog{}, old_dog{};
-    sa.sa_handler = fault_handler;
-    sa.sa_flags = SA_ONSTACK;
+    sa.sa_sigaction = fault_handler;
+    sa.sa_flags = SA_ONSTACK | SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGSEGV, &sa, &old_segv);
     sigaction(SIGBUS, &sa, &old_bus);

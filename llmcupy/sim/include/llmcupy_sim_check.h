@@ -188,7 +188,8 @@ __attribute__((no_sanitize_thread)) inline Conflict race_step(BlockState& bs, Ce
 }
 
 // Shared-memory regions of the running block: the static arrays it has touched (w->guards) and the
-// dynamic shared memory. Returns the data extent in [lo, hi) and its guard bytes.
+// dynamic shared memory. Returns the data extent in [lo, hi) and how far on either side an access
+// still belongs to it (the guard bytes of a static array; the whole window of the dynamic one).
 struct SharedArea { const unsigned char* lo; const unsigned char* hi; size_t guard; const char* name; int line; };
 
 __attribute__((no_sanitize_thread)) inline void describe_area(char* buf, size_t n, const SharedArea& s) {
@@ -258,8 +259,12 @@ __attribute__((no_sanitize_thread)) inline int shared_areas(Worker* w, SharedAre
         out[n++] = {g.hi - g.bytes, g.hi, guard, g.name, g.line};
     }
     if (n < cap && w->cfg) {
+        // the whole window around the dynamic shared memory is its own: any address in it that is
+        // not the launch's bytes is an out-of-bounds dynamic-shared-memory access, however far out
         const unsigned char* d = w->dyn_shared.data() + kGuardBytes;
-        out[n++] = {d, d + w->cfg->shared_mem, kGuardBytes, nullptr, 0};
+        size_t below = size_t(uintptr_t(d) - w->dyn_shared.window_lo());
+        size_t above = size_t(w->dyn_shared.window_hi() - uintptr_t(d + w->cfg->shared_mem));
+        out[n++] = {d, d + w->cfg->shared_mem, below < above ? below : above, nullptr, 0};
     }
     return n;
 }
