@@ -209,11 +209,12 @@ def main(argv=None) -> int:
             if extra:
                 raise OpError(f"unknown option(s) {' '.join(extra)}")
             plan = [(n, v, {}) for n in ops_registry.names() for v in sorted(ops_registry.get(n).versions)]
+        backend = _backend.get_backend()  # cuda asked for (LLMCUPY_BACKEND) but unusable: exit 2
     except (OpError, _backend.BackendError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    isolate = isolation(len(plan), _backend.get_backend())
+    isolate = isolation(len(plan), backend)
     from .sim.compiler import CompilerNotFound
 
     results, failed = [], 0

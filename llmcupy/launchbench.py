@@ -228,6 +228,13 @@ def main(argv=None) -> int:
     p.add_argument("--fused", action="store_true", help="the step with every fusion (as python -m llmcupy.train --fused)")
     p.add_argument("--json", help="also write the result to this file")
     args = p.parse_args(argv)
+    from . import _cli
+    from .runtime import backend as _backend
+
+    try:
+        _backend.get_backend()  # cuda asked for (LLMCUPY_BACKEND) but unusable: one line, exit 2
+    except _backend.BackendError as exc:
+        return _cli.fail(exc)
     r = measure(args.init, args.batch_size, args.seq_len, args.repeats, kernels=default_kernels(args.fused))
     r["fused"] = bool(args.fused)
     print(format_result(r))

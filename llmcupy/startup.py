@@ -53,10 +53,13 @@ def main(argv=None) -> int:
                                 epilog="Other flags go to python -m llmcupy.train.")
     p.add_argument("--out", default=os.path.join("bench", "results"), help="folder of the JSON record")
     args, train_flags = p.parse_known_args(argv)
-    from . import bench
+    from . import _cli, bench
     from .runtime import backend as _backend
 
-    backend = _backend.get_backend()
+    try:
+        backend = _backend.get_backend()
+    except _backend.BackendError as exc:
+        return _cli.fail(exc)
     result = measure(train_flags)
     for what in ("cold", "warm"):
         r = result[what]

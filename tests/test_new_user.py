@@ -456,6 +456,36 @@ def test_no_gpu_is_explained_in_our_words():
     assert text.startswith("no usable NVIDIA GPU") and "without a GPU this is expected" in text
 
 
+# (CLI, argv): every CLI that runs kernels, asked for the cuda backend on a machine where it is unusable
+CUDA_ASKED = [
+    ("kernel", ["softmax_forward", 1]),
+    ("kernel", ["--all"]),
+    ("bench", ["--ops", "softmax_forward"]),
+    ("train", SMALL + ["--steps", 1, "-v", 0, "-s", 0, "-i", "{tokens}"]),
+    ("sample", ["-e", "{model}", "-n", 1, "-t", 8, "--bpe", "{bpe}"]),
+    ("profile", ["--init", "d1", "-b", 1, "-t", 8, "--random-data"]),
+    ("startup", ["--init", "d1", "-i", "{tokens}"]),
+    ("launchbench", ["--repeats", 1]),
+]
+
+
+@pytest.mark.parametrize("cli,argv", CUDA_ASKED, ids=[f"{c}-{i}" for i, (c, _) in enumerate(CUDA_ASKED)])
+def test_cuda_asked_for_without_a_usable_gpu_is_one_line_exit_2(cli, argv, good_files, tmp_path, monkeypatch):
+    """LLMCUPY_BACKEND=cuda (as bench/gpu_session.sh sets) where CuPy cannot reach a GPU: the reason in
+    one line and exit 2, never a traceback, whether or not this machine has a GPU (the probe is faked)."""
+    from llmcupy.runtime import backend
+
+    monkeypatch.setenv("LLMCUPY_BACKEND", "cuda")
+    monkeypatch.setattr(backend, "_backend", None)
+    monkeypatch.setattr(backend, "cuda_unavailable_reason", lambda: "no usable NVIDIA GPU (faked by the test)")
+    subst = {f"{{{k}}}": str(v) for k, v in good_files.items()}
+    rc, out, err = _call(_cli(cli), [subst.get(str(a), a) for a in argv])
+    assert rc == 2, f"rc {rc}\n{out[-1500:]}\n{err}"
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "backend 'cuda' was requested but no usable NVIDIA GPU (faked" in errors[0], err
+    assert "Traceback" not in err
+
+
 @pytest.mark.gpu
 def test_gpu_two_runs_of_the_default_configuration_print_identical_losses(inputs):
     """On a GPU the atomics of a nondeterministic version really race (the emulator's two cores
