@@ -3,12 +3,17 @@
 # each writing its logs and JSON records to $OUT (copy the records into bench/results/, run
 # `python -m llmcupy.bench defaults` to update bench/defaults.json from them, and commit):
 #
+#   bash bench/gpu_session.sh wheels   # HERE, before the first call (needs PyPI): the packages the
+#                                      # GPU image lacks, as Python 3.12 wheels in .whl/ (git-ignored)
 #   bash bench/gpu_session.sh check    # install; pytest -m gpu; kernel --all --json
 #   bash bench/gpu_session.sh bench    # bench sweep of every version at the ops' sizes
 #   bash bench/gpu_session.sh step     # the step's ops at the trainer's shapes (for the defaults);
 #                                      # profile and start-up times of GPT-2 124M
 #   bash bench/gpu_session.sh side     # llm.c's FP32 trainer and PyTorch side by side (.shared/gpu)
 #
+# Every device call carries the wheels: `carry: [".whl"]` (and ".shared" for `side`). The GPU image
+# has CuPy, cuda-bindings and the CUDA libraries but not nvmath-python, whose cuBLAS / cuBLASLt
+# bindings the cuda backend calls (llmcupy/runtime/blas.py); the wheels install under /tmp/site.
 # Each stage has its own time limit, so a slow or hung stage costs its limit, not the whole call,
 # and what finished before it still comes back. Run from the project's root.
 set -uo pipefail
@@ -25,19 +30,66 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.l
   tail -n 4 "$OUT/$name.log"
 }
 
+# The packages the GPU image lacks (see the header); the version the emulator-side tests run against.
+NVMATH=nvmath-python==1.0.0
+# nvmath-python's own needs, carried in case the image's copies are too old for it: installed only
+# when nvmath does not import with the image's (they would shadow the image's copies otherwise).
+NVMATH_DEPS=(cuda-core cuda-pathfinder)
+SITE=/tmp/site
+
+download_wheels() {  # here: Python 3.12 manylinux wheels for the GPU image, into .whl/
+    local exclude; exclude=$(git rev-parse --git-path info/exclude) && mkdir -p "$(dirname "$exclude")" &&
+    { grep -qx '/.whl/' "$exclude" 2>/dev/null || echo /.whl/ >>"$exclude"; }
+    rm -rf .whl && mkdir -p .whl/deps
+    local platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+                     --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
+                     --platform manylinux2014_x86_64)
+    local opts=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}")
+    python3 -m pip download --quiet "${opts[@]}" -d .whl "$NVMATH" &&
+    python3 -m pip download --quiet "${opts[@]}" -d .whl/deps "${NVMATH_DEPS[@]}" || exit 1
+    ls -l .whl .whl/deps
+}
+
+install() {  # on the GPU machine: the project (editable) and the carried wheels
+    stage install 120 $PY -m pip install --no-deps --no-build-isolation -e .
+    if ! $PY -c "import nvmath.bindings.cublasLt" 2>/dev/null; then
+        if ! ls .whl/*.whl >/dev/null 2>&1; then
+            echo "nvmath-python is missing and no wheels were carried: run 'bash bench/gpu_session.sh wheels'" \
+                 "here and name .whl in the call's carry" | tee -a "$OUT/stages.txt"
+            return
+        fi
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+        export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+        if ! $PY -c "import nvmath.bindings.cublasLt" >>"$OUT/install.log" 2>&1; then
+            $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/deps/*.whl
+        fi
+    fi
+    $PY - >>"$OUT/stages.txt" 2>&1 <<'PYEOF'
+import importlib.metadata as md
+for name in ("nvmath-python", "cuda-core", "cuda-pathfinder", "cuda-bindings", "cupy-cuda13x", "cupy-cuda12x"):
+    try:
+        print(f"{name} {md.version(name)}", end="; ")
+    except md.PackageNotFoundError:
+        pass
+import nvmath.bindings.cublasLt  # fails here, in the log, rather than in every GPU test
+print("nvmath's cuBLAS bindings import")
+PYEOF
+}
+
+[ "${1:-}" = wheels ] && { download_wheels; exit 0; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$OUT/gpu.txt" 2>&1
 case "${1:-}" in
   check)
-    stage install 120 $PY -m pip install --no-deps --no-build-isolation -e .
+    install
     stage pytest_gpu 300 $PY -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"
     stage catalogue 150 $PY -m llmcupy.kernel --all --json "$OUT/results/catalogue.json"
     ;;
   bench)
-    stage install 120 $PY -m pip install --no-deps --no-build-isolation -e .
+    install
     stage bench 450 $PY -m llmcupy.bench --out "$OUT/results" --plot "$OUT/results/sweep.png" --no-progress
     ;;
   step)
-    stage install 120 $PY -m pip install --no-deps --no-build-isolation -e .
+    install
     stage trainer_shapes 200 $PY -m llmcupy.bench --trainer-shapes --out "$OUT/results" --no-progress
     stage profile 60 $PY -m llmcupy.profile --init d12 --random-data -b 4 -t 1024 --steps 3
     # the trainer reads token files: random GPT-2 tokens in llm.c's format (no data on the device)
@@ -48,10 +100,11 @@ write_tokens(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8 * 4 * 10
     ;;
   side)
     [ -d .shared ] || { echo "copy the shared folder to .shared first (see .shared/gpu/side_by_side.sh)"; exit 2; }
+    install  # the side-by-side script installs the project too, but not nvmath-python
     stage side_by_side 560 env OUT="$OUT/results" bash .shared/gpu/side_by_side.sh
     ;;
   *)
-    echo "usage: bash bench/gpu_session.sh check|bench|step|side" >&2
+    echo "usage: bash bench/gpu_session.sh wheels|check|bench|step|side" >&2
     exit 2
     ;;
 esac
