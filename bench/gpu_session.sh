@@ -51,7 +51,7 @@ download_wheels() {  # here: Python 3.12 manylinux wheels for the GPU image, int
 }
 
 install() {  # on the GPU machine: the project (editable) and the carried wheels
-    stage install 120 $PY -m pip install --no-deps --no-build-isolation -e .
+    stage install 60 $PY -m pip install --no-deps --no-build-isolation -e .
     if ! $PY -c "import nvmath.bindings.cublasLt" 2>/dev/null; then
         if ! ls .whl/*.whl >/dev/null 2>&1; then
             echo "nvmath-python is missing and no wheels were carried: run 'bash bench/gpu_session.sh wheels'" \
@@ -82,7 +82,7 @@ case "${1:-}" in
   check)
     install
     stage pytest_gpu 300 $PY -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"
-    stage catalogue 150 $PY -m llmcupy.kernel --all --json "$OUT/results/catalogue.json"
+    stage catalogue 220 $PY -m llmcupy.kernel --all --json "$OUT/results/catalogue.json"
     ;;
   bench)
     install

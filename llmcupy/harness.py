@@ -220,6 +220,107 @@ def _child_main(conn, fn, args, kwargs) -> None:
     os._exit(code)
 
 
+class SpawnedRunner:
+    """Runs calls one after another in a long-lived spawned child, restarting it only after a call
+    that failed: the cuda backend's isolation for ``kernel --all``.
+
+    A spawned interpreter costs seconds to start (Python, CuPy, a CUDA context), which a child per
+    version would pay about a hundred times for the catalogue. One child runs every version until
+    one goes wrong; the child then exits (a device fault leaves its CUDA context unusable) or has
+    died, that call's result says why, and the next call starts a fresh child. ``restart()`` asks
+    for a fresh child before the next call (e.g. after a version whose outputs were wrong). ``fn``
+    and its arguments must be picklable (module-level functions). Results are as ``run_isolated``'s.
+    """
+
+    def __init__(self):
+        self._proc = None
+        self._conn = None
+        self.starts = 0  # children started so far (the tests count them)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _start(self) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self._proc.start()
+        child.close()  # the child holds the only other end: EOF once it is gone
+        self._conn = parent
+        self.starts += 1
+
+    def restart(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._conn.send(None)  # "no more calls": the child exits by itself
+        except (BrokenPipeError, OSError):
+            pass
+        self._conn.close()
+        self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._proc = self._conn = None
+
+    def call(self, fn, *args, **kwargs):
+        if self._proc is None:
+            self._start()
+        data = None
+        try:
+            self._conn.send((fn, args, kwargs))
+            data = self._conn.recv()
+        except (EOFError, BrokenPipeError, OSError):  # the child died during the call
+            pass
+        if data is not None:
+            payload = json.loads(data)
+            if "value" in payload:
+                return payload["value"]
+            self.close()  # it raised: the child has exited (its CUDA context may be poisoned)
+            return {"ok": False, "error": payload["error"]}
+        proc = self._proc
+        proc.join()
+        self._conn.close()
+        self._proc = self._conn = None
+        if proc.exitcode is not None and proc.exitcode < 0:
+            return {"ok": False, "error": f"the child process died with signal {-proc.exitcode} (see stderr)"}
+        return {"ok": False, "error": f"the child exited with status {proc.exitcode} without a result"}
+
+
+def _worker_main(conn) -> None:
+    """SpawnedRunner's child: runs calls until told to stop; after a call that raised, sends the
+    error and exits, so that nothing runs in a process a fault may have left unusable."""
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            break
+        if message is None:
+            break
+        fn, args, kwargs = message
+        payload, code = _call_in_child(fn, args, kwargs)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        conn.send(json.dumps(payload, default=str))
+        if code != 0:
+            conn.close()
+            os._exit(code)
+    conn.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _run_spawned(fn, args, kwargs):
     import multiprocessing
 

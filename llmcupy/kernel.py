@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import harness
@@ -99,6 +100,14 @@ def defaults_provenance() -> str:
         return defaults.provenance()
     except defaults.DefaultsError as exc:
         return f"The measured defaults cannot be read: {exc}. Every * is llm.c's choice."
+
+
+def _write_json(path: str, results: list) -> None:
+    """The results so far, replacing the file atomically (a reader never sees half a file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    os.replace(tmp, path)
 
 
 def _run_one(op_name: str, number: int, sizes: dict, args) -> dict:
@@ -219,9 +228,15 @@ def main(argv=None) -> int:
 
     results, failed = [], 0
     run = _run_and_analyze if args.analyze else _run_one
+    # on a GPU one spawned child runs the versions until one fails (see harness.SpawnedRunner)
+    spawned = harness.SpawnedRunner() if isolate == "spawn" else None
     for op_name, number, sizes in plan:
         try:
-            if isolate:
+            if spawned is not None:
+                result = spawned.call(run, op_name, number, sizes, args)
+                if result.get("ok") is False:
+                    spawned.restart()  # wrong outputs may come from a stray write: a fresh process
+            elif isolate:
                 result = harness.run_isolated(run, op_name, number, sizes, args, start=isolate)
             else:
                 result = run(op_name, number, sizes, args)
@@ -245,15 +260,16 @@ def main(argv=None) -> int:
         print(flush=True)
         results.append(result)
         failed += result.get("ok") is False
+        if args.json:  # after every version: a run stopped by a time limit keeps what it measured
+            _write_json(args.json, results)
+    if spawned is not None:
+        spawned.close()
     if args.analyze:
         _print_comparisons(results)
     if len(plan) > 1:
         passed = sum(r.get("ok") is True for r in results)
         skipped = sum(r.get("ok") is None for r in results)
         print(f"{passed} passed, {failed} failed, {skipped} skipped")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2, default=str)
     if len(plan) == 1 and results[0].get("ok") is None:
         # one version asked for and it could not run (unavailable here, or the sizes refused):
         # not a pass, as a script reading the exit status would take 0 for

@@ -1,5 +1,6 @@
 """The emulator's CUDA semantics and hazard detection, kernel by kernel."""
 
+import json
 import os
 import subprocess
 import sys
@@ -365,6 +366,53 @@ def test_kernel_all_reports_a_dead_child_as_that_versions_failure(monkeypatch, c
     assert rc == 1
     assert "gelu_forward version 1: ERROR the child process died with signal 11" in out
     assert "1 passed, 1 failed, 0 skipped" in out
+
+
+def _pid_of_child():
+    return os.getpid()
+
+
+def _raise_in_child():
+    raise RuntimeError("planted failure")
+
+
+def test_spawned_runner_reuses_its_child_until_a_call_fails():
+    # kernel --all on a GPU: one spawned child runs the versions (a spawn costs seconds of Python,
+    # CuPy and a CUDA context); a crash or an exception costs a fresh child, for the next call only
+    from llmcupy.harness import SpawnedRunner
+
+    with SpawnedRunner() as runner:
+        first = runner.call(_pid_of_child)
+        assert runner.call(_pid_of_child) == first != os.getpid() and runner.starts == 1
+        crashed = runner.call(_crash)
+        assert crashed["ok"] is False and "signal 11" in crashed["error"]
+        second = runner.call(_pid_of_child)
+        assert second != first and runner.starts == 2
+        raised = runner.call(_raise_in_child)
+        assert raised == {"ok": False, "error": "RuntimeError: planted failure"}
+        assert runner.call(_pid_of_child) not in (first, second) and runner.starts == 3
+        runner.restart()  # asked for by the caller (kernel.py after a FAIL)
+        assert runner.call(_launch_twice_in_child, GRID_CODE) == 128.0 and runner.starts == 4
+
+
+def test_kernel_json_keeps_the_versions_finished_before_a_run_is_stopped(monkeypatch, tmp_path, capsys):
+    from llmcupy import kernel
+
+    run_one = kernel._run_one
+
+    def interrupted_at_version_2(op_name, number, sizes, args):
+        if number == 2:
+            raise KeyboardInterrupt  # as a time limit stopping the run
+        return run_one(op_name, number, sizes, args)
+
+    monkeypatch.setattr(kernel, "isolation", lambda n, backend: None)
+    monkeypatch.setattr(kernel, "_run_one", interrupted_at_version_2)
+    path = tmp_path / "catalogue.json"
+    with pytest.raises(KeyboardInterrupt):
+        kernel.main(["gelu_forward", "--all", "--backend", "sim", "--json", str(path)])
+    records = json.loads(path.read_text())
+    assert [(r["op"], r["version"], r["ok"]) for r in records] == [("gelu_forward", 1, True)]
+    assert not (tmp_path / "catalogue.json.tmp").exists()
 
 
 def test_asan_mode_reports_out_of_bounds_global_access(tmp_path):
