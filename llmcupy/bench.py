@@ -18,7 +18,8 @@ correctness only.
 
 One JSON file per run goes to ``bench/results/`` on a GPU, ``bench/results/sim/`` (git-ignored: they are
 no GPU evidence) in the emulator, or ``--out DIR``, named
-``<UTC date>_<device>_<commit>.json``. Top level: ``schema``, ``date`` (UTC), ``command`` (the exact
+``<UTC date>_<device>_<commit>.json``, saved after every version (``"partial": true`` until the run
+ends, so a run stopped early keeps what it measured). Top level: ``schema``, ``date`` (UTC), ``command`` (the exact
 command line), ``backend``, ``device``, ``software`` (Python, NumPy, CuPy, CUDA runtime and driver),
 ``git`` (``commit``, or "unknown", and ``dirty``), ``timed`` (and ``no_timings``, the reason, in the
 emulator), ``ops`` and ``results``: one entry per op and version with ``ok`` (None: skipped, with
@@ -184,11 +185,14 @@ def _version_entry(op_name: str, number: int, raw: dict) -> dict:
 
 def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, isolate: bool | None = None,
         command: str | None = None, progress: bool = True, verbose: bool = False, log=None,
-        trainer: bool = False, analyze: bool | None = None, gpu: str | None = None) -> dict:
+        trainer: bool = False, analyze: bool | None = None, gpu: str | None = None, on_entry=None) -> dict:
     """Sweeps every version of the given ops and returns the run's record (see the module docstring).
 
-    ``isolate`` (default: in the emulator) runs each version in a forked child so that a kernel which
-    crashes the emulator fails only its own entry. ``log`` (default stdout) gets one line per version.
+    ``isolate`` (default: yes) runs the versions in child processes so that a kernel which crashes the
+    emulator, or faults and poisons the CUDA context, fails only its own entry: a forked child per
+    version in the emulator, on a GPU one spawned child until a version fails
+    (``harness.SpawnedRunner``). ``on_entry(record)`` is called after every version (the CLI saves the
+    record so far). ``log`` (default stdout) gets one line per version.
     The emulator's watchdog time limit is off during a benchmark. ``trainer`` runs the training
     step's ops at the trainer's shapes (``defaults.trainer_sizes``), the runs ``defaults`` reads.
     ``analyze`` (default: in the emulator) adds each version's memory-traffic metrics and roofline
@@ -198,11 +202,12 @@ def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, 
 
     with sim_settings(timeout=0):
         return _run(op_names, small=small, seed=seed, repeat=repeat, isolate=isolate, command=command,
-                    progress=progress, verbose=verbose, log=log, trainer=trainer, analyze=analyze, gpu=gpu)
+                    progress=progress, verbose=verbose, log=log, trainer=trainer, analyze=analyze, gpu=gpu,
+                    on_entry=on_entry)
 
 
 def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, log, trainer=False, analyze=None,
-         gpu=None) -> dict:
+         gpu=None, on_entry=None) -> dict:
     from tqdm import tqdm
 
     from . import harness
@@ -219,7 +224,8 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
                           f"are: {', '.join(trainer_sizes())}")
     plan = plan_for(op_names)
     backend = _backend.get_backend()
-    isolate = (backend == "sim") if isolate is None else isolate
+    isolate = True if isolate is None else isolate
+    spawned = harness.SpawnedRunner(env={"LLMCUPY_BACKEND": backend}) if isolate and backend == "cuda" else None
     # the metrics are counted by the emulator; on a GPU they would need a second, emulated run
     analyze = (backend == "sim") if analyze is None else (analyze and backend == "sim")
     date = _utc_now()
@@ -268,7 +274,11 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
             bar.set_postfix_str(f"{op_name} v{number}")
         try:
             extra = (True,) if trainer else ()   # (the trainer's shapes; absent otherwise, as before)
-            if isolate:
+            if spawned is not None:
+                raw = spawned.call(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu, *extra)
+                if raw.get("ok") is False:
+                    spawned.restart()  # wrong outputs may come from a stray write: a fresh process
+            elif isolate:
                 raw = harness.run_isolated(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu,
                                            *extra)
             else:
@@ -283,6 +293,10 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
             write(harness.format_sweep(raw))
         else:
             write(format_entry(entry))
+        if on_entry is not None:
+            on_entry(record)
+    if spawned is not None:
+        spawned.close()
     if bar is not None:
         bar.close()
     record["summary"] = _counts(record["results"])
@@ -344,16 +358,35 @@ def result_filename(record: dict) -> str:
     return f"{date}_{device}_{commit}.json"
 
 
-def save(record: dict, out_dir: str | os.PathLike = DEFAULT_OUT) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / result_filename(record)
-    n = 1
-    while path.exists():  # two runs in the same second
-        path = out / (result_filename(record)[:-5] + f"-{n}.json")
-        n += 1
-    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+def save(record: dict, out_dir: str | os.PathLike = DEFAULT_OUT, path: Path | None = None) -> Path:
+    """Writes the record to a new file in ``out_dir`` (or over ``path``, a file an earlier save of
+    the same run made), atomically: a reader never sees half a record."""
+    if path is None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / result_filename(record)
+        n = 1
+        while path.exists():  # two runs in the same second
+            path = out / (result_filename(record)[:-5] + f"-{n}.json")
+            n += 1
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
     return path
+
+
+class _SaveAsYouGo:
+    """``on_entry`` for the CLI: the record so far, marked ``"partial": true``, saved after every
+    version to one file, so a run stopped by a time limit keeps what it measured."""
+
+    def __init__(self, out_dir):
+        self.out_dir, self.path = out_dir, None
+
+    def __call__(self, record: dict) -> None:
+        self.path = save(dict(record, partial=True), self.out_dir, self.path)
+
+    def final(self, record: dict) -> Path:
+        return save(record, self.out_dir, self.path)
 
 
 def load(path: str | os.PathLike) -> dict:
@@ -806,7 +839,7 @@ def list_results(out_dir=DEFAULT_OUT) -> str:
             continue
         c = _counts(r["results"])
         ops = len({e["op"] for e in r["results"]})
-        timed = "timed" if r.get("timed") else "correctness only"
+        timed = ("timed" if r.get("timed") else "correctness only") + (", stopped early" if r.get("partial") else "")
         lines.append(f"{p}: {r.get('date', '?')} {r.get('device', '?')} commit {r.get('git', {}).get('commit', '?')[:10]}"
                      f" - {ops} ops, {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped ({timed})")
     return "\n".join(lines)
@@ -845,7 +878,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--repeat", type=int, default=50, help="timed launches per block size (GPU)")
     p.add_argument("--no-isolate", action="store_true",
-                   help="emulator: run versions in this process instead of a forked child each")
+                   help="run the versions in this process (default: a forked child each in the emulator; on a "
+                        "GPU one spawned child, replaced after a version fails)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--no-analyze", action="store_true",
                    help="emulator: skip the memory-traffic metrics and roofline model recorded per version")
@@ -976,14 +1010,15 @@ def main(argv=None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+    saver = None if args.no_save else _SaveAsYouGo(args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT))
     record = run(args.ops, small=args.small, seed=args.seed, repeat=args.repeat, analyze=not args.no_analyze,
                  gpu=args.gpu,
                  isolate=False if args.no_isolate else None, command=command, progress=not args.no_progress,
-                 verbose=args.verbose, trainer=args.trainer_shapes)
+                 verbose=args.verbose, trainer=args.trainer_shapes, on_entry=saver)
     c = record["summary"]
     print(f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
-    if not args.no_save:
-        path = save(record, args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT))
+    if saver is not None:
+        path = saver.final(record)
         print(f"results: {path}")
         if args.trainer_shapes:
             print("the trainer's defaults follow it once you run: python -m llmcupy.bench defaults"

@@ -109,8 +109,14 @@ def pick(record: dict) -> dict:
     wanted = trainer_sizes()
     best: dict = {}
     timed: dict = {}
-    for entry in record.get("results", []):
+    results = record.get("results", [])
+    # a run stopped early (bench saves "partial" records as it goes) ran its ops one after the other:
+    # those before the last are complete, the last may lack versions, so it has no fastest yet
+    unfinished = results[-1].get("op") if record.get("partial") and results else None
+    for entry in results:
         op_name, number = entry.get("op"), entry.get("version")
+        if op_name == unfinished:
+            continue
         sizes = entry.get("sizes") or {}
         if op_name not in wanted or op_name not in registry.names() or any(
                 sizes.get(k) != v for k, v in wanted[op_name].items()):

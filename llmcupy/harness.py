@@ -232,9 +232,10 @@ class SpawnedRunner:
     and its arguments must be picklable (module-level functions). Results are as ``run_isolated``'s.
     """
 
-    def __init__(self):
+    def __init__(self, env: dict | None = None):
         self._proc = None
         self._conn = None
+        self._env = dict(env or {})  # set in each child before its first call (e.g. LLMCUPY_BACKEND)
         self.starts = 0  # children started so far (the tests count them)
 
     def __enter__(self):
@@ -250,7 +251,7 @@ class SpawnedRunner:
         parent, child = ctx.Pipe(duplex=True)
         sys.stdout.flush()
         sys.stderr.flush()
-        self._proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self._proc = ctx.Process(target=_worker_main, args=(child, self._env), daemon=True)
         self._proc.start()
         child.close()  # the child holds the only other end: EOF once it is gone
         self._conn = parent
@@ -297,9 +298,10 @@ class SpawnedRunner:
         return {"ok": False, "error": f"the child exited with status {proc.exitcode} without a result"}
 
 
-def _worker_main(conn) -> None:
+def _worker_main(conn, env: dict) -> None:
     """SpawnedRunner's child: runs calls until told to stop; after a call that raised, sends the
     error and exits, so that nothing runs in a process a fault may have left unusable."""
+    os.environ.update(env)
     while True:
         try:
             message = conn.recv()

@@ -152,6 +152,28 @@ def test_emulator_run_writes_record_and_plot(tmp_path):
     assert_png(replot)
 
 
+def test_the_record_is_saved_after_every_version_and_marked_partial_until_the_end(tmp_path, monkeypatch):
+    # a run stopped by a time limit (bench/gpu_session.sh) keeps the versions it finished
+    seen = []
+    real_save = bench.save
+
+    def spy(record, out_dir, path=None):
+        path = real_save(record, out_dir, path)
+        seen.append((path, json.loads(path.read_text())))
+        return path
+
+    monkeypatch.setattr(bench, "save", spy)
+    rc = bench.main(["--ops", "gelu_forward", "--backend", "sim", "--no-progress", "--no-analyze",
+                     "--out", str(tmp_path)])
+    assert rc == 0
+    assert len({path for path, _ in seen}) == 1 and list(tmp_path.glob("*.json")) == [seen[0][0]]
+    versions = len(bench.plan_for(["gelu_forward"]))
+    assert [len(r["results"]) for _, r in seen] == list(range(1, versions + 1)) + [versions]
+    assert all(r["partial"] for _, r in seen[:-1]) and "partial" not in seen[-1][1]
+    assert not list(tmp_path.glob("*.tmp"))
+    assert "stopped early" not in bench.list_results(tmp_path)
+
+
 def test_unknown_op_is_a_usage_error(tmp_path):
     rc, stdout, stderr = run("--ops", "softmaxx", "--backend", "sim", "--out", str(tmp_path))
     assert rc == 2

@@ -103,6 +103,14 @@ def test_defaults_pick_the_fastest_correct_deterministic_version_per_device(resu
     assert json.loads(out.read_text()) == doc        # --check wrote nothing
 
 
+def test_a_run_stopped_early_gives_no_default_for_the_op_it_was_in():
+    # bench saves "partial" records as it goes; its last op may lack versions (here v3, faster)
+    record = dict(_record([_entry("gelu_forward", 1, 0.02), _entry("gelu_forward", 2, 0.03),
+                           _entry("layernorm_forward", 6, 0.05)]), partial=True)
+    assert set(defaults.pick(record)) == {"gelu_forward"}
+    assert set(defaults.pick(dict(record, partial=False))) == {"gelu_forward", "layernorm_forward"}
+
+
 def test_no_gpu_results_give_a_file_naming_no_gpu(tmp_path):
     out = tmp_path / "defaults.json"
     rc, stdout, err = _call(["defaults", "--results", tmp_path / "none", "--out", out])
