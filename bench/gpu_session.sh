@@ -24,7 +24,9 @@ PY=${PYTHON:-python3}
 stage() {  # stage NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, say how it ended
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  # SIGINT first: Python stops as at Ctrl-C (pytest still writes its summary and junit file; kernel
+  # and bench have saved each version as they went), then SIGKILL 20 s later if it is still running
+  timeout --signal=INT --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   echo "$name: exit $rc after $((SECONDS - t0)) s (limit $limit s; log $name.log)" | tee -a "$OUT/stages.txt"
   tail -n 4 "$OUT/$name.log"
@@ -81,7 +83,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"
 case "${1:-}" in
   check)
     install
-    stage pytest_gpu 300 $PY -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"
+    stage pytest_gpu 300 $PY -m pytest -m gpu -q -rs --durations=15 -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"
     stage catalogue 220 $PY -m llmcupy.kernel --all --json "$OUT/results/catalogue.json"
     ;;
   bench)
