@@ -83,7 +83,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"
 case "${1:-}" in
   check)
     install
-    stage pytest_gpu 300 $PY -m pytest -m gpu -q -rs --durations=15 -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"
+    # one process, in a random order (issue: no test may depend on state another left behind);
+    # the seed is logged, and SHUFFLE=SEED repeats an order
+    seed=${SHUFFLE:-$RANDOM}
+    echo "pytest -m gpu in the order of --shuffle $seed" | tee -a "$OUT/stages.txt"
+    stage pytest_gpu 300 $PY -m pytest -m gpu --shuffle "$seed" -q -rs --durations=15 -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"
     stage catalogue 220 $PY -m llmcupy.kernel --all --json "$OUT/results/catalogue.json"
     ;;
   bench)

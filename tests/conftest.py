@@ -1,4 +1,5 @@
 import os
+import random
 
 import pytest
 
@@ -12,7 +13,21 @@ def _cuda_reason():
     return cuda_unavailable_reason()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shuffle", type=int, default=None, metavar="SEED",
+                     help="run the tests in a random order drawn from SEED, to show that none depends on "
+                          "state another left behind (e.g. pytest -m gpu --shuffle 1)")
+
+
+def pytest_report_header(config):
+    seed = config.getoption("--shuffle")
+    return None if seed is None else f"test order shuffled with seed {seed} (--shuffle {seed} repeats it)"
+
+
 def pytest_collection_modifyitems(config, items):
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        random.Random(seed).shuffle(items)
     reason = None
     checked = False
     for item in items:
