@@ -326,22 +326,60 @@ def test_compile_cache_is_safe_across_processes(tmp_path):
 
 
 def _crash():
-    mod = module(r"""__global__ void wild(float* x) { x[(size_t)threadIdx.x * 100000000000ull] = 1.0f; }""")
-    mod.get_function("wild")((1,), (32,), (np.zeros(1, np.float32),))
+    # __builtin_trap (SIGILL) kills the process: the emulator turns only SIGSEGV/SIGBUS in kernel
+    # code into an exception, so this stands for any crash a launch cannot survive
+    mod = module(r"""__global__ void trap(float* x) { if (threadIdx.x == 5) __builtin_trap(); x[0] = 1.0f; }""")
+    mod.get_function("trap")((1,), (32,), (np.zeros(1, np.float32),))
     return {"ok": True}
 
 
 def test_a_crashing_kernel_fails_alone():
     result = run_isolated(_crash)
-    assert result["ok"] is False and "signal 11" in result["error"]
+    assert result["ok"] is False and "signal 4" in result["error"]
 
 
 def test_a_crashing_kernel_fails_alone_in_a_spawned_child():
     # the cuda backend's isolation (a device fault poisons the CUDA context; CUDA cannot be used
     # in a child forked after its initialisation) starts a fresh interpreter instead of forking
     result = run_isolated(_crash, start="spawn")
-    assert result["ok"] is False and "signal 11" in result["error"]
+    assert result["ok"] is False and "signal 4" in result["error"]
     assert run_isolated(_launch_twice_in_child, GRID_CODE, start="spawn") == 128.0
+
+
+WILD = r"""__global__ void wild(float* x) { x[(size_t)threadIdx.x * 100000000000ull] = 1.0f; }"""
+DEEP = r"""
+__device__ int rec(int n) { volatile char pad[4096]; pad[0] = char(n); return n == 0 ? 0 : rec(n - 1) + pad[0]; }
+__global__ void deep(int* out, int n) { out[threadIdx.x] = rec(n); }
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_fault_in_kernel_code_is_an_exception_and_the_process_lives_on(workers):
+    # as a GPU reports cudaErrorIllegalAddress: the block is abandoned and the launch raises; the
+    # next launch in the same process runs (a notebook keeps its kernel)
+    with sim.settings(workers=workers):
+        with pytest.raises(sim.SimMemoryFaultError, match=r"kernel wild crashed with SIGSEGV in block \(\d+,0,0\), "
+                                                           r"thread \(\d+,0,0\): an out-of-bounds memory access at 0x"):
+            module(WILD).get_function("wild")((4,), (32,), (np.zeros(1, np.float32),))
+        with pytest.raises(sim.SimMemoryFaultError, match="kernel deep crashed with SIGSEGV .*: a fiber stack overflow "
+                                                          r"\(LLMCUPY_SIM_STACK_KB"):
+            module(DEEP).get_function("deep")((2,), (4,), (np.zeros(4, np.int32), np.int32(1 << 20)))
+        total = np.zeros(1, np.float32)
+        module(GRID_CODE).get_function("counter")((8,), (32,), (total, np.zeros(1, np.uint32)))
+        assert total[0] == 128.0
+
+
+def test_trap_fails_the_launch_with_the_place_and_the_process_lives_on():
+    # __trap() aborts a launch on a GPU (cudaErrorLaunchFailure); here an exception naming the place
+    k = module("__global__ void t(float* x, int bad) {\n"
+               "    if (threadIdx.x == bad) __trap();\n"
+               "    x[threadIdx.x] = 1.0f;\n}").get_function("t")
+    x = np.zeros(32, np.float32)
+    with pytest.raises(sim.SimLaunchError, match=r"kernel t called __trap\(\) at kernel.cu:2, block \(0,0,0\), "
+                                                 r"thread \(7,0,0\)"):
+        k((1,), (32,), (x, np.int32(7)))
+    k((1,), (32,), (x, np.int32(-1)))
+    assert x.sum() == 32
 
 
 def _run_one_with_a_planted_crash(op_name, number, sizes, args):
@@ -364,7 +402,7 @@ def test_kernel_all_reports_a_dead_child_as_that_versions_failure(monkeypatch, c
     rc = kernel.main(["gelu_forward", "--all", "--backend", "sim"])
     out = capsys.readouterr().out
     assert rc == 1
-    assert "gelu_forward version 1: ERROR the child process died with signal 11" in out
+    assert "gelu_forward version 1: ERROR the child process died with signal 4" in out
     assert "1 passed, 1 failed, 0 skipped" in out
 
 
@@ -385,7 +423,7 @@ def test_spawned_runner_reuses_its_child_until_a_call_fails():
         first = runner.call(_pid_of_child)
         assert runner.call(_pid_of_child) == first != os.getpid() and runner.starts == 1
         crashed = runner.call(_crash)
-        assert crashed["ok"] is False and "signal 11" in crashed["error"]
+        assert crashed["ok"] is False and "signal 4" in crashed["error"]
         second = runner.call(_pid_of_child)
         assert second != first and runner.starts == 2
         raised = runner.call(_raise_in_child)

@@ -61,6 +61,12 @@ class SimSharedMemoryError(SimLaunchError):
     """A write landed just outside a shared-memory array (an out-of-bounds index)."""
 
 
+class SimMemoryFaultError(SimLaunchError):
+    """A thread faulted (SIGSEGV/SIGBUS: an address nothing is mapped at, or a fiber stack overflow);
+    its block was abandoned, as a GPU reports cudaErrorIllegalAddress. Names kernel, block, thread and,
+    where the emulator knows it, what the address was; ``--sanitize memory`` names the source line."""
+
+
 class SimSanitizerError(SimLaunchError):
     """racecheck, memcheck or initcheck found errors in a launch; ``reports`` holds them
     (:class:`SanitizerReport`), the message lists the first few, one per pair of source lines."""
@@ -166,6 +172,7 @@ class _LaunchResult(ctypes.Structure):
         ("timed_out", ctypes.c_int),
         ("shared_overflow", ctypes.c_int),
         ("sanitizer_stop", ctypes.c_int),
+        ("memory_fault", ctypes.c_int),
     ]
 
 
@@ -455,5 +462,7 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
         raise SimTimeoutError(message)
     if res.shared_overflow:
         raise SimSharedMemoryError(message)
+    if res.memory_fault:
+        raise SimMemoryFaultError(message)
     if rc == 2 or res.deadlock:
         raise SimDeadlockError(res.message.decode(errors="replace").rstrip())

@@ -163,6 +163,7 @@ struct LaunchResult {
     int timed_out;            // the watchdog stopped the launch (message says where threads were)
     int shared_overflow;      // a write landed just outside a shared-memory array
     int sanitizer_stop;       // memcheck stopped the launch before a bad access (reports: llmcupy_sim_check_reports)
+    int memory_fault;         // a thread faulted (SIGSEGV/SIGBUS) in kernel code; its block was abandoned
 };
 
 enum FiberState : int { READY = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3 };
@@ -1417,8 +1418,10 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
             Fiber& f = w->fibers[w->order[i]];
             if (f.state == READY) {
                 switch_to_fiber(w, &f);
-                if (w->abandoned) {  // a failed assert, or the watchdog stopped a running thread
-                    if (g_timed_out.load(std::memory_order_relaxed) && !w->counters.assert_failed) report_timeout(w, &f);
+                if (w->abandoned) {  // a failed assert, a fault, or the watchdog stopped a running thread
+                    if (g_timed_out.load(std::memory_order_relaxed) && !w->counters.assert_failed &&
+                        !w->counters.memory_fault)
+                        report_timeout(w, &f);
                     return;
                 }
                 ready += f.state == READY;  // it yielded (a volatile access or a poll)
@@ -1446,39 +1449,66 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
 
 // Signal handling: a kernel that faults (out-of-bounds access, fiber stack overflow) says where,
 // and what the faulting address was when the emulator knows it (the dynamic shared memory's
-// window, a fiber stack's guard page). Only async-signal-safe calls here: snprintf into a local
-// buffer and write(2).
+// window, a fiber stack's guard page). When the fault happened in a thread's own code, on its own
+// fiber stack, the thread is left the way the watchdog leaves one: the scheduler takes over, the
+// block is abandoned and the launch raises SimMemoryFaultError, so the process (a notebook's
+// kernel, say) lives on, as a CUDA program gets cudaErrorIllegalAddress instead of dying. A fault
+// anywhere else (the emulator itself) is reported on stderr and kills the process.
 inline thread_local Worker* tls_fault_worker = nullptr;
-inline void fault_handler(int sig, siginfo_t* info, void*) {
+inline void describe_fault(Worker* w, int sig, uintptr_t a, char* out, size_t n) {
+    char what[240];
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    uintptr_t stack = uintptr_t(w->cur->stack);
+    uintptr_t d = uintptr_t(w->dyn_shared.data()) + kGuardBytes;
+    size_t shared_mem = w->cfg ? size_t(w->cfg->shared_mem) : 0;
+    if (a >= w->dyn_shared.window_lo() && a < w->dyn_shared.window_hi()) {
+        if (a < d)
+            std::snprintf(what, sizeof what, "a dynamic shared memory access %llu bytes before extern __shared__ "
+                          "(%zu bytes = the launch's shared_mem)", (unsigned long long)(d - a), shared_mem);
+        else
+            std::snprintf(what, sizeof what, "a dynamic shared memory access %llu bytes past the end of extern "
+                          "__shared__ (%zu bytes = the launch's shared_mem)",
+                          (unsigned long long)(a - d - shared_mem), shared_mem);
+    } else if (stack && a < stack && a + page >= stack) {
+        std::snprintf(what, sizeof what, "a fiber stack overflow (LLMCUPY_SIM_STACK_KB raises the fiber stack)");
+    } else {
+        std::snprintf(what, sizeof what, "an out-of-bounds memory access at %#llx (LLMCUPY_SIM_CHECK=memory "
+                      "names the line)", (unsigned long long)a);
+    }
+    std::snprintf(out, n, "kernel %s crashed with %s in block (%u,%u,%u), thread (%u,%u,%u): %s",
+                  w->kernel_name, sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : "a signal",
+                  w->block_idx.x, w->block_idx.y, w->block_idx.z, w->cur->tid.x, w->cur->tid.y, w->cur->tid.z, what);
+}
+
+inline void fault_handler(int sig, siginfo_t* info, void* uctx) {
     Worker* w = tls_fault_worker;
-    char msg[640], what[240];
+    char msg[640];
     if (w && w->cur) {
-        uintptr_t a = info ? uintptr_t(info->si_addr) : 0;
+        describe_fault(w, sig, info ? uintptr_t(info->si_addr) : 0, msg, sizeof msg);
+#if defined(__x86_64__) && defined(__linux__)
+        uintptr_t sp = uintptr_t(static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_RSP]);
+        uintptr_t a = info ? uintptr_t(info->si_addr) : 0, stack = uintptr_t(w->cur->stack);
         const size_t page = size_t(sysconf(_SC_PAGESIZE));
-        uintptr_t stack = uintptr_t(w->cur->stack);
-        uintptr_t d = uintptr_t(w->dyn_shared.data()) + kGuardBytes;
-        size_t shared_mem = w->cfg ? size_t(w->cfg->shared_mem) : 0;
-        if (a >= w->dyn_shared.window_lo() && a < w->dyn_shared.window_hi()) {
-            if (a < d)
-                std::snprintf(what, sizeof what, "a dynamic shared memory access %llu bytes before extern __shared__ "
-                              "(%zu bytes = the launch's shared_mem)", (unsigned long long)(d - a), shared_mem);
-            else
-                std::snprintf(what, sizeof what, "a dynamic shared memory access %llu bytes past the end of extern "
-                              "__shared__ (%zu bytes = the launch's shared_mem)",
-                              (unsigned long long)(a - d - shared_mem), shared_mem);
-        } else if (stack && a < stack && a + page >= stack) {
-            std::snprintf(what, sizeof what, "a fiber stack overflow (LLMCUPY_SIM_STACK_KB raises the fiber stack)");
-        } else {
-            std::snprintf(what, sizeof what, "an out-of-bounds memory access at %#llx or a fiber stack overflow "
-                          "(LLMCUPY_SIM_STACK_KB raises the fiber stack; LLMCUPY_SIM_CHECK=memory names the line)",
-                          (unsigned long long)a);
+        // running on the fiber's stack, or touching its guard page (an overflow, with the stack pointer
+        // anywhere below): the thread's own code faulted
+        bool own_stack = sp >= stack && sp <= stack + w->cur->stack_size;
+        bool overflow = a < stack && a + page >= stack;
+        if (w->in_fiber && (own_stack || overflow)) {
+            append_message(&w->counters, msg);
+            append_message(&w->counters, overflow ? "; the block was abandoned\n"
+                                                  : "; the block was abandoned (out-of-bounds writes before the "
+                                                    "fault may have changed other memory of this process)\n");
+            w->counters.memory_fault = 1;
+            w->abandoned = true;
+            w->in_fiber = false;
+            switch_to_scheduler(w, true);  // never returns: the fiber is not resumed
         }
-        int n = std::snprintf(msg, sizeof msg, "\nllmcupy sim: kernel %s crashed with %s in block (%u,%u,%u), "
-                              "thread (%u,%u,%u): %s\n",
-                              w->kernel_name, sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : "a signal",
-                              w->block_idx.x, w->block_idx.y, w->block_idx.z, w->cur->tid.x, w->cur->tid.y,
-                              w->cur->tid.z, what);
-        if (n > 0) { ssize_t ignored = write(2, msg, size_t(n) < sizeof msg ? size_t(n) : sizeof msg - 1); (void)ignored; }
+#else
+        (void)uctx;
+#endif
+        char line[700];
+        int n = std::snprintf(line, sizeof line, "\nllmcupy sim: %s\n", msg);
+        if (n > 0) { ssize_t ignored = write(2, line, size_t(n) < sizeof line ? size_t(n) : sizeof line - 1); (void)ignored; }
     }
     signal(sig, SIG_DFL);
     raise(sig);
@@ -1529,6 +1559,22 @@ inline void watchdog_handler(int, siginfo_t*, void* uctx) {
                   w->kernel_name, expr, file, line, w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x,
                   f->tid.y, f->tid.z);
     stop_launch(w, f, msg, &LaunchResult::assert_failed);
+}
+
+// __trap(): the kernel aborts its own launch, which fails on a GPU with cudaErrorLaunchFailure. Here
+// the launch stops with an error naming the place; the Python process lives on.
+[[noreturn]] inline void device_trap(const char* file, int line) {
+    Worker* w = tls_worker;
+    if (w == nullptr || w->cur == nullptr || !w->in_fiber) {
+        std::fprintf(stderr, "%s:%d: __trap() outside a kernel\n", file, line);
+        std::abort();
+    }
+    Fiber* f = w->cur;
+    char msg[512];
+    std::snprintf(msg, sizeof msg, "kernel %s called __trap() at %s:%d, block (%u,%u,%u), thread (%u,%u,%u): "
+                  "the launch failed (cudaErrorLaunchFailure on a GPU)\n", w->kernel_name, file, line,
+                  w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y, f->tid.z);
+    stop_launch(w, f, msg, &LaunchResult::error);
 }
 
 // A feature the emulator cannot honour, met at run time: the launch stops with an error saying so.
@@ -1626,10 +1672,12 @@ inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>
     total->barrier_after_exit += w->counters.barrier_after_exit;
     total->exited_lane_reads += w->counters.exited_lane_reads;
     bool failed = w->counters.deadlock || w->counters.assert_failed || w->counters.timed_out ||
-                  w->counters.shared_overflow || w->counters.error || w->counters.sanitizer_stop;
+                  w->counters.shared_overflow || w->counters.error || w->counters.sanitizer_stop ||
+                  w->counters.memory_fault;
     bool reported = total->deadlock || total->assert_failed || total->timed_out || total->shared_overflow || total->error ||
-                    total->sanitizer_stop;
+                    total->sanitizer_stop || total->memory_fault;
     if (failed && !reported) {
+        total->memory_fault = w->counters.memory_fault;
         total->sanitizer_stop = w->counters.sanitizer_stop;
         total->error = w->counters.error;
         total->deadlock = w->counters.deadlock;
@@ -1757,7 +1805,8 @@ inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure
     if (nblocks == 0) return 0;
     struct sigaction sa{}, old_segv{}, old_bus{}, dog{}, old_dog{};
     sa.sa_sigaction = fault_handler;
-    sa.sa_flags = SA_ONSTACK | SA_SIGINFO;
+    // SA_NODEFER: a handler that leaves a faulting thread never returns, so SIGSEGV must not stay blocked
+    sa.sa_flags = SA_ONSTACK | SA_SIGINFO | SA_NODEFER;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGSEGV, &sa, &old_segv);
     sigaction(SIGBUS, &sa, &old_bus);
@@ -1873,6 +1922,7 @@ inline const char* signature(void (*)(A...)) {
 #define assert(e) ((e) ? (void)0 : llmcupy_sim::device_assert_fail(#e, __FILE__, __LINE__))
 #endif
 #define __assertfail(msg, file, line, fn, size) llmcupy_sim::device_assert_fail(msg, file, line)
+#define __trap() llmcupy_sim::device_trap(__FILE__, __LINE__)
 
 // GCC's -fsanitize=float-cast-overflow check calls this (see float_cast_overflow above).
 extern "C" __attribute__((used)) void __ubsan_handle_float_cast_overflow(void* data, void*) {
