@@ -991,6 +991,44 @@ def test_curand_philox_matches_the_gpu():
     np.testing.assert_allclose(outs["cuda"][1], outs["sim"][1], rtol=1e-4, atol=1e-5)
 
 
+def test_cuda_get_global_is_sized_and_finds_namespaced_variables(monkeypatch):
+    """The cuda path of get_global without a GPU: CuPy 14.2's RawModule.get_global wraps the address
+    in an UnownedMemory of size 0 (cupy/_core/raw.pyx) and looks up the plain name, so global_array
+    could not size its view and ``ops::gain`` (symbol _ZN3ops4gainE) was not found. Ours asks the
+    driver for the mangled symbol's address and size; the driver call is faked here."""
+    import cupy
+
+    from llmcupy.runtime import module as rt_module
+
+    assert rt_module.mangled_variable_name("coef") == "coef"
+    assert rt_module.mangled_variable_name("ops::gain") == "_ZN3ops4gainE"
+    assert rt_module.mangled_variable_name("a::bc::d") == "_ZN1a2bc1dE"
+    with pytest.raises(AttributeError, match="namespace::name"):
+        rt_module.mangled_variable_name("ops::detail::twice<float>")
+
+    symbols = {"coef": (0x7000, 16), "_ZN3ops4gainE": (0x7100, 4)}
+    asked = []
+
+    def fake_get_global(handle, symbol):
+        asked.append((handle, symbol))
+        if symbol not in symbols:
+            raise AttributeError("CUDA error 500")
+        return symbols[symbol]
+
+    class FakeCupyModule:  # what cupy.RawModule.module returns: a Module with the CUmodule in .ptr
+        class module:
+            ptr = 0x1234
+
+    monkeypatch.setattr(rt_module, "_cu_module_get_global", fake_get_global)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    coef = rt_module._cuda_global(FakeCupyModule(), "coef", "m.cu")
+    gain = rt_module._cuda_global(FakeCupyModule(), "ops::gain", "m.cu")
+    assert (coef.ptr, coef.mem.size, gain.ptr, gain.mem.size) == (0x7000, 16, 0x7100, 4)
+    assert asked == [(0x1234, "coef"), (0x1234, "_ZN3ops4gainE")]
+    with pytest.raises(AttributeError, match="no __constant__ or __device__ variable 'nope'.*m.cu"):
+        rt_module._cuda_global(FakeCupyModule(), "nope", "m.cu")
+
+
 @pytest.mark.gpu
 def test_namespaced_kernels_and_get_global_on_the_gpu():
     """Run on a GPU: the same module API works on the cuda backend."""
@@ -1005,7 +1043,10 @@ def test_namespaced_kernels_and_get_global_on_the_gpu():
     mod.get_function("ops::scale")((2,), (4,), (y, x, np.int32(8)))
     mod.get_function("ops::detail::twice<float>")((1,), (8,), (y,))
     assert (cupy.asnumpy(y) == np.tile([6, 12, 18, 24], 2)).all()
-    assert mod.get_global("launches").mem.size >= 4
+    assert mod.get_global("launches").mem.size == 4
+    assert mod.global_array("ops::gain", np.float32).shape == (1,)
+    with pytest.raises(AttributeError, match="no __constant__ or __device__ variable 'nope'"):
+        mod.get_global("nope")
 
 
 def test_benchmarks_run_without_the_watchdog_limit(monkeypatch):

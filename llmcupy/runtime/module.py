@@ -376,7 +376,10 @@ class RawModule:
         ``size``, ``copy_from_host``, ``copy_to_host`` and ``memset``. :meth:`global_array` gives
         an array view on either backend."""
         if self.backend == "cuda":
-            return self._cupy_module.get_global(name)
+            # not cupy.RawModule.get_global: (CuPy 14.2) it wraps the address with size 0, so
+            # global_array could not size a view, and it looks up the plain name, which misses a
+            # variable inside a namespace (its symbol is mangled)
+            return _cuda_global(self._cupy_module, name, self.filename)
         if name not in self.variable_names:
             raise AttributeError(
                 f"no __constant__ or __device__ variable {name!r} at file scope in {self.filename}; "
@@ -411,6 +414,51 @@ class RawModule:
                 )
             kernel = self._functions[name] = RawKernel(self, name)
         return kernel
+
+
+def mangled_variable_name(name: str) -> str:
+    """The symbol of a ``__device__``/``__constant__`` variable as the cubin names it: a file-scope
+    variable's own name, a namespaced one's Itanium mangling (``ops::gain`` -> ``_ZN3ops4gainE``)."""
+    parts = name.split("::")
+    if len(parts) == 1:
+        return name
+    if not all(p.isidentifier() for p in parts):
+        raise AttributeError(f"{name!r}: only plain names and namespace::name variables can be looked up")
+    return "_ZN" + "".join(f"{len(p)}{p}" for p in parts) + "E"
+
+
+_LIBCUDA = []
+
+
+def _cu_module_get_global(module_handle: int, symbol: str) -> tuple[int, int]:
+    """(address, size in bytes) of a module's global through the driver's cuModuleGetGlobal_v2
+    (CuPy's driver.moduleGetGlobal drops the size); raises AttributeError when it is not there."""
+    if not _LIBCUDA:
+        _LIBCUDA.append(ctypes.CDLL("libcuda.so.1"))  # already loaded by CuPy: this only finds it
+    fn = _LIBCUDA[0].cuModuleGetGlobal_v2
+    fn.restype = ctypes.c_int
+    fn.argtypes = (ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
+                   ctypes.c_char_p)
+    ptr, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+    status = fn(ctypes.byref(ptr), ctypes.byref(size), ctypes.c_void_p(module_handle), symbol.encode())
+    if status != 0:  # CUDA_ERROR_NOT_FOUND (500) for a name that is not in the module
+        raise AttributeError(f"CUDA error {status}")
+    return int(ptr.value), int(size.value)
+
+
+def _cuda_global(cupy_module, name: str, filename: str):
+    """A ``cupy.cuda.MemoryPointer`` to the variable ``name`` of a compiled CuPy module, sized."""
+    import cupy
+
+    symbol = mangled_variable_name(name)
+    module = cupy_module.module  # compiles on first use; cached per device by CuPy
+    try:
+        ptr, size = _cu_module_get_global(int(module.ptr), symbol)
+    except AttributeError as exc:
+        raise AttributeError(f"no __constant__ or __device__ variable {name!r} (symbol {symbol}) in {filename} "
+                             f"({exc})") from None
+    mem = cupy.cuda.UnownedMemory(ptr, size, module, cupy.cuda.runtime.getDevice())
+    return cupy.cuda.MemoryPointer(mem, 0)
 
 
 class SimGlobal:
