@@ -13,7 +13,9 @@ in the emulator by changing one import.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+from pathlib import Path
 
 import numpy as np
 
@@ -537,6 +539,56 @@ def _headers_digest(directory) -> str:
     return digest.hexdigest()[:16]
 
 
+def _cupy_cuda_include_dir():
+    """The CUDA header folder CuPy's NVRTC path adds last (CuPy 14: cuda-pathfinder's ``cudart``
+    headers, NVIDIA's runtime wheel before a toolkit), or None when that cannot be told."""
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+    except ImportError:
+        return None
+    try:
+        found = find_nvidia_header_directory("cudart")
+    except Exception:  # noqa: BLE001 - a lookup failure only means we cannot tell
+        return None
+    return Path(found) if found else None
+
+
+def _crt_mma_candidates() -> list:
+    """Folders that may hold ``crt/mma.h``: NVCC's CUDA 12 wheel (``nvidia/cuda_nvcc/include``: crt
+    and two nvcc headers, so it shadows nothing), then a toolkit (``$CUDA_PATH``, ``/usr/local/cuda``).
+    (CUDA 13's nvidia-cuda-crt wheel installs into the runtime wheel's own folder.)"""
+    from .. import nvrtc
+
+    return ([r / "nvidia" / "cuda_nvcc" / "include" for r in nvrtc._package_roots()]
+            + [t / "include" for t in nvrtc._toolkit_roots()])
+
+
+@functools.lru_cache(maxsize=None)
+def mma_header_dir():
+    """(folder to add with -I or None, problem or None) for a file that includes ``<mma.h>`` on cuda.
+
+    ``<mma.h>`` includes ``crt/mma.h``, which NVIDIA's runtime wheels do not ship (CUDA 12: it is in
+    the nvcc wheel's own folder; CUDA 13: in the nvidia-cuda-crt wheel). When the folder CuPy
+    compiles against lacks it, another folder that has it is added for that file only, else the
+    problem says what to install."""
+    where = _cupy_cuda_include_dir()
+    if where is None or (where / "crt" / "mma.h").is_file():
+        return None, None
+    for cand in _crt_mma_candidates():
+        if (cand / "crt" / "mma.h").is_file():
+            return cand, None
+    return None, (f"<mma.h> needs crt/mma.h, which the CUDA headers CuPy compiles against ({where}) lack; "
+                  "pip install nvidia-cuda-crt (CUDA 13) or nvidia-cuda-nvcc-cu12 (CUDA 12), or set CUDA_PATH "
+                  "to a CUDA toolkit")
+
+
+def _mma_options(code: str) -> tuple:
+    if "<mma.h>" not in code:
+        return ()
+    extra, _ = mma_header_dir()
+    return (f"-I{extra}",) if extra is not None else ()
+
+
 def load_kernel_file(filename: str, name_expressions=()) -> RawModule:
     """The catalogue file ``kernels_cu/<filename>`` compiled for the current backend (cached).
 
@@ -553,6 +605,8 @@ def load_kernel_file(filename: str, name_expressions=()) -> RawModule:
         # CuPy's compile cache key covers the source and the options, not files found through -I:
         # the catalogue headers' hash as a define makes an edited header a new key (not a stale cubin)
         options = DEFAULT_OPTIONS + (f"-I{directory}", f"-DLLMCUPY_HEADERS={_headers_digest(directory)}")
+        if backend == "cuda":
+            options += _mma_options(code)
         mod = RawModule(code=code, options=options, name_expressions=names, filename=filename, target=backend)
         _FILE_MODULES[key] = mod
     return mod
