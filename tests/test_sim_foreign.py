@@ -892,6 +892,13 @@ __global__ void random_numbers(float* u, float* n, unsigned* raw, unsigned long 
     float v = curand_uniform(&xorwow);
     if (!(v > 0.0f && v <= 1.0f)) u[id * 16] = -1.0f;
 }
+// CCCL 3 (what CuPy 14 bundles and compiles against on a GPU) removed cub::Max and friends for
+// cuda::maximum<>; code written for CCCL 2 uses cub::Max, which the emulator's cub keeps.
+#if defined(CCCL_VERSION) && CCCL_VERSION >= 3000000
+#define LLMCUPY_TEST_MAX cuda::maximum<>{}
+#else
+#define LLMCUPY_TEST_MAX cub::Max()
+#endif
 __global__ void cub_sums(const float* in, float* block_out, float* warp_out) {
     typedef cub::BlockReduce<float, 128> BlockReduce;
     typedef cub::WarpReduce<float, 16> WarpReduce;
@@ -900,7 +907,7 @@ __global__ void cub_sums(const float* in, float* block_out, float* warp_out) {
     float v = in[blockIdx.x * 128 + threadIdx.x];
     float total = BlockReduce(temp).Sum(v);
     if (threadIdx.x == 0) block_out[blockIdx.x] = total;
-    float part = WarpReduce(warp_temp[threadIdx.x / 16]).Reduce(v, cub::Max());
+    float part = WarpReduce(warp_temp[threadIdx.x / 16]).Reduce(v, LLMCUPY_TEST_MAX);
     if (threadIdx.x % 16 == 0) warp_out[blockIdx.x * 8 + threadIdx.x / 16] = part;
 }
 """
@@ -970,6 +977,24 @@ def test_cub_block_and_warp_reduce(order, no_hazards):
         module(HEADERS).get_function("cub_sums")((4,), (128,), (x, block_out, warp_out))
     np.testing.assert_allclose(block_out, x.reshape(4, 128).sum(1), rtol=1e-5)
     assert (warp_out == x.reshape(32, 16).max(1)).all()
+
+
+def test_the_gpu_tests_cub_kernel_compiles_against_cupys_cccl():
+    """test_curand_philox_matches_the_gpu compiles all of HEADERS on the GPU, with the CCCL CuPy bundles
+    (3.x in CuPy 14), which has no cub::Max: the cub kernel must build there too. NVRTC and CuPy's
+    headers from the test extra; skipped without them."""
+    from llmcupy import nvrtc
+
+    try:
+        nvrtc.find_nvrtc()
+        nvrtc.cuda_include_dirs()
+    except nvrtc.NvrtcNotFound as exc:
+        pytest.skip(f"NVRTC is not installed: {exc}")
+    source = textwrap.dedent(HEADERS)
+    cub_part = source[source.index("// CCCL 3"):]
+    code = "#include <cub/block/block_reduce.cuh>\n#include <cub/warp/warp_reduce.cuh>\n" + cub_part
+    res = nvrtc.compile_source(code, 90, filename="headers_cub.cu")
+    assert res.ok, res.log
 
 
 @pytest.mark.gpu
