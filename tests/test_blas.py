@@ -354,9 +354,12 @@ def test_cublaslt_bias_epilogue_calls_match_nvmaths_signatures(checked_blas):
     # A = w stored 9 x 4 row-major = column-major 4 x 9 (k x m, transposed), B = x (k x n), C m x n
     assert [(b["type"], b["rows"], b["cols"], b["ld"]) for b in layouts] == \
         [(r32f, 4, 9, 4), (r32f, 4, 6, 4), (r32f, 9, 6, 9)]
-    (p,) = _calls_named(calls, "matmul_preference_set_attribute")
-    assert p["attr"] == lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES
-    assert p["value"] == blas.WORKSPACE_BYTES and p["pref"] == 0x44
+    P = lt.MatmulPreferenceAttribute
+    set_prefs = _calls_named(calls, "matmul_preference_set_attribute")
+    assert {b["pref"] for b in set_prefs} == {0x44}
+    assert {P(b["attr"]): b["value"] for b in set_prefs} == {
+        P.MAX_WORKSPACE_BYTES: blas.WORKSPACE_BYTES, P.MIN_ALIGNMENT_A_BYTES: 256, P.MIN_ALIGNMENT_B_BYTES: 256,
+        P.MIN_ALIGNMENT_C_BYTES: 256, P.MIN_ALIGNMENT_D_BYTES: 256}  # fake addresses 0x...000: 256-aligned
     (h,) = _calls_named(calls, "matmul_algo_get_heuristic")
     assert (h["light_handle"], h["operation_desc"], h["requested_algo_count"]) == (0x22, 0x33, 1)
     la, lb, lc = (0x100 + 4 * 1000 + 9, 0x100 + 4 * 1000 + 6, 0x100 + 9 * 1000 + 6)
@@ -370,3 +373,20 @@ def test_cublaslt_bias_epilogue_calls_match_nvmaths_signatures(checked_blas):
     import ctypes
 
     assert bytes((ctypes.c_char * 64).from_address(m["algo"])) == algo_bytes.tobytes()  # the heuristic's pick
+
+
+def test_cublaslt_plan_follows_the_operands_alignment(checked_blas):
+    # cuBLASLt's heuristic assumes 256-byte aligned matrices unless told: a less aligned operand (a
+    # row slice, say) gets its own plan, made with the alignment it has
+    cb, calls, _, lt, _, _ = checked_blas
+    x, w = np.zeros((6, 4), np.float32), np.zeros((9, 4), np.float32)
+    call = blas.describe(x, w, np.zeros((6, 9), np.float32), trans_b=True)
+    cb.run(call, _DeviceArray(0xA000), _DeviceArray(0xB000), _DeviceArray(0xC000), 1.0, 0.0, _DeviceArray(0xD000))
+    cb.run(call, _DeviceArray(0xA010), _DeviceArray(0xB000), _DeviceArray(0xC004), 1.0, 0.0, _DeviceArray(0xD000))
+    cb.run(call, _DeviceArray(0xA010), _DeviceArray(0xB000), _DeviceArray(0xC004), 1.0, 0.0, _DeviceArray(0xD000))
+    assert len(_calls_named(calls, "matmul_algo_get_heuristic")) == 2  # one plan per alignment, then reused
+    P = lt.MatmulPreferenceAttribute
+    last = {P(b["attr"]): b["value"] for b in _calls_named(calls, "matmul_preference_set_attribute")[-5:]}
+    # cuBLAS's A is our w (0xB000), its B our x (0xA010: 16-byte aligned), C and D our out (0xC004: 4)
+    assert (last[P.MIN_ALIGNMENT_A_BYTES], last[P.MIN_ALIGNMENT_B_BYTES], last[P.MIN_ALIGNMENT_C_BYTES],
+            last[P.MIN_ALIGNMENT_D_BYTES]) == (256, 16, 4, 4)
