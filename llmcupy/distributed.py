@@ -354,12 +354,29 @@ class NCCLGroup(_Group):
 
 
 def _nccl_id_bytes(uid) -> bytes:
-    """NCCL's unique id (CuPy: a tuple of 128 C ``char`` values) as bytes."""
+    """NCCL's unique id as bytes: CuPy >= 14 returns bytes already, older CuPy a tuple of 128 C
+    ``char`` values."""
+    if isinstance(uid, (bytes, bytearray)):
+        return bytes(uid)
     return bytes(v & 0xFF for v in uid)
 
 
-def _nccl_id_tuple(data: bytes):
-    """Back to the tuple CuPy takes: C ``char`` is signed on x86, unsigned on Arm and POWER."""
+def _nccl_comm_id(data: bytes, cupy_version: str | None = None):
+    """The id in the form the installed CuPy's ``NcclCommunicator(ndev, commId, rank)`` takes.
+
+    CuPy 14 changed ``commId`` to ``bytes`` (and ``get_unique_id`` to return bytes); a tuple there
+    is a TypeError. CuPy 13 and older take a tuple of C ``char`` values, signed on x86, unsigned on
+    Arm and POWER."""
+    if cupy_version is None:
+        import cupy
+
+        cupy_version = cupy.__version__
+    try:
+        major = int(cupy_version.split(".")[0])
+    except ValueError:
+        major = 14
+    if major >= 14:
+        return bytes(data)
     import platform
 
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
@@ -518,7 +535,7 @@ def init(args):
     folder = None
     if url and urlparse(url).scheme == "file":
         folder = os.path.dirname(urlparse(url).path) or "."
-    group = NCCLGroup(rank, world, local, timeout, _nccl_id_tuple(data), rendezvous_dir=folder)
+    group = NCCLGroup(rank, world, local, timeout, _nccl_comm_id(data), rendezvous_dir=folder)
     if folder is not None:
         group.barrier()                      # every rank has read the id: the file can go
         if rank == 0:

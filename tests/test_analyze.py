@@ -421,16 +421,18 @@ def test_model_rank_correlation_against_this_gpu(tmp_path):
     op = llmcupy.ops["softmax_forward"]
     sizes = dict(op.sim_sizes)
     record = {"schema": bench.SCHEMA, "backend": "cuda", "date": "now", "results": []}
-    for v in sorted(op.versions):
-        raw = harness.sweep(op, v, sizes, 256 if 256 in op.versions[v].block_sizes else None, repeat=20)
-        record["results"].append(bench._version_entry_from_raw(raw))
-    (tmp_path / "gpu.json").write_text(json.dumps(record, default=str))
-    previous = backend.get_backend()
-    backend.set_backend("sim")
+    # the GPU explicitly: the other GPU tests' fixtures leave the process on "sim" when they end,
+    # so the backend from LLMCUPY_BACKEND cannot be relied on here
+    backend.set_backend("cuda")
     try:
-        analyses = [analyze.analyze_version(op, v, sizes) for v in sorted(op.versions)]
+        for v in sorted(op.versions):
+            raw = harness.sweep(op, v, sizes, 256 if 256 in op.versions[v].block_sizes else None, repeat=20)
+            assert raw["backend"] == "cuda"
+            record["results"].append(bench._version_entry_from_raw(raw))
     finally:
-        backend.set_backend(previous)
+        backend.set_backend("sim")
+    (tmp_path / "gpu.json").write_text(json.dumps(record, default=str))
+    analyses = [analyze.analyze_version(op, v, sizes) for v in sorted(op.versions)]
     c = analyze.correlate(analyses, tmp_path)
     assert c is not None and -1.0 <= c["rho"] <= 1.0
     print(analyze.format_correlation(c))

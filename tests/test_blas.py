@@ -194,3 +194,199 @@ def test_tf32_reaches_the_batched_gemms_on_gpu(cuda):
             blas.gemm(d_a, d_b, out, trans_b=True)
         errors[use] = float(np.abs(out.get() - exact).max())
     assert errors[True] > 10 * errors[False], errors
+
+
+# -- the cuBLAS / cuBLASLt calls against nvmath-python's real signatures (no GPU) -----------------
+#
+# _CudaBlas runs with a stand-in for CuPy and with nvmath's binding modules wrapped: every C call
+# (a function documented "See `cublas...`") is checked against the parameter list the installed
+# nvmath-python states for it (count, and every argument an int as its C parameters need), then
+# recorded by parameter name, so the assertions below say which value reaches which parameter.
+
+
+def _c_params(fn) -> list[str]:
+    """Parameter names of an nvmath binding from its signature line, e.g. ``gemm_ex(intptr_t handle,
+    int transa, ...)``."""
+    import re
+
+    first = fn.__doc__.strip().splitlines()[0]
+    m = re.match(r"\w+\((.*)\)", first)
+    assert m, f"unexpected nvmath signature line {first!r}"
+    return [p.split()[-1] for p in m.group(1).split(",") if p.strip()]
+
+
+class _CheckedBindings:
+    """One nvmath binding module whose C calls are checked and recorded, everything else real."""
+
+    def __init__(self, real, calls: list, results: dict):
+        self._real, self._calls, self._results = real, calls, results
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if isinstance(attr, type) or not callable(attr) or "See `cublas" not in (attr.__doc__ or ""):
+            return attr  # enums, dtypes and the attribute-dtype helpers: nvmath's own
+        params = _c_params(attr)
+
+        def call(*args):
+            assert len(args) == len(params), f"{name}: {len(args)} arguments for {params}"
+            for p, v in zip(params, args):
+                assert isinstance(v, int), f"{name}: parameter {p} got {type(v).__name__} {v!r}"
+            bound = dict(zip(params, (int(v) for v in args)))
+            self._calls.append((name, bound))
+            result = self._results.get(name, 0)
+            return result(bound) if callable(result) else result
+
+        return call
+
+
+def _read(address: int, dtype):
+    import ctypes
+
+    dtype = np.dtype(dtype)
+    return np.frombuffer((ctypes.c_char * dtype.itemsize).from_address(address), dtype=dtype)[0]
+
+
+class _DeviceArray:
+    """What _CudaBlas reads of a CuPy array: ``.data.ptr``."""
+
+    def __init__(self, ptr: int):
+        self.data = type("MemoryPointer", (), {"ptr": ptr})()
+
+
+@pytest.fixture
+def checked_blas(monkeypatch):
+    import ctypes
+    import sys
+    import types
+
+    nvmath = pytest.importorskip("nvmath")
+    from nvmath import bindings
+    from nvmath.bindings import cublas, cublasLt
+
+    calls: list = []
+    algo_bytes = np.arange(64, dtype=np.uint8)
+
+    def heuristic(b):  # one algorithm found: its 64 bytes, and the count
+        results = np.zeros(1, dtype=cublasLt.matmul_heuristic_result_dtype)
+        results["algo"]["data_"][0] = algo_bytes.view(np.uint64)
+        ctypes.memmove(b["heuristic_results_array"], results.ctypes.data, results.nbytes)
+        ctypes.c_int32.from_address(b["return_algo_count"]).value = 1
+        return None
+
+    monkeypatch.setattr(bindings, "cublas", _CheckedBindings(cublas, calls, {"create": 0x11}))
+    def read_desc_value(b):  # cuBLASLt copies the value at the call: read it now, as it does
+        b["value"] = int(_read(b["buf"], cublasLt.get_matmul_desc_attribute_dtype(b["attr"])))
+        return None
+
+    def read_pref_value(b):
+        b["value"] = int(_read(b["buf"], cublasLt.get_matmul_preference_attribute_dtype(b["attr"])))
+        return None
+
+    monkeypatch.setattr(bindings, "cublasLt", _CheckedBindings(cublasLt, calls, {
+        "matmul_desc_set_attribute": read_desc_value, "matmul_preference_set_attribute": read_pref_value,
+        "create": 0x22, "matmul_desc_create": 0x33, "matmul_preference_create": 0x44,
+        "matrix_layout_create": lambda b: 0x100 + b["rows"] * 1000 + b["cols"],
+        "matmul_algo_get_heuristic": heuristic}))
+    stream = types.SimpleNamespace(ptr=0x5000)
+    fake_cupy = types.SimpleNamespace(
+        uint8=np.uint8, empty=lambda n, dtype=None: _DeviceArray(0x9000),
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0), get_current_stream=lambda: stream,
+                                   runtime=types.SimpleNamespace(streamIsCapturing=lambda ptr: False)))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    return blas._CudaBlas(), calls, cublas, cublasLt, int(nvmath.CudaDataType.CUDA_R_32F), algo_bytes
+
+
+def _calls_named(calls, name):
+    return [b for n, b in calls if n == name]
+
+
+def test_cublas_calls_match_nvmaths_signatures(checked_blas, monkeypatch):
+    cb, calls, cublas, _, r32f, _ = checked_blas
+    a, b = np.zeros((5, 7), np.float32), np.zeros((3, 7), np.float32)
+    call = blas.describe(a, b, np.zeros((5, 3), np.float32), trans_b=True)
+    cb.run(call, _DeviceArray(0xA000), _DeviceArray(0xB000), _DeviceArray(0xC000), 2.0, 0.5, None)
+    # the stream first, then our workspace again (cublasSetStream resets it), then the GEMM
+    assert [n for n, _ in calls] == ["create", "create", "set_stream", "set_workspace", "gemm_ex"]
+    (s,), (w,) = _calls_named(calls, "set_stream"), _calls_named(calls, "set_workspace")
+    assert s == {"handle": 0x11, "stream_id": 0x5000}
+    assert w == {"handle": 0x11, "workspace": 0x9000, "workspace_size_in_bytes": blas.WORKSPACE_BYTES}
+    (g,) = _calls_named(calls, "gemm_ex")
+    # column-major: cuBLAS's A is our b (transposed), its B our a; m = N, n = M
+    assert (g["transa"], g["transb"]) == (cublas.Operation.T, cublas.Operation.N)
+    assert (g["m"], g["n"], g["k"], g["lda"], g["ldb"], g["ldc"]) == (3, 5, 7, 7, 7, 3)
+    assert (g["a"], g["b"], g["c"]) == (0xB000, 0xA000, 0xC000)
+    assert g["atype"] == g["btype"] == g["ctype"] == r32f
+    assert g["compute_type"] == cublas.ComputeType.COMPUTE_32F and g["algo"] == cublas.GemmAlgo.DEFAULT
+    assert (_read(g["alpha"], np.float32), _read(g["beta"], np.float32)) == (2.0, 0.5)  # host pointer mode
+
+    calls.clear()
+    monkeypatch.setattr(blas, "_TF32", [True])
+    a3, b3, o3 = np.zeros((4, 6, 8), np.float32), np.zeros((4, 8, 5), np.float32), np.zeros((4, 6, 5), np.float32)
+    call = blas.describe(a3, b3, o3)
+    cb.run(call, _DeviceArray(0xA000), _DeviceArray(0xB000), _DeviceArray(0xC000), 1.0, 0.0, None)
+    assert [n for n, _ in calls] == ["gemm_strided_batched_ex"]  # the stream is bound already
+    (g,) = _calls_named(calls, "gemm_strided_batched_ex")
+    assert (g["m"], g["n"], g["k"], g["batch_count"]) == (5, 6, 8, 4)
+    assert (g["stride_a"], g["stride_b"], g["stride_c"]) == (40, 48, 30)
+    assert g["compute_type"] == cublas.ComputeType.COMPUTE_32F_FAST_TF32
+
+
+def test_cublaslt_bias_epilogue_calls_match_nvmaths_signatures(checked_blas):
+    cb, calls, cublas, lt, r32f, algo_bytes = checked_blas
+    x, w = np.zeros((6, 4), np.float32), np.zeros((9, 4), np.float32)
+    call = blas.describe(x, w, np.zeros((6, 9), np.float32), trans_b=True)
+    for bias_ptr in (0xD000, 0xE000):  # the plan is made once; the bias pointer is set per call
+        cb.run(call, _DeviceArray(0xA000), _DeviceArray(0xB000), _DeviceArray(0xC000), 1.0, 0.0,
+               _DeviceArray(bias_ptr))
+    assert len(_calls_named(calls, "matmul_desc_create")) == 1
+    (d,) = _calls_named(calls, "matmul_desc_create")
+    assert d == {"compute_type": cublas.ComputeType.COMPUTE_32F, "scale_type": r32f}
+    attrs = {}
+    for b in _calls_named(calls, "matmul_desc_set_attribute"):
+        dtype = lt.get_matmul_desc_attribute_dtype(b["attr"])
+        assert b["size_in_bytes"] == np.dtype(dtype).itemsize and b["matmul_desc"] == 0x33
+        attrs.setdefault(lt.MatmulDescAttribute(b["attr"]), []).append(b["value"])
+    assert attrs[lt.MatmulDescAttribute.TRANSA] == [cublas.Operation.T]
+    assert attrs[lt.MatmulDescAttribute.TRANSB] == [cublas.Operation.N]
+    assert attrs[lt.MatmulDescAttribute.EPILOGUE] == [lt.Epilogue.BIAS]
+    assert attrs[lt.MatmulDescAttribute.BIAS_POINTER] == [0xD000, 0xE000]
+    layouts = _calls_named(calls, "matrix_layout_create")
+    # A = w stored 9 x 4 row-major = column-major 4 x 9 (k x m, transposed), B = x (k x n), C m x n
+    assert [(b["type"], b["rows"], b["cols"], b["ld"]) for b in layouts] == \
+        [(r32f, 4, 9, 4), (r32f, 4, 6, 4), (r32f, 9, 6, 9)]
+    P = lt.MatmulPreferenceAttribute
+    set_prefs = _calls_named(calls, "matmul_preference_set_attribute")
+    assert {b["pref"] for b in set_prefs} == {0x44}
+    assert {P(b["attr"]): b["value"] for b in set_prefs} == {
+        P.MAX_WORKSPACE_BYTES: blas.WORKSPACE_BYTES, P.MIN_ALIGNMENT_A_BYTES: 256, P.MIN_ALIGNMENT_B_BYTES: 256,
+        P.MIN_ALIGNMENT_C_BYTES: 256, P.MIN_ALIGNMENT_D_BYTES: 256}  # fake addresses 0x...000: 256-aligned
+    (h,) = _calls_named(calls, "matmul_algo_get_heuristic")
+    assert (h["light_handle"], h["operation_desc"], h["requested_algo_count"]) == (0x22, 0x33, 1)
+    la, lb, lc = (0x100 + 4 * 1000 + 9, 0x100 + 4 * 1000 + 6, 0x100 + 9 * 1000 + 6)
+    assert (h["adesc"], h["bdesc"], h["cdesc"], h["ddesc"]) == (la, lb, lc, lc)
+    m = _calls_named(calls, "matmul")[-1]
+    assert (m["light_handle"], m["compute_desc"], m["a"], m["b"], m["c"], m["d"]) == \
+        (0x22, 0x33, 0xB000, 0xA000, 0xC000, 0xC000)
+    assert (m["adesc"], m["bdesc"], m["cdesc"], m["ddesc"]) == (la, lb, lc, lc)
+    assert (_read(m["alpha"], np.float32), _read(m["beta"], np.float32)) == (1.0, 0.0)
+    assert (m["workspace"], m["workspace_size_in_bytes"], m["stream"]) == (0x9000, blas.WORKSPACE_BYTES, 0x5000)
+    import ctypes
+
+    assert bytes((ctypes.c_char * 64).from_address(m["algo"])) == algo_bytes.tobytes()  # the heuristic's pick
+
+
+def test_cublaslt_plan_follows_the_operands_alignment(checked_blas):
+    # cuBLASLt's heuristic assumes 256-byte aligned matrices unless told: a less aligned operand (a
+    # row slice, say) gets its own plan, made with the alignment it has
+    cb, calls, _, lt, _, _ = checked_blas
+    x, w = np.zeros((6, 4), np.float32), np.zeros((9, 4), np.float32)
+    call = blas.describe(x, w, np.zeros((6, 9), np.float32), trans_b=True)
+    cb.run(call, _DeviceArray(0xA000), _DeviceArray(0xB000), _DeviceArray(0xC000), 1.0, 0.0, _DeviceArray(0xD000))
+    cb.run(call, _DeviceArray(0xA010), _DeviceArray(0xB000), _DeviceArray(0xC004), 1.0, 0.0, _DeviceArray(0xD000))
+    cb.run(call, _DeviceArray(0xA010), _DeviceArray(0xB000), _DeviceArray(0xC004), 1.0, 0.0, _DeviceArray(0xD000))
+    assert len(_calls_named(calls, "matmul_algo_get_heuristic")) == 2  # one plan per alignment, then reused
+    P = lt.MatmulPreferenceAttribute
+    last = {P(b["attr"]): b["value"] for b in _calls_named(calls, "matmul_preference_set_attribute")[-5:]}
+    # cuBLAS's A is our w (0xB000), its B our x (0xA010: 16-byte aligned), C and D our out (0xC004: 4)
+    assert (last[P.MIN_ALIGNMENT_A_BYTES], last[P.MIN_ALIGNMENT_B_BYTES], last[P.MIN_ALIGNMENT_C_BYTES],
+            last[P.MIN_ALIGNMENT_D_BYTES]) == (256, 16, 4, 4)

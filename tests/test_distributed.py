@@ -430,3 +430,24 @@ def test_weight_decay_runs_cover_the_shard_with_mainline_rule():
     for a, b, wd in pieces:
         names = [n for n, (lo, hi) in offsets.items() if lo < b and a < hi]
         assert {n in mainline.DECAYED for n in names} == {wd == 0.1}, (a, b, wd, names)
+
+
+def test_nccl_unique_id_in_the_form_the_installed_cupy_takes():
+    """CuPy 14 changed NCCL's id to bytes: ``get_unique_id()`` returns bytes and
+    ``NcclCommunicator(int ndev, bytes commId, int rank)`` rejects a tuple (cupy_backends/cuda/libs/
+    nccl.pyx at v14.2.0); CuPy 13 took a tuple of C chars. The id read from a rendezvous must come
+    out as the installed CuPy's type, else the first NCCL group on the GPU fails with a TypeError."""
+    from llmcupy.distributed import _nccl_comm_id, _nccl_id_bytes
+
+    raw = bytes(range(256))[:128]
+    assert _nccl_id_bytes(raw) == raw                       # CuPy 14's own form passes through
+    signed = tuple(v - 256 if v > 127 else v for v in raw)  # CuPy 13's on x86
+    assert _nccl_id_bytes(signed) == raw
+    new = _nccl_comm_id(raw, "14.2.0")
+    assert type(new) is bytes and new == raw
+    old = _nccl_comm_id(raw, "13.6.0")
+    assert type(old) is tuple and len(old) == 128 and _nccl_id_bytes(old) == raw
+    import cupy
+
+    if int(cupy.__version__.split(".")[0]) >= 14:          # what the GPU machine has (14.2)
+        assert type(_nccl_comm_id(raw)) is bytes

@@ -45,3 +45,49 @@ def test_cooperative_groups_only_where_used():
         if uses:  # before common.cuh, so libcu++'s FLT_MAX (CUDA 12.6+) comes first where it exists
             assert code.index("#include <cooperative_groups.h>") < code.index('#include "common.cuh"'), path.name
             assert re.search(r"^namespace cg = cooperative_groups;", code, re.M), path.name
+
+
+def _header_dirs(tmp_path, runtime_has_crt: bool, nvcc_has_crt: bool):
+    rt, nvcc = tmp_path / "runtime" / "include", tmp_path / "nvcc" / "include"
+    for d, has in ((rt, runtime_has_crt), (nvcc, nvcc_has_crt)):
+        (d / "crt").mkdir(parents=True)
+        if has:
+            (d / "crt" / "mma.h").write_text("// crt\n")
+    (rt / "cuda_runtime.h").write_text("// runtime\n")
+    return rt, nvcc
+
+
+def test_mma_header_comes_from_nvccs_folder_when_cupys_lacks_it(tmp_path, monkeypatch):
+    """NVIDIA's runtime wheels ship no crt/mma.h (CUDA 12: it is in nvidia-cuda-nvcc-cu12's own folder;
+    CUDA 13: in nvidia-cuda-crt), and CuPy 14 compiles against the runtime wheel's headers (cuda-pathfinder's
+    "cudart" folder), so <mma.h> (matmul_forward_tf32) failed with "cannot open source file crt/mma.h"."""
+    from llmcupy.ops import matmul_forward_tf32
+    from llmcupy.runtime import backend
+
+    monkeypatch.setattr(module, "_FILE_MODULES", {})
+    module.mma_header_dir.cache_clear()
+    monkeypatch.setattr(backend, "get_backend", lambda: "cuda")
+    monkeypatch.setattr(backend, "compute_capability", lambda: 90)
+    try:
+        rt, nvcc = _header_dirs(tmp_path, runtime_has_crt=False, nvcc_has_crt=True)
+        monkeypatch.setattr(module, "_cupy_cuda_include_dir", lambda: rt)
+        monkeypatch.setattr(module, "_crt_mma_candidates", lambda: [tmp_path / "absent", nvcc])
+        assert module.mma_header_dir() == (nvcc, None)
+        tf32 = module.load_kernel_file("matmul_forward_tf32.cu")
+        assert f"-I{nvcc}" in tf32.options                              # only for the file that needs it
+        assert not any(str(nvcc) in o for o in module.load_kernel_file("gelu_forward.cu").options)
+        assert matmul_forward_tf32._requires({}, 256) is None
+
+        # nowhere to be found: the version is skipped with what to install, not an NVRTC error
+        module.mma_header_dir.cache_clear()
+        monkeypatch.setattr(module, "_crt_mma_candidates", lambda: [tmp_path / "absent"])
+        reason = matmul_forward_tf32._requires({}, 256)
+        assert reason and "crt/mma.h" in reason and "nvidia-cuda-crt" in reason and str(rt) in reason
+
+        # CuPy's own folder has it (a toolkit, or the CUDA 13 runtime wheel with nvidia-cuda-crt): nothing added
+        module.mma_header_dir.cache_clear()
+        rt2, _ = _header_dirs(tmp_path / "with", runtime_has_crt=True, nvcc_has_crt=False)
+        monkeypatch.setattr(module, "_cupy_cuda_include_dir", lambda: rt2)
+        assert module.mma_header_dir() == (None, None) and module._mma_options("#include <mma.h>") == ()
+    finally:
+        module.mma_header_dir.cache_clear()

@@ -892,6 +892,13 @@ __global__ void random_numbers(float* u, float* n, unsigned* raw, unsigned long 
     float v = curand_uniform(&xorwow);
     if (!(v > 0.0f && v <= 1.0f)) u[id * 16] = -1.0f;
 }
+// CCCL 3 (what CuPy 14 bundles and compiles against on a GPU) removed cub::Max and friends for
+// cuda::maximum<>; code written for CCCL 2 uses cub::Max, which the emulator's cub keeps.
+#if defined(CCCL_VERSION) && CCCL_VERSION >= 3000000
+#define LLMCUPY_TEST_MAX cuda::maximum<>{}
+#else
+#define LLMCUPY_TEST_MAX cub::Max()
+#endif
 __global__ void cub_sums(const float* in, float* block_out, float* warp_out) {
     typedef cub::BlockReduce<float, 128> BlockReduce;
     typedef cub::WarpReduce<float, 16> WarpReduce;
@@ -900,7 +907,7 @@ __global__ void cub_sums(const float* in, float* block_out, float* warp_out) {
     float v = in[blockIdx.x * 128 + threadIdx.x];
     float total = BlockReduce(temp).Sum(v);
     if (threadIdx.x == 0) block_out[blockIdx.x] = total;
-    float part = WarpReduce(warp_temp[threadIdx.x / 16]).Reduce(v, cub::Max());
+    float part = WarpReduce(warp_temp[threadIdx.x / 16]).Reduce(v, LLMCUPY_TEST_MAX);
     if (threadIdx.x % 16 == 0) warp_out[blockIdx.x * 8 + threadIdx.x / 16] = part;
 }
 """
@@ -972,11 +979,35 @@ def test_cub_block_and_warp_reduce(order, no_hazards):
     assert (warp_out == x.reshape(32, 16).max(1)).all()
 
 
+def test_the_gpu_tests_cub_kernel_compiles_against_cupys_cccl():
+    """test_curand_philox_matches_the_gpu compiles all of HEADERS on the GPU, with the CCCL CuPy bundles
+    (3.x in CuPy 14), which has no cub::Max: the cub kernel must build there too. NVRTC and CuPy's
+    headers from the test extra; skipped without them."""
+    from llmcupy import nvrtc
+
+    try:
+        nvrtc.find_nvrtc()
+        nvrtc.cuda_include_dirs()
+    except nvrtc.NvrtcNotFound as exc:
+        pytest.skip(f"NVRTC is not installed: {exc}")
+    source = textwrap.dedent(HEADERS)
+    cub_part = source[source.index("// CCCL 3"):]
+    code = "#include <cub/block/block_reduce.cuh>\n#include <cub/warp/warp_reduce.cuh>\n" + cub_part
+    res = nvrtc.compile_source(code, 90, filename="headers_cub.cu")
+    assert res.ok, res.log
+
+
 @pytest.mark.gpu
 def test_curand_philox_matches_the_gpu():
     """Run on a GPU: the emulator's Philox draws equal cuRAND's for the same seed and ids."""
     import cupy
 
+    from llmcupy.runtime.module import _cupy_cuda_include_dir
+
+    headers = _cupy_cuda_include_dir()  # CuPy 14 compiles against this folder (the runtime wheel's, first)
+    if headers is not None and not (headers / "curand_kernel.h").is_file():
+        pytest.skip(f"CuPy's CUDA headers ({headers}) have no curand_kernel.h: pip install nvidia-curand "
+                    "(CUDA 13) or nvidia-curand-cu12 (CUDA 12)")
     outs = {}
     for target in ("cuda", "sim"):
         xp = cupy if target == "cuda" else np
@@ -989,6 +1020,44 @@ def test_curand_philox_matches_the_gpu():
     assert (outs["cuda"][2] == outs["sim"][2]).all()
     np.testing.assert_allclose(outs["cuda"][0], outs["sim"][0], rtol=1e-6)
     np.testing.assert_allclose(outs["cuda"][1], outs["sim"][1], rtol=1e-4, atol=1e-5)
+
+
+def test_cuda_get_global_is_sized_and_finds_namespaced_variables(monkeypatch):
+    """The cuda path of get_global without a GPU: CuPy 14.2's RawModule.get_global wraps the address
+    in an UnownedMemory of size 0 (cupy/_core/raw.pyx) and looks up the plain name, so global_array
+    could not size its view and ``ops::gain`` (symbol _ZN3ops4gainE) was not found. Ours asks the
+    driver for the mangled symbol's address and size; the driver call is faked here."""
+    import cupy
+
+    from llmcupy.runtime import module as rt_module
+
+    assert rt_module.mangled_variable_name("coef") == "coef"
+    assert rt_module.mangled_variable_name("ops::gain") == "_ZN3ops4gainE"
+    assert rt_module.mangled_variable_name("a::bc::d") == "_ZN1a2bc1dE"
+    with pytest.raises(AttributeError, match="namespace::name"):
+        rt_module.mangled_variable_name("ops::detail::twice<float>")
+
+    symbols = {"coef": (0x7000, 16), "_ZN3ops4gainE": (0x7100, 4)}
+    asked = []
+
+    def fake_get_global(handle, symbol):
+        asked.append((handle, symbol))
+        if symbol not in symbols:
+            raise AttributeError("CUDA error 500")
+        return symbols[symbol]
+
+    class FakeCupyModule:  # what cupy.RawModule.module returns: a Module with the CUmodule in .ptr
+        class module:
+            ptr = 0x1234
+
+    monkeypatch.setattr(rt_module, "_cu_module_get_global", fake_get_global)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    coef = rt_module._cuda_global(FakeCupyModule(), "coef", "m.cu")
+    gain = rt_module._cuda_global(FakeCupyModule(), "ops::gain", "m.cu")
+    assert (coef.ptr, coef.mem.size, gain.ptr, gain.mem.size) == (0x7000, 16, 0x7100, 4)
+    assert asked == [(0x1234, "coef"), (0x1234, "_ZN3ops4gainE")]
+    with pytest.raises(AttributeError, match="no __constant__ or __device__ variable 'nope'.*m.cu"):
+        rt_module._cuda_global(FakeCupyModule(), "nope", "m.cu")
 
 
 @pytest.mark.gpu
@@ -1005,7 +1074,10 @@ def test_namespaced_kernels_and_get_global_on_the_gpu():
     mod.get_function("ops::scale")((2,), (4,), (y, x, np.int32(8)))
     mod.get_function("ops::detail::twice<float>")((1,), (8,), (y,))
     assert (cupy.asnumpy(y) == np.tile([6, 12, 18, 24], 2)).all()
-    assert mod.get_global("launches").mem.size >= 4
+    assert mod.get_global("launches").mem.size == 4
+    assert mod.global_array("ops::gain", np.float32).shape == (1,)
+    with pytest.raises(AttributeError, match="no __constant__ or __device__ variable 'nope'"):
+        mod.get_global("nope")
 
 
 def test_benchmarks_run_without_the_watchdog_limit(monkeypatch):

@@ -37,6 +37,11 @@ def _requires(a, s):
         if cc < 80:
             return (f"TF32 tensor cores (wmma m16n16k8 tf32) need sm_80 or newer; this device is sm_{cc} "
                     "(use matmul_forward version 5)")
+        from ..runtime.module import mma_header_dir
+
+        _, problem = mma_header_dir()  # a skip that says what to install, not an NVRTC error
+        if problem:
+            return problem
     return None
 
 

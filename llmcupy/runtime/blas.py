@@ -345,10 +345,14 @@ class _CudaBlas:
     def _lt_bias(self, c: GemmCall, A: int, B: int, C: int, bias_ptr: int, alpha: float, stream: int,
                  compute) -> None:
         lt = self.lt
-        key = (c, int(compute))
+        # cuBLASLt's heuristic assumes 256-byte aligned matrices unless told otherwise, and an
+        # algorithm it picks that way may not run on less aligned ones (a row slice of a stack, say):
+        # the plan is made for the alignment these addresses actually have
+        aligns = tuple(min(256, p & -p) if p else 256 for p in (A, B, C))
+        key = (c, int(compute), aligns)
         plan = self.lt_plans.get(key)
         if plan is None:
-            plan = self.lt_plans[key] = self._lt_plan(c, compute)
+            plan = self.lt_plans[key] = self._lt_plan(c, compute, aligns)
         desc, la, lb, lc, algo = plan
         attr = lt.MatmulDescAttribute.BIAS_POINTER
         ptr = np.array([bias_ptr], dtype=lt.get_matmul_desc_attribute_dtype(attr))
@@ -356,7 +360,7 @@ class _CudaBlas:
         lt.matmul(self.lt_handle, desc, self._scalar(alpha), A, la, B, lb, self._scalar(0.0), C, lc, C, lc,
                   algo.ctypes.data, self.workspace.data.ptr, WORKSPACE_BYTES, stream)
 
-    def _lt_plan(self, c: GemmCall, compute):
+    def _lt_plan(self, c: GemmCall, compute, aligns=(256, 256, 256)):
         lt = self.lt
         desc = lt.matmul_desc_create(int(compute), self.r32f)
 
@@ -372,9 +376,17 @@ class _CudaBlas:
         lb = lt.matrix_layout_create(self.r32f, *((c.n, c.k) if c.transb else (c.k, c.n)), c.ldb)
         lc = lt.matrix_layout_create(self.r32f, c.m, c.n, c.ldc)
         pref = lt.matmul_preference_create()
-        attr = lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES
-        ws = np.array([WORKSPACE_BYTES], dtype=lt.get_matmul_preference_attribute_dtype(attr))
-        lt.matmul_preference_set_attribute(pref, attr, ws.ctypes.data, ws.nbytes)
+
+        def set_pref(attr, value):
+            v = np.array([value], dtype=lt.get_matmul_preference_attribute_dtype(attr))
+            lt.matmul_preference_set_attribute(pref, attr, v.ctypes.data, v.nbytes)
+
+        P = lt.MatmulPreferenceAttribute
+        set_pref(P.MAX_WORKSPACE_BYTES, WORKSPACE_BYTES)
+        align_a, align_b, align_c = aligns
+        for attr, value in ((P.MIN_ALIGNMENT_A_BYTES, align_a), (P.MIN_ALIGNMENT_B_BYTES, align_b),
+                            (P.MIN_ALIGNMENT_C_BYTES, align_c), (P.MIN_ALIGNMENT_D_BYTES, align_c)):
+            set_pref(attr, value)
         results = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
         count = np.zeros(1, dtype=np.int32)
         lt.matmul_algo_get_heuristic(self.lt_handle, desc, la, lb, lc, lc, pref, 1, results.ctypes.data,

@@ -13,7 +13,9 @@ in the emulator by changing one import.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+from pathlib import Path
 
 import numpy as np
 
@@ -376,7 +378,10 @@ class RawModule:
         ``size``, ``copy_from_host``, ``copy_to_host`` and ``memset``. :meth:`global_array` gives
         an array view on either backend."""
         if self.backend == "cuda":
-            return self._cupy_module.get_global(name)
+            # not cupy.RawModule.get_global: (CuPy 14.2) it wraps the address with size 0, so
+            # global_array could not size a view, and it looks up the plain name, which misses a
+            # variable inside a namespace (its symbol is mangled)
+            return _cuda_global(self._cupy_module, name, self.filename)
         if name not in self.variable_names:
             raise AttributeError(
                 f"no __constant__ or __device__ variable {name!r} at file scope in {self.filename}; "
@@ -411,6 +416,51 @@ class RawModule:
                 )
             kernel = self._functions[name] = RawKernel(self, name)
         return kernel
+
+
+def mangled_variable_name(name: str) -> str:
+    """The symbol of a ``__device__``/``__constant__`` variable as the cubin names it: a file-scope
+    variable's own name, a namespaced one's Itanium mangling (``ops::gain`` -> ``_ZN3ops4gainE``)."""
+    parts = name.split("::")
+    if len(parts) == 1:
+        return name
+    if not all(p.isidentifier() for p in parts):
+        raise AttributeError(f"{name!r}: only plain names and namespace::name variables can be looked up")
+    return "_ZN" + "".join(f"{len(p)}{p}" for p in parts) + "E"
+
+
+_LIBCUDA = []
+
+
+def _cu_module_get_global(module_handle: int, symbol: str) -> tuple[int, int]:
+    """(address, size in bytes) of a module's global through the driver's cuModuleGetGlobal_v2
+    (CuPy's driver.moduleGetGlobal drops the size); raises AttributeError when it is not there."""
+    if not _LIBCUDA:
+        _LIBCUDA.append(ctypes.CDLL("libcuda.so.1"))  # already loaded by CuPy: this only finds it
+    fn = _LIBCUDA[0].cuModuleGetGlobal_v2
+    fn.restype = ctypes.c_int
+    fn.argtypes = (ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
+                   ctypes.c_char_p)
+    ptr, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+    status = fn(ctypes.byref(ptr), ctypes.byref(size), ctypes.c_void_p(module_handle), symbol.encode())
+    if status != 0:  # CUDA_ERROR_NOT_FOUND (500) for a name that is not in the module
+        raise AttributeError(f"CUDA error {status}")
+    return int(ptr.value), int(size.value)
+
+
+def _cuda_global(cupy_module, name: str, filename: str):
+    """A ``cupy.cuda.MemoryPointer`` to the variable ``name`` of a compiled CuPy module, sized."""
+    import cupy
+
+    symbol = mangled_variable_name(name)
+    module = cupy_module.module  # compiles on first use; cached per device by CuPy
+    try:
+        ptr, size = _cu_module_get_global(int(module.ptr), symbol)
+    except AttributeError as exc:
+        raise AttributeError(f"no __constant__ or __device__ variable {name!r} (symbol {symbol}) in {filename} "
+                             f"({exc})") from None
+    mem = cupy.cuda.UnownedMemory(ptr, size, module, cupy.cuda.runtime.getDevice())
+    return cupy.cuda.MemoryPointer(mem, 0)
 
 
 class SimGlobal:
@@ -489,6 +539,56 @@ def _headers_digest(directory) -> str:
     return digest.hexdigest()[:16]
 
 
+def _cupy_cuda_include_dir():
+    """The CUDA header folder CuPy's NVRTC path adds last (CuPy 14: cuda-pathfinder's ``cudart``
+    headers, NVIDIA's runtime wheel before a toolkit), or None when that cannot be told."""
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+    except ImportError:
+        return None
+    try:
+        found = find_nvidia_header_directory("cudart")
+    except Exception:  # noqa: BLE001 - a lookup failure only means we cannot tell
+        return None
+    return Path(found) if found else None
+
+
+def _crt_mma_candidates() -> list:
+    """Folders that may hold ``crt/mma.h``: NVCC's CUDA 12 wheel (``nvidia/cuda_nvcc/include``: crt
+    and two nvcc headers, so it shadows nothing), then a toolkit (``$CUDA_PATH``, ``/usr/local/cuda``).
+    (CUDA 13's nvidia-cuda-crt wheel installs into the runtime wheel's own folder.)"""
+    from .. import nvrtc
+
+    return ([r / "nvidia" / "cuda_nvcc" / "include" for r in nvrtc._package_roots()]
+            + [t / "include" for t in nvrtc._toolkit_roots()])
+
+
+@functools.lru_cache(maxsize=None)
+def mma_header_dir():
+    """(folder to add with -I or None, problem or None) for a file that includes ``<mma.h>`` on cuda.
+
+    ``<mma.h>`` includes ``crt/mma.h``, which NVIDIA's runtime wheels do not ship (CUDA 12: it is in
+    the nvcc wheel's own folder; CUDA 13: in the nvidia-cuda-crt wheel). When the folder CuPy
+    compiles against lacks it, another folder that has it is added for that file only, else the
+    problem says what to install."""
+    where = _cupy_cuda_include_dir()
+    if where is None or (where / "crt" / "mma.h").is_file():
+        return None, None
+    for cand in _crt_mma_candidates():
+        if (cand / "crt" / "mma.h").is_file():
+            return cand, None
+    return None, (f"<mma.h> needs crt/mma.h, which the CUDA headers CuPy compiles against ({where}) lack; "
+                  "pip install nvidia-cuda-crt (CUDA 13) or nvidia-cuda-nvcc-cu12 (CUDA 12), or set CUDA_PATH "
+                  "to a CUDA toolkit")
+
+
+def _mma_options(code: str) -> tuple:
+    if "<mma.h>" not in code:
+        return ()
+    extra, _ = mma_header_dir()
+    return (f"-I{extra}",) if extra is not None else ()
+
+
 def load_kernel_file(filename: str, name_expressions=()) -> RawModule:
     """The catalogue file ``kernels_cu/<filename>`` compiled for the current backend (cached).
 
@@ -505,6 +605,8 @@ def load_kernel_file(filename: str, name_expressions=()) -> RawModule:
         # CuPy's compile cache key covers the source and the options, not files found through -I:
         # the catalogue headers' hash as a define makes an edited header a new key (not a stale cubin)
         options = DEFAULT_OPTIONS + (f"-I{directory}", f"-DLLMCUPY_HEADERS={_headers_digest(directory)}")
+        if backend == "cuda":
+            options += _mma_options(code)
         mod = RawModule(code=code, options=options, name_expressions=names, filename=filename, target=backend)
         _FILE_MODULES[key] = mod
     return mod
