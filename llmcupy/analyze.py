@@ -161,10 +161,10 @@ def kernel_resources(op, arch: int) -> tuple[dict, str | None]:
         found = ({}, f"NVRTC cannot compile {op.source} for sm_{arch}: {first.strip()}")
     _RESOURCES[key] = found
     try:  # written whole under a temporary name, then renamed: a concurrent reader sees all or nothing
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"kernels": [asdict(k) for k in found[0].values()], "reason": found[1]}))
-        os.replace(tmp, cached)
+        from .fileio import atomic_write
+
+        with atomic_write(cached) as f:
+            f.write(json.dumps({"kernels": [asdict(k) for k in found[0].values()], "reason": found[1]}).encode())
     except OSError:
         pass
     return found

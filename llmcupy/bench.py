@@ -276,8 +276,6 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
             extra = (True,) if trainer else ()   # (the trainer's shapes; absent otherwise, as before)
             if spawned is not None:
                 raw = spawned.call(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu, *extra)
-                if raw.get("ok") is False:
-                    spawned.restart()  # wrong outputs may come from a stray write: a fresh process
             elif isolate:
                 raw = harness.run_isolated(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu,
                                            *extra)
@@ -369,9 +367,10 @@ def save(record: dict, out_dir: str | os.PathLike = DEFAULT_OUT, path: Path | No
         while path.exists():  # two runs in the same second
             path = out / (result_filename(record)[:-5] + f"-{n}.json")
             n += 1
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    from .fileio import atomic_write
+
+    with atomic_write(path) as f:
+        f.write((json.dumps(record, indent=1, default=str) + "\n").encode())
     return path
 
 

@@ -155,11 +155,11 @@ def derive(results_dir) -> dict:
 
 
 def write(doc: dict, path) -> Path:
+    from .fileio import atomic_write
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)   # a reader never sees half a file
+    with atomic_write(path) as f:   # a reader never sees half a file
+        f.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
     return path
 
 

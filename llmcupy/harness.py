@@ -171,7 +171,8 @@ def run_isolated(fn, *args, start: str = "fork", **kwargs):
     was initialised); ``fn`` and its arguments must then be picklable (a module-level function).
     """
     if start == "spawn":
-        return _run_spawned(fn, args, kwargs)
+        with SpawnedRunner() as runner:
+            return runner.call(fn, *args, **kwargs)
     if start != "fork":
         raise ValueError(f"run_isolated: start must be 'fork' or 'spawn', got {start!r}")
     if not hasattr(os, "fork"):
@@ -210,26 +211,17 @@ def _call_in_child(fn, args, kwargs) -> tuple[dict, int]:
         return {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}, 1
 
 
-def _child_main(conn, fn, args, kwargs) -> None:
-    """The spawned child: runs fn, sends {"value": ...} or {"error": ...} as JSON, exits."""
-    payload, code = _call_in_child(fn, args, kwargs)
-    conn.send(json.dumps(payload, default=str))
-    conn.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 class SpawnedRunner:
     """Runs calls one after another in a long-lived spawned child, restarting it only after a call
     that failed: the cuda backend's isolation for ``kernel --all``.
 
     A spawned interpreter costs seconds to start (Python, CuPy, a CUDA context), which a child per
     version would pay about a hundred times for the catalogue. One child runs every version until
-    one goes wrong; the child then exits (a device fault leaves its CUDA context unusable) or has
-    died, that call's result says why, and the next call starts a fresh child. ``restart()`` asks
-    for a fresh child before the next call (e.g. after a version whose outputs were wrong). ``fn``
-    and its arguments must be picklable (module-level functions). Results are as ``run_isolated``'s.
+    one goes wrong: it raised (the child then exits: a device fault leaves its CUDA context
+    unusable), died, or returned a result with ``ok`` False (wrong outputs may come from a stray
+    write); that call's result says why, and the next call starts a fresh child. ``restart()`` asks
+    for one explicitly. ``fn`` and its arguments must be picklable (module-level functions). Results
+    are as ``run_isolated``'s.
     """
 
     def __init__(self, env: dict | None = None):
@@ -286,7 +278,10 @@ class SpawnedRunner:
         if data is not None:
             payload = json.loads(data)
             if "value" in payload:
-                return payload["value"]
+                value = payload["value"]
+                if isinstance(value, dict) and value.get("ok") is False:
+                    self.close()  # wrong outputs may come from a stray write: a fresh process next
+                return value
             self.close()  # it raised: the child has exited (its CUDA context may be poisoned)
             return {"ok": False, "error": payload["error"]}
         proc = self._proc
@@ -321,29 +316,3 @@ def _worker_main(conn, env: dict) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _run_spawned(fn, args, kwargs):
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    proc = ctx.Process(target=_child_main, args=(send, fn, args, kwargs), daemon=True)
-    proc.start()
-    send.close()  # the child holds the only writer: EOF once it is gone
-    data = None
-    try:
-        data = receive.recv()
-    except EOFError:  # died before sending (a segfault, a device fault that aborted it, ...)
-        pass
-    proc.join()
-    if data:
-        payload = json.loads(data)
-        if "value" in payload:
-            return payload["value"]
-        return {"ok": False, "error": payload["error"]}
-    if proc.exitcode is not None and proc.exitcode < 0:
-        return {"ok": False, "error": f"the child process died with signal {-proc.exitcode} (see stderr)"}
-    return {"ok": False, "error": f"the child exited with status {proc.exitcode} without a result"}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from . import harness
@@ -104,10 +103,10 @@ def defaults_provenance() -> str:
 
 def _write_json(path: str, results: list) -> None:
     """The results so far, replacing the file atomically (a reader never sees half a file)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2, default=str)
-    os.replace(tmp, path)
+    from .fileio import atomic_write
+
+    with atomic_write(path) as f:
+        f.write(json.dumps(results, indent=2, default=str).encode())
 
 
 def _run_one(op_name: str, number: int, sizes: dict, args) -> dict:
@@ -234,8 +233,6 @@ def main(argv=None) -> int:
         try:
             if spawned is not None:
                 result = spawned.call(run, op_name, number, sizes, args)
-                if result.get("ok") is False:
-                    spawned.restart()  # wrong outputs may come from a stray write: a fresh process
             elif isolate:
                 result = harness.run_isolated(run, op_name, number, sizes, args, start=isolate)
             else:
