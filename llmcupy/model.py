@@ -390,10 +390,13 @@ class GPT2:
     # -- backward -------------------------------------------------------------------------------
 
     def zero_grad(self) -> None:
+        # the parameter gradients accumulate (dW += ..., layernorm's dweight += ...), and so does the
+        # residual stream's gradient (every layernorm backward adds into dres); every other activation
+        # gradient is overwritten before it is read (matmul_backward with overwrite_dinp, attention
+        # backward's outputs), so zeroing them would only be ~0.5 GB of memsets per 124M step
         self._allocate_grads()
         self.grads.fill(0)
-        for buf in self.dacts.values():
-            buf.fill(0)
+        self.dacts["dres"].fill(0)
 
     def backward(self) -> None:
         if self.acts is None or not self.has_targets:
@@ -404,9 +407,8 @@ class GPT2:
         dres, dbtc = d["dres"], d["dbtc"]
         with phase("classifier"):
             # LM head: dlogits (in a["logits"]) -> d(lnf) and dwte
-            dbtc.fill(0)
             self.call("matmul_backward", {"dinp": dbtc, "dweight": g["wte"], "dbias": None, "dout": a["logits"],
-                                          "inp": a["lnf"], "weight": p["wte"]})
+                                          "inp": a["lnf"], "weight": p["wte"], "overwrite_dinp": True})
             self.call("layernorm_backward", {"dinp": dres, "dweight": g["lnfw"], "dbias": g["lnfb"], "dout": dbtc,
                                              "inp": a["residual3"][L - 1], "weight": p["lnfw"],
                                              "mean": a["lnf_mean"], "rstd": a["lnf_rstd"]})
@@ -423,20 +425,20 @@ class GPT2:
             res = a["encoded"] if l == 0 else a["residual3"][l - 1]
             # MLP: fcproj, GELU, fc
             dfch = d["dfch"]
-            dfch.fill(0)
             self.call("matmul_backward", {"dinp": dfch, "dweight": g["fcprojw"][l], "dbias": g["fcprojb"][l],
-                                          "dout": dres, "inp": a["fch_gelu"][l], "weight": p["fcprojw"][l]})
+                                          "dout": dres, "inp": a["fch_gelu"][l], "weight": p["fcprojw"][l],
+                                          "overwrite_dinp": True})
             self.call("gelu_backward", {"inp": a["fch"][l], "dout": dfch}, out={"dinp": dfch})
-            dbtc.fill(0)
             self.call("matmul_backward", {"dinp": dbtc, "dweight": g["fcw"][l], "dbias": g["fcb"][l],
-                                          "dout": dfch, "inp": a["ln2"][l], "weight": p["fcw"][l]})
+                                          "dout": dfch, "inp": a["ln2"][l], "weight": p["fcw"][l],
+                                          "overwrite_dinp": True})
             self.call("layernorm_backward", {"dinp": dres, "dweight": g["ln2w"][l], "dbias": g["ln2b"][l],
                                              "dout": dbtc, "inp": a["residual2"][l], "weight": p["ln2w"][l],
                                              "mean": a["ln2_mean"][l], "rstd": a["ln2_rstd"][l]})
             # attention: projection, then attention itself, then the QKV projection
-            dbtc.fill(0)
             self.call("matmul_backward", {"dinp": dbtc, "dweight": g["attprojw"][l], "dbias": g["attprojb"][l],
-                                          "dout": dres, "inp": a["atty"][l], "weight": p["attprojw"][l]})
+                                          "dout": dres, "inp": a["atty"][l], "weight": p["attprojw"][l],
+                                          "overwrite_dinp": True})
             if self.kernels.flash:
                 self.call("flash_attention_backward", {"dout": dbtc, "inp": a["qkv"][l], "out": a["atty"][l],
                                                        "lse": a["att_lse"][l], "NH": NH},
@@ -444,9 +446,9 @@ class GPT2:
             else:
                 self.call("attention_backward", {"dout": dbtc, "inp": a["qkv"][l], "att": a["att"][l], "NH": NH},
                           out={"dinp": d["dqkv"], "datt": d["datt"], "dpreatt": d["dpreatt"]})
-            dbtc.fill(0)
             self.call("matmul_backward", {"dinp": dbtc, "dweight": g["qkvw"][l], "dbias": g["qkvb"][l],
-                                          "dout": d["dqkv"], "inp": a["ln1"][l], "weight": p["qkvw"][l]})
+                                          "dout": d["dqkv"], "inp": a["ln1"][l], "weight": p["qkvw"][l],
+                                          "overwrite_dinp": True})
             self.call("layernorm_backward", {"dinp": dres, "dweight": g["ln1w"][l], "dbias": g["ln1b"][l],
                                              "dout": dbtc, "inp": res, "weight": p["ln1w"][l],
                                              "mean": a["ln1_mean"][l], "rstd": a["ln1_rstd"][l]})

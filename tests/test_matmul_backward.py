@@ -18,9 +18,13 @@ def _args(a):
     return [a[k] for k in OP.inputs]
 
 
+def _copy(a):
+    return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in a.items()}
+
+
 def test_accumulates_dinp_dweight_and_overwrites_dbias():
     a = _inputs()
-    ref = OP.reference_fn(**{k: v.copy() for k, v in a.items()})
+    ref = OP.reference_fn(**_copy(a))
     got = OP(*_args(a), version=1)
     for r in check_outputs(OP, ref, dict(zip(OP.outputs, got))):
         assert r["ok"], r
@@ -29,7 +33,7 @@ def test_accumulates_dinp_dweight_and_overwrites_dbias():
 
 def test_lm_head_without_bias():
     a = _inputs(has_bias=0)
-    ref = OP.reference_fn(**{k: (None if v is None else v.copy()) for k, v in a.items()})
+    ref = OP.reference_fn(**_copy(a))
     dinp, dweight, dbias = OP(*_args(a), version=1)
     assert dbias is None
     for name, got in (("dinp", dinp), ("dweight", dweight)):
@@ -39,9 +43,39 @@ def test_lm_head_without_bias():
 def test_zeroed_dinp_gives_the_trainers_overwrite():
     a = _inputs()
     a["dinp"][...] = 0.0
-    dinp, _, _ = OP(*_args({k: v.copy() for k, v in a.items()}), version=1)
+    dinp, _, _ = OP(*_args(_copy(a)), version=1)
     g = a["dout"].reshape(-1, SHAPE["OC"]).astype(np.float64) @ a["weight"].astype(np.float64)
     np.testing.assert_allclose(dinp.reshape(-1, SHAPE["C"]), g, atol=1e-5)
+
+
+@pytest.mark.parametrize("version", sorted(OP.versions))
+def test_overwrite_dinp_never_reads_dinp(version):
+    # the trainer's beta = 0: dinp starts as NaN (make_inputs), which any read would carry through
+    a = _inputs(overwrite_dinp=1)
+    assert np.isnan(a["dinp"]).all() and a["overwrite_dinp"] is True
+    ref = OP.reference_fn(**_copy(a))
+    got = OP(*_args(a), version=version)
+    for r in check_outputs(OP, ref, dict(zip(OP.outputs, got))):
+        assert r["ok"], r
+    # dweight still accumulates: the reference started from make_inputs' nonzero dweight
+    assert not np.allclose(ref["dweight"], OP.reference_fn(**{**_copy(a), "dweight": np.zeros_like(a["dweight"])})["dweight"])
+
+
+def test_overwrite_dinp_is_an_optional_keyword():
+    a = _inputs()
+    required = [a[k] for k in OP.inputs if k != "overwrite_dinp"]
+    accumulated = OP(*[x.copy() if x is not None else None for x in required], version=1)[0]
+    overwritten = OP(*[x.copy() if x is not None else None for x in required], overwrite_dinp=True, version=1)[0]
+    np.testing.assert_allclose(accumulated - overwritten, a["dinp"], atol=1e-5)
+    ref = OP.reference(*required)  # the reference takes the same default
+    np.testing.assert_allclose(ref[0], accumulated, atol=1e-3)
+
+
+def test_overwrite_dinp_must_be_a_bool():
+    a = _inputs()
+    a["overwrite_dinp"] = 1.0
+    with pytest.raises(OpError, match="overwrite_dinp must be True or False, got 1.0"):
+        OP(*_args(a), version=1)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -47,19 +47,24 @@ def _check_version(name, number, shape_index):
     return {"ok": True}
 
 
+def _fresh(inputs):
+    # a copy of every array per run (in-place ops); scalar inputs (NH, a switch) pass as they are
+    return {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
+
+
 def _run_version(name, number, shape_index):
     op = llmcupy.ops[name]
     version = op.versions[number]
     shape = op.test_shapes[shape_index]
     inputs = op.make_inputs(np.random.default_rng(shape_index), **shape)
-    ref = op.reference_fn(**{k: (None if v is None else np.array(v, copy=True)) for k, v in inputs.items()})
+    ref = op.reference_fn(**_fresh(inputs))
     ran = 0
     orders = ("forward", "reverse", "random") if shape_index == 0 else ("forward", "reverse")
     for block_size in version.block_sizes or (None,):
         if version.requires is not None and version.requires(inputs, block_size):
             continue
         for order in orders:
-            arrays = {k: (None if v is None else np.array(v, copy=True)) for k, v in inputs.items()}
+            arrays = _fresh(inputs)
             with sim.settings(order=order, seed=17):
                 got = op.run(number, arrays, block_size)
             for result in check_outputs(op, ref, got):

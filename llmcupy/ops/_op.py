@@ -456,6 +456,9 @@ class Op:
     bound: Bound | None = None
     notes: str = ""
     extra: dict = field(default_factory=dict)
+    # inputs a caller may leave out, with the value they then take (a scalar switch such as
+    # matmul_backward's overwrite_dinp); they stay in ``inputs``, after the required ones
+    input_defaults: dict = field(default_factory=dict)
     _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- discovery ------------------------------------------------------------------------------
@@ -519,6 +522,8 @@ class Op:
         """
         if _RECORDERS:
             _RECORDERS[-1].valid = False  # an op inside another op's launcher: replay that launcher instead
+        if self.input_defaults:
+            arrays = self._with_defaults(arrays)
         graph_safe_run = _WORKSPACE[0] is not None
         number = self.default_version if version is None else version
         key = _plan_key(number, block_size, graph_safe_run, arrays, out) if _PLANS_ENABLED[0] else None
@@ -688,12 +693,19 @@ class Op:
             if k not in self.inputs:
                 raise OpError(f"{self.name} has no input {k!r}; inputs: {', '.join(self.inputs)}")
             arrays[k] = v
-        missing = [k for k in self.inputs if k not in arrays]
+        missing = [k for k in self.inputs if k not in arrays and k not in self.input_defaults]
         if missing:
             raise OpError(f"{self.name} is missing input(s) {', '.join(missing)}")
+        arrays = self._with_defaults(arrays)
         if numpy:
             return {k: (None if v is None else _backend.to_numpy(v)) for k, v in arrays.items()}
         return arrays
+
+    def _with_defaults(self, arrays: dict) -> dict:
+        missing = [k for k in self.input_defaults if k not in arrays]
+        if not missing:
+            return arrays
+        return {**arrays, **{k: self.input_defaults[k] for k in missing}}
 
     def _unpack(self, out: dict):
         if len(self.outputs) == 1:

@@ -3,8 +3,11 @@
 Call path (llm.c's argument order): ``op(dinp, dweight, dbias, dout, inp, weight, version=1)`` returns
 ``(dinp, dweight, dbias)``, the same arrays updated in place: ``dinp += dout @ weight``,
 ``dweight += dout^T @ inp`` (beta = 1, as in llm.c's dev file) and ``dbias = column sums of dout``
-(overwritten). ``dbias`` may be None (GPT-2's LM head has no bias); it is then skipped. To get the
-FP32 trainer's overwrite of dinp (beta = 0), pass a zeroed dinp.
+(overwritten). ``dbias`` may be None (GPT-2's LM head has no bias); it is then skipped.
+
+``overwrite_dinp=True`` gives the FP32 trainer's ``dinp = dout @ weight`` (beta = 0): dinp's old
+contents are never read, so the trainer need not zero it before every call (49 memsets, ~1 GB of
+writes per 124M step at B=4, T=1024).
 """
 
 from __future__ import annotations
@@ -18,32 +21,38 @@ from ._op import Bound, Op, Version, check_float32, kernel_of, need, scratch
 SOURCE = "matmul_backward.cu"
 
 
-def reference(dinp, dweight, dbias, dout, inp, weight):
+def reference(dinp, dweight, dbias, dout, inp, weight, overwrite_dinp=False):
     # llm.c's CPU reference adds into dinp and dweight and writes dbias (summed in double); the
     # products are accumulated in double here so the reference is the exact result
     c, oc = inp.shape[-1], weight.shape[0]
     g = dout.reshape(-1, oc).astype(np.float64)
     x = inp.reshape(-1, c).astype(np.float64)
+    dinp_before = 0.0 if overwrite_dinp else dinp.astype(np.float64)
     out = {
-        "dinp": (dinp.astype(np.float64) + (g @ weight.astype(np.float64)).reshape(dinp.shape)).astype(np.float32),
+        "dinp": (dinp_before + (g @ weight.astype(np.float64)).reshape(dinp.shape)).astype(np.float32),
         "dweight": (dweight.astype(np.float64) + g.T @ x).astype(np.float32),
         "dbias": None if dbias is None else g.sum(axis=0).astype(np.float32),
     }
     return out
 
 
-def make_inputs(rng, B, T, C, OC, has_bias=1):
+def make_inputs(rng, B, T, C, OC, has_bias=1, overwrite_dinp=0):
     # the harness: dout, inp, weight uniform in [-1, 1]. It starts the gradients at zero; here dinp
     # and dweight start uniform in [-1, 1] so that the accumulation (beta = 1) is checked, and dbias
-    # starts with values the kernel must overwrite.
+    # starts with values the kernel must overwrite. With overwrite_dinp, dinp starts as NaN: a
+    # version that read it (beta = 0 done as 0 * dinp + product) would fail the check.
     u = lambda *shape: rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)  # noqa: E731
+    dinp = u(B, T, C)
+    if overwrite_dinp:
+        dinp[...] = np.nan
     return {
-        "dinp": u(B, T, C),
+        "dinp": dinp,
         "dweight": u(OC, C),
         "dbias": u(OC) if has_bias else None,
         "dout": u(B, T, OC),
         "inp": u(B, T, C),
         "weight": u(OC, C),
+        "overwrite_dinp": bool(overwrite_dinp),
     }
 
 
@@ -62,6 +71,8 @@ def validate(a):
          f"matmul_backward: dweight must have weight's shape {weight.shape}, got {a['dweight'].shape}")
     if a["dbias"] is not None:
         need(a["dbias"].shape == (oc,), f"matmul_backward: dbias must have shape ({oc},), got {a['dbias'].shape}")
+    need(isinstance(a["overwrite_dinp"], (bool, np.bool_)),
+         f"matmul_backward: overwrite_dinp must be True or False, got {a['overwrite_dinp']!r}")
 
 
 def allocate(xp, a):
@@ -78,8 +89,10 @@ def _launch_v1(a, bs):
     bt, c, oc = _dims(a)
     dout2d = a["dout"].reshape(bt, oc)
     # cuBLAS SGEMMs with beta = 1 accumulate straight into the gradients: no scratch product and no
-    # add kernel (the LM head's dinp product alone was a 154 MB scratch at B=4, T=1024)
-    blas.gemm(dout2d, a["weight"], a["dinp"].reshape(bt, c), beta=1.0)               # dinp += dout @ W
+    # add kernel (the LM head's dinp product alone was a 154 MB scratch at B=4, T=1024); beta = 0
+    # overwrites dinp without reading it
+    dinp_beta = 0.0 if a["overwrite_dinp"] else 1.0
+    blas.gemm(dout2d, a["weight"], a["dinp"].reshape(bt, c), beta=dinp_beta)         # dinp (+)= dout @ W
     blas.gemm(dout2d, a["inp"].reshape(bt, c), a["dweight"], trans_a=True, beta=1.0)  # dW += dout^T @ inp
     if a["dbias"] is not None:
         kernel_of("matmul_backward", "matmul_backward_bias_kernel1")(
@@ -88,15 +101,21 @@ def _launch_v1(a, bs):
 
 def _launch_v2(a, bs):
     # both GEMMs on matmul_forward v5's kernel (accumulating epilogue); it wants K-contiguous
-    # operands (out = A @ B^T), so the K-major ones are copied transposed into scratch first
+    # operands (out = A @ B^T), so the K-major ones are copied transposed into scratch first.
+    # Overwriting dinp is version 5 itself (its plain epilogue, no bias).
     bt, c, oc = _dims(a)
     dout2d = a["dout"].reshape(bt, oc)
     inp2d = a["inp"].reshape(bt, c)
     gemm = kernel_of("matmul_forward", "matmul_backward_gemm_kernel2")
     w_t = scratch("matmul_backward", "weight_t", (c, oc))
     w_t[...] = a["weight"].T
-    gemm(((c + 127) // 128, (bt + 127) // 128), (256,),
-         (a["dinp"], dout2d, w_t, np.int32(bt), np.int32(oc), np.int32(c)))
+    if a["overwrite_dinp"]:
+        kernel_of("matmul_forward", "matmul_forward_kernel5")(
+            ((c + 127) // 128, (bt + 127) // 128), (256,),
+            (a["dinp"], dout2d, w_t, None, np.int32(bt), np.int32(oc), np.int32(c)))
+    else:
+        gemm(((c + 127) // 128, (bt + 127) // 128), (256,),
+             (a["dinp"], dout2d, w_t, np.int32(bt), np.int32(oc), np.int32(c)))
     dout_t = scratch("matmul_backward", "dout_t", (oc, bt))
     dout_t[...] = dout2d.T
     inp_t = scratch("matmul_backward", "inp_t", (c, bt))
@@ -127,9 +146,10 @@ _TOL = (1e-3, float(np.finfo(np.float32).eps))
 
 OP = Op(
     name="matmul_backward",
-    summary="dense layer backward: dinp += dout @ W, dW += dout^T @ inp, dbias = colsum(dout)",
+    summary="dense layer backward: dinp += dout @ W (= with overwrite_dinp), dW += dout^T @ inp, dbias = colsum(dout)",
     source=SOURCE,
-    inputs=("dinp", "dweight", "dbias", "dout", "inp", "weight"),
+    inputs=("dinp", "dweight", "dbias", "dout", "inp", "weight", "overwrite_dinp"),
+    input_defaults={"overwrite_dinp": False},
     outputs=("dinp", "dweight", "dbias"),
     versions={
         1: Version(1, "two cuBLAS SGEMMs (runtime.blas, beta = 1) + bias: block per channel, double sums, tree",
@@ -150,6 +170,8 @@ OP = Op(
         {"B": 2, "T": 37, "C": 24, "OC": 40},    # rows not a multiple of anything
         {"B": 3, "T": 200, "C": 33, "OC": 12},   # B*T = 600 > 512: threads sum several rows
         {"B": 1, "T": 130, "C": 136, "OC": 132, "has_bias": 0},  # v2: past 128-tiles in all three dims
+        {"B": 2, "T": 37, "C": 24, "OC": 40, "overwrite_dinp": 1},                # the trainer's beta = 0
+        {"B": 1, "T": 130, "C": 136, "OC": 132, "overwrite_dinp": 1},              # ... on v2's tiles
     ],
     tolerance={"dinp": _TOL, "dweight": _TOL, "dbias": _TOL},
     tolerance_note=(
@@ -162,6 +184,6 @@ OP = Op(
     sizes_of=lambda a: dict(zip(("BT", "C", "OC"), _dims(a))),
     bound=Bound("flops", flops=lambda s: 4 * s["BT"] * s["C"] * s["OC"] + s["BT"] * s["OC"], baseline=_baseline),
     notes=("dinp and dweight accumulate (beta = 1) and dbias is overwritten, as in llm.c's dev file; the FP32 "
-           "trainer instead overwrites dinp (pass a zeroed dinp) and accumulates dbias with "
-           "matmul_backward_bias version 4. dbias=None skips the bias gradient."),
+           "trainer overwrites dinp (overwrite_dinp=True: beta = 0, dinp is not read) and accumulates dbias "
+           "with matmul_backward_bias version 4. dbias=None skips the bias gradient."),
 )
