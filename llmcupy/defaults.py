@@ -73,6 +73,7 @@ def trainer_sizes(B: int = TRAINER_B, T: int = TRAINER_T, model: str = TRAINER_M
         "layernorm_forward": rows, "layernorm_backward": rows, "residual_forward": rows,
         "gelu_forward": rows, "gelu_backward": rows, "fused_residual_forward": rows,
         "matmul_forward": mlp, "matmul_backward": mlp, "matmul_gelu_forward": mlp,
+        "matmul_backward_bias": {**bt, "OC": 4 * C},
         "attention_forward": attention, "attention_backward": attention,
         "flash_attention_forward": attention, "flash_attention_backward": attention,
         "classifier_fused": {**bt, "V": V, "P": Vp},

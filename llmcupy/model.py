@@ -29,7 +29,7 @@ from .runtime import blas
 #                           selecting either of the two selects both
 STEP_OPS = (
     "encoder_forward", "layernorm_forward", "matmul_forward", "attention_forward", "residual_forward",
-    "gelu_forward", "classifier_fused", "matmul_backward", "layernorm_backward", "gelu_backward",
+    "gelu_forward", "classifier_fused", "matmul_backward", "matmul_backward_bias", "layernorm_backward", "gelu_backward",
     "attention_backward", "encoder_backward", "adamw",
     "fused_residual_forward", "matmul_gelu_forward", "flash_attention_forward", "flash_attention_backward",
 )
@@ -425,20 +425,23 @@ class GPT2:
             res = a["encoded"] if l == 0 else a["residual3"][l - 1]
             # MLP: fcproj, GELU, fc
             dfch = d["dfch"]
-            self.call("matmul_backward", {"dinp": dfch, "dweight": g["fcprojw"][l], "dbias": g["fcprojb"][l],
+            self.call("matmul_backward", {"dinp": dfch, "dweight": g["fcprojw"][l], "dbias": None,
                                           "dout": dres, "inp": a["fch_gelu"][l], "weight": p["fcprojw"][l],
                                           "overwrite_dinp": True})
+            self._bias_backward(g["fcprojb"][l], dres)
             self.call("gelu_backward", {"inp": a["fch"][l], "dout": dfch}, out={"dinp": dfch})
-            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["fcw"][l], "dbias": g["fcb"][l],
+            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["fcw"][l], "dbias": None,
                                           "dout": dfch, "inp": a["ln2"][l], "weight": p["fcw"][l],
                                           "overwrite_dinp": True})
+            self._bias_backward(g["fcb"][l], dfch)
             self.call("layernorm_backward", {"dinp": dres, "dweight": g["ln2w"][l], "dbias": g["ln2b"][l],
                                              "dout": dbtc, "inp": a["residual2"][l], "weight": p["ln2w"][l],
                                              "mean": a["ln2_mean"][l], "rstd": a["ln2_rstd"][l]})
             # attention: projection, then attention itself, then the QKV projection
-            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["attprojw"][l], "dbias": g["attprojb"][l],
+            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["attprojw"][l], "dbias": None,
                                           "dout": dres, "inp": a["atty"][l], "weight": p["attprojw"][l],
                                           "overwrite_dinp": True})
+            self._bias_backward(g["attprojb"][l], dres)
             if self.kernels.flash:
                 self.call("flash_attention_backward", {"dout": dbtc, "inp": a["qkv"][l], "out": a["atty"][l],
                                                        "lse": a["att_lse"][l], "NH": NH},
@@ -446,12 +449,18 @@ class GPT2:
             else:
                 self.call("attention_backward", {"dout": dbtc, "inp": a["qkv"][l], "att": a["att"][l], "NH": NH},
                           out={"dinp": d["dqkv"], "datt": d["datt"], "dpreatt": d["dpreatt"]})
-            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["qkvw"][l], "dbias": g["qkvb"][l],
+            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["qkvw"][l], "dbias": None,
                                           "dout": d["dqkv"], "inp": a["ln1"][l], "weight": p["qkvw"][l],
                                           "overwrite_dinp": True})
+            self._bias_backward(g["qkvb"][l], d["dqkv"])
             self.call("layernorm_backward", {"dinp": dres, "dweight": g["ln1w"][l], "dbias": g["ln1b"][l],
                                              "dout": dbtc, "inp": res, "weight": p["ln1w"][l],
                                              "mean": a["ln1_mean"][l], "rstd": a["ln1_rstd"][l]})
+
+    def _bias_backward(self, dbias, dout) -> None:
+        # as llm.c's FP32 trainer: the bias gradient is its own kernel (dbias += column sums of dout),
+        # so the step runs any matmul_backward_bias version (the catalogue's default 9 is deterministic)
+        self.call("matmul_backward_bias", {"dbias": dbias, "dout": dout})
 
     # -- optimizer ------------------------------------------------------------------------------
 

@@ -98,5 +98,6 @@ def test_bound_counts_both_gemms():
     s = OP.sizes_of(a)
     bt, c, oc = 18, SHAPE["C"], SHAPE["OC"]
     assert OP.bound.flops(s) == 4 * bt * c * oc + bt * oc
+    assert OP.bound.flops(OP.sizes_of(_inputs(has_bias=0))) == 4 * bt * c * oc  # the LM head: no bias sums
     dinp, dw = OP.bound.baseline(a)
     assert dinp.shape == (bt, c) and dw.shape == (oc, c)

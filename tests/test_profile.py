@@ -21,7 +21,7 @@ def expected_calls(L: int) -> dict:
     return {
         "encoder_forward": 1, "layernorm_forward": 2 * L + 1, "matmul_forward": 4 * L + 1,
         "attention_forward": L, "residual_forward": 2 * L, "gelu_forward": L, "classifier_fused": 1,
-        "matmul_backward": 4 * L + 1, "layernorm_backward": 2 * L + 1, "gelu_backward": L,
+        "matmul_backward": 4 * L + 1, "matmul_backward_bias": 4 * L, "layernorm_backward": 2 * L + 1, "gelu_backward": L,
         "attention_backward": L, "encoder_backward": 1, "adamw": 1,
     }
 

@@ -181,9 +181,11 @@ OP = Op(
         "sqrt(n) * eps/2 * n/4 (1e-4 and 4e-4), inside 1e-3. dbias is summed in double per thread and "
         "folded in FP32: ~1e-5."
     ),
-    sizes_of=lambda a: dict(zip(("BT", "C", "OC"), _dims(a))),
-    bound=Bound("flops", flops=lambda s: 4 * s["BT"] * s["C"] * s["OC"] + s["BT"] * s["OC"], baseline=_baseline),
+    sizes_of=lambda a: {**dict(zip(("BT", "C", "OC"), _dims(a))), "bias": int(a["dbias"] is not None)},
+    bound=Bound("flops", flops=lambda s: 4 * s["BT"] * s["C"] * s["OC"] + s["bias"] * s["BT"] * s["OC"],
+                baseline=_baseline),
     notes=("dinp and dweight accumulate (beta = 1) and dbias is overwritten, as in llm.c's dev file; the FP32 "
            "trainer overwrites dinp (overwrite_dinp=True: beta = 0, dinp is not read) and accumulates dbias "
-           "with matmul_backward_bias version 4. dbias=None skips the bias gradient."),
+           "with matmul_backward_bias version 4; llmcupy's model does the same with dbias=None (skipped here) "
+           "and the matmul_backward_bias op, any version of it."),
 )

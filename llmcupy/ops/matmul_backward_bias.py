@@ -11,7 +11,7 @@ import functools
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, check_float32, kernel_of, misaligned, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, kernels_only, misaligned, need, scratch
 
 SOURCE = "matmul_backward_bias.cu"
 BLOCK_SIZES = (32, 64, 128, 256, 512, 768, 1024)  # llm.c's sweep, 768 included
@@ -81,27 +81,32 @@ def _args(a):
     return (a["dbias"], a["dout"], np.int32(bt), np.int32(oc))
 
 
+@kernels_only
 def _launch_v1(a, bs):
     _, oc = _dims(a)
     p = 1 << (bs.bit_length() - 1)  # rounded down to a power of two for the tree (768 -> 512)
     _kernel("matmul_backward_bias_kernel1")((oc,), (p,), _args(a), shared_mem=4 * p)
 
 
+@kernels_only
 def _launch_v2(a, bs):
     _, oc = _dims(a)
     _kernel("matmul_backward_bias_kernel2")((_cdiv(32 * oc, bs),), (bs,), _args(a))
 
 
+@kernels_only
 def _launch_v3(a, bs):
     _, oc = _dims(a)
     _kernel("matmul_backward_bias_kernel3")((oc,), (bs,), _args(a))
 
 
+@kernels_only
 def _launch_v4(a, bs):
     _, oc = _dims(a)
     _kernel("matmul_backward_bias_kernel4")((oc // 32,), (bs,), _args(a), shared_mem=4 * bs)
 
 
+@kernels_only
 def _launch_v5(a, bs):
     _, oc = _dims(a)
     _kernel("matmul_backward_bias_kernel5")((_cdiv(oc, bs), max(1, _fill() // bs)), (bs,), _args(a))
@@ -112,13 +117,14 @@ def _add_aux(a, aux):
     _kernel("matmul_backward_bias_add_kernel")((_cdiv(oc, 256),), (256,), (a["dbias"], aux, np.int32(oc)))
 
 
+@kernels_only
 def _launch_v7(a, bs):
-    xp = _backend.xp()
     bt, oc = _dims(a)
     bs = max(bs, 256)  # 4 warps at least must read the shared sums back; llm.c raises it to 256
     grid_x = _cdiv(oc, 128)
     grid_y = max(1, _fill() // (bs * grid_x))
-    aux = xp.zeros(oc, dtype=np.float32)  # the global atomics accumulate into it
+    # the global atomics accumulate into it (scratch: the workspace's buffer in a CUDA graph)
+    aux = scratch("matmul_backward_bias", "aux", (oc,), fill=0.0)
     _kernel("matmul_backward_bias_kernel7")((grid_x, grid_y), (32, bs // 32),
                                             (aux, a["dout"], np.int32(bt), np.int32(oc)))
     _add_aux(a, aux)
@@ -130,23 +136,23 @@ def _grid_89(a, bs):
     return grid_x, max(1, _fill() // (bs * grid_x))
 
 
+@kernels_only
 def _launch_v8(a, bs):
-    xp = _backend.xp()
     bt, oc = _dims(a)
     grid_x, grid_y = _grid_89(a, bs)
-    aux = xp.zeros(oc, dtype=np.float32) if grid_y > 1 else None
+    aux = scratch("matmul_backward_bias", "aux", (oc,), fill=0.0) if grid_y > 1 else None
     _kernel("matmul_backward_bias_kernel8")((grid_x, grid_y), (4, 8, bs // 32),
                                             (a["dbias"], aux, a["dout"], np.int32(bt), np.int32(oc)))
     if aux is not None:
         _add_aux(a, aux)
 
 
+@kernels_only
 def _launch_v9(a, bs):
-    xp = _backend.xp()
     bt, oc = _dims(a)
     grid_x, grid_y = _grid_89(a, bs)
     # one partial row per grid row, every element written by the kernel: no memset
-    aux = xp.empty(grid_y * oc, dtype=np.float32) if grid_y > 1 else None
+    aux = scratch("matmul_backward_bias", "partials", (grid_y * oc,)) if grid_y > 1 else None
     _kernel("matmul_backward_bias_kernel9")((grid_x, grid_y), (4, 8, bs // 32),
                                             (a["dbias"], aux, a["dout"], np.int32(bt), np.int32(oc)))
     if aux is not None:
