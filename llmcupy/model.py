@@ -393,7 +393,7 @@ class GPT2:
         # the parameter gradients accumulate (dW += ..., layernorm's dweight += ...), and so does the
         # residual stream's gradient (every layernorm backward adds into dres); every other activation
         # gradient is overwritten before it is read (matmul_backward with overwrite_dinp, attention
-        # backward's outputs), so zeroing them would only be ~0.5 GB of memsets per 124M step
+        # backward's outputs): zeroing them too would write ~0.5 GB per 124M step (B=4, T=1024) for nothing
         self._allocate_grads()
         self.grads.fill(0)
         self.dacts["dres"].fill(0)
@@ -407,8 +407,7 @@ class GPT2:
         dres, dbtc = d["dres"], d["dbtc"]
         with phase("classifier"):
             # LM head: dlogits (in a["logits"]) -> d(lnf) and dwte
-            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["wte"], "dbias": None, "dout": a["logits"],
-                                          "inp": a["lnf"], "weight": p["wte"], "overwrite_dinp": True})
+            self._linear_backward(dbtc, g["wte"], None, a["logits"], a["lnf"], p["wte"])
             self.call("layernorm_backward", {"dinp": dres, "dweight": g["lnfw"], "dbias": g["lnfb"], "dout": dbtc,
                                              "inp": a["residual3"][L - 1], "weight": p["lnfw"],
                                              "mean": a["lnf_mean"], "rstd": a["lnf_rstd"]})
@@ -425,23 +424,14 @@ class GPT2:
             res = a["encoded"] if l == 0 else a["residual3"][l - 1]
             # MLP: fcproj, GELU, fc
             dfch = d["dfch"]
-            self.call("matmul_backward", {"dinp": dfch, "dweight": g["fcprojw"][l], "dbias": None,
-                                          "dout": dres, "inp": a["fch_gelu"][l], "weight": p["fcprojw"][l],
-                                          "overwrite_dinp": True})
-            self._bias_backward(g["fcprojb"][l], dres)
+            self._linear_backward(dfch, g["fcprojw"][l], g["fcprojb"][l], dres, a["fch_gelu"][l], p["fcprojw"][l])
             self.call("gelu_backward", {"inp": a["fch"][l], "dout": dfch}, out={"dinp": dfch})
-            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["fcw"][l], "dbias": None,
-                                          "dout": dfch, "inp": a["ln2"][l], "weight": p["fcw"][l],
-                                          "overwrite_dinp": True})
-            self._bias_backward(g["fcb"][l], dfch)
+            self._linear_backward(dbtc, g["fcw"][l], g["fcb"][l], dfch, a["ln2"][l], p["fcw"][l])
             self.call("layernorm_backward", {"dinp": dres, "dweight": g["ln2w"][l], "dbias": g["ln2b"][l],
                                              "dout": dbtc, "inp": a["residual2"][l], "weight": p["ln2w"][l],
                                              "mean": a["ln2_mean"][l], "rstd": a["ln2_rstd"][l]})
             # attention: projection, then attention itself, then the QKV projection
-            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["attprojw"][l], "dbias": None,
-                                          "dout": dres, "inp": a["atty"][l], "weight": p["attprojw"][l],
-                                          "overwrite_dinp": True})
-            self._bias_backward(g["attprojb"][l], dres)
+            self._linear_backward(dbtc, g["attprojw"][l], g["attprojb"][l], dres, a["atty"][l], p["attprojw"][l])
             if self.kernels.flash:
                 self.call("flash_attention_backward", {"dout": dbtc, "inp": a["qkv"][l], "out": a["atty"][l],
                                                        "lse": a["att_lse"][l], "NH": NH},
@@ -449,18 +439,19 @@ class GPT2:
             else:
                 self.call("attention_backward", {"dout": dbtc, "inp": a["qkv"][l], "att": a["att"][l], "NH": NH},
                           out={"dinp": d["dqkv"], "datt": d["datt"], "dpreatt": d["dpreatt"]})
-            self.call("matmul_backward", {"dinp": dbtc, "dweight": g["qkvw"][l], "dbias": None,
-                                          "dout": d["dqkv"], "inp": a["ln1"][l], "weight": p["qkvw"][l],
-                                          "overwrite_dinp": True})
-            self._bias_backward(g["qkvb"][l], d["dqkv"])
+            self._linear_backward(dbtc, g["qkvw"][l], g["qkvb"][l], d["dqkv"], a["ln1"][l], p["qkvw"][l])
             self.call("layernorm_backward", {"dinp": dres, "dweight": g["ln1w"][l], "dbias": g["ln1b"][l],
                                              "dout": dbtc, "inp": res, "weight": p["ln1w"][l],
                                              "mean": a["ln1_mean"][l], "rstd": a["ln1_rstd"][l]})
 
-    def _bias_backward(self, dbias, dout) -> None:
-        # as llm.c's FP32 trainer: the bias gradient is its own kernel (dbias += column sums of dout),
-        # so the step runs any matmul_backward_bias version (the catalogue's default 9 is deterministic)
-        self.call("matmul_backward_bias", {"dbias": dbias, "dout": dout})
+    def _linear_backward(self, dinp, dweight, dbias, dout, inp, weight) -> None:
+        """llm.c's FP32 trainer's matmul_backward: dinp = dout @ W (overwritten, never read),
+        dW += dout^T @ inp, and dbias += column sums of dout by its own kernel (None: no bias), so
+        the step runs any matmul_backward_bias version (the catalogue's default 9 is deterministic)."""
+        self.call("matmul_backward", {"dinp": dinp, "dweight": dweight, "dbias": None, "dout": dout, "inp": inp,
+                                      "weight": weight, "overwrite_dinp": True})
+        if dbias is not None:
+            self.call("matmul_backward_bias", {"dbias": dbias, "dout": dout})
 
     # -- optimizer ------------------------------------------------------------------------------
 
