@@ -87,3 +87,16 @@ def test_op_is_well_formed(name):
         assert f"version {number}" in code.lower() or not v.available, f"header must describe version {number}"
     with pytest.raises(OpError, match="versions"):
         op.version(999)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_compare_skips_unwritten_entries_without_a_warning():
+    # a version may leave "don't care" entries unwritten (trimat's upper triangle, reference NaN);
+    # from xp.empty they can hold a signalling NaN, whose float64 cast sets the FPU's invalid flag
+    from llmcupy.ops._op import compare
+
+    # a signalling NaN, 1.0 and +inf, as bit patterns (a float scalar on the way would quieten the NaN)
+    got = np.array([0x7FA00000, 0x3F800000, 0x7F800000], dtype=np.uint32).view(np.float32)
+    ref = np.array([np.nan, 1.0, 2.0], dtype=np.float32)
+    result = compare("out", ref, got, 1e-3, 0.0)
+    assert not result["ok"] and result["mismatches"] == 1 and result["max_abs"] == float("inf")
