@@ -29,8 +29,8 @@ from .runtime import blas
 #                           selecting either of the two selects both
 STEP_OPS = (
     "encoder_forward", "layernorm_forward", "matmul_forward", "attention_forward", "residual_forward",
-    "gelu_forward", "classifier_fused", "matmul_backward", "matmul_backward_bias", "layernorm_backward", "gelu_backward",
-    "attention_backward", "encoder_backward", "adamw",
+    "gelu_forward", "classifier_fused", "matmul_backward", "matmul_backward_bias", "layernorm_backward",
+    "gelu_backward", "attention_backward", "encoder_backward", "adamw",
     "fused_residual_forward", "matmul_gelu_forward", "flash_attention_forward", "flash_attention_backward",
 )
 FUSION_OPS = ("fused_residual_forward", "matmul_gelu_forward", "flash_attention_forward", "flash_attention_backward")
