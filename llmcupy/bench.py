@@ -225,7 +225,8 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
     plan = plan_for(op_names)
     backend = _backend.get_backend()
     isolate = True if isolate is None else isolate
-    spawned = harness.SpawnedRunner(env={"LLMCUPY_BACKEND": backend}) if isolate and backend == "cuda" else None
+    start = ("spawn" if backend == "cuda" else "fork") if isolate else None
+    versions = harness.runner(start, env={"LLMCUPY_BACKEND": backend})
     # the metrics are counted by the emulator; on a GPU they would need a second, emulated run
     analyze = (backend == "sim") if analyze is None else (analyze and backend == "sim")
     date = _utc_now()
@@ -274,13 +275,7 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
             bar.set_postfix_str(f"{op_name} v{number}")
         try:
             extra = (True,) if trainer else ()   # (the trainer's shapes; absent otherwise, as before)
-            if spawned is not None:
-                raw = spawned.call(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu, *extra)
-            elif isolate:
-                raw = harness.run_isolated(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu,
-                                           *extra)
-            else:
-                raw = _sweep_and_analyze(op_name, number, small, seed, repeat, analyze, gpu, *extra)
+            raw = versions.call(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu, *extra)
         except (OpError, _backend.BackendError) as exc:
             raw = {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one version's crash must not lose the whole run
@@ -293,8 +288,7 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
             write(format_entry(entry))
         if on_entry is not None:
             on_entry(record)
-    if spawned is not None:
-        spawned.close()
+    versions.close()
     if bar is not None:
         bar.close()
     record["summary"] = _counts(record["results"])

@@ -170,37 +170,72 @@ def run_isolated(fn, *args, start: str = "fork", **kwargs):
     interpreter (the cuda backend: a CUDA context cannot be used in a child forked after CUDA
     was initialised); ``fn`` and its arguments must then be picklable (a module-level function).
     """
-    if start == "spawn":
-        with SpawnedRunner() as runner:
-            return runner.call(fn, *args, **kwargs)
-    if start != "fork":
+    if start not in ("fork", "spawn"):
         raise ValueError(f"run_isolated: start must be 'fork' or 'spawn', got {start!r}")
-    if not hasattr(os, "fork"):
+    with runner(start) as r:
+        return r.call(fn, *args, **kwargs)
+
+
+def runner(start: str | None, env: dict | None = None):
+    """What runs the versions of a catalogue or benchmark run, one ``call(fn, *args)`` each:
+    ``"fork"`` a forked child per call (``ForkedRunner``), ``"spawn"`` one long-lived spawned child
+    replaced after a failed call (``SpawnedRunner``; ``env`` is set in it), None this process."""
+    if start == "spawn":
+        return SpawnedRunner(env)
+    if start == "fork":
+        return ForkedRunner()
+    if start is None:
+        return _InProcessRunner()
+    raise ValueError(f"runner: start must be 'fork', 'spawn' or None, got {start!r}")
+
+
+class _Runner:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+
+class _InProcessRunner(_Runner):
+    def call(self, fn, *args, **kwargs):
         return fn(*args, **kwargs)
-    read_fd, write_fd = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(read_fd)
-        payload, code = _call_in_child(fn, args, kwargs)
-        with os.fdopen(write_fd, "w") as f:
-            json.dump(payload, f, default=str)
+
+
+class ForkedRunner(_Runner):
+    """A forked child per call (the emulator's isolation: a fork is cheap and shares the compiled
+    libraries); without fork (not POSIX) the call runs in this process."""
+
+    def call(self, fn, *args, **kwargs):
+        if not hasattr(os, "fork"):
+            return fn(*args, **kwargs)
+        read_fd, write_fd = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
-    os.close(write_fd)
-    with os.fdopen(read_fd) as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    if data:
-        payload = json.loads(data)
-        if "value" in payload:
-            return payload["value"]
-        return {"ok": False, "error": payload["error"]}
-    if os.WIFSIGNALED(status):
-        return {"ok": False, "error": f"the emulator process died with signal {os.WTERMSIG(status)} (see stderr)"}
-    return {"ok": False, "error": f"the child exited with status {os.WEXITSTATUS(status)}"}
+        pid = os.fork()
+        if pid == 0:  # child
+            os.close(read_fd)
+            payload, code = _call_in_child(fn, args, kwargs)
+            with os.fdopen(write_fd, "w") as f:
+                json.dump(payload, f, default=str)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        os.close(write_fd)
+        with os.fdopen(read_fd) as f:
+            data = f.read()
+        _, status = os.waitpid(pid, 0)
+        if data:
+            payload = json.loads(data)
+            if "value" in payload:
+                return payload["value"]
+            return {"ok": False, "error": payload["error"]}
+        if os.WIFSIGNALED(status):
+            return {"ok": False, "error": f"the emulator process died with signal {os.WTERMSIG(status)} (see stderr)"}
+        return {"ok": False, "error": f"the child exited with status {os.WEXITSTATUS(status)}"}
 
 
 def _call_in_child(fn, args, kwargs) -> tuple[dict, int]:
@@ -211,17 +246,16 @@ def _call_in_child(fn, args, kwargs) -> tuple[dict, int]:
         return {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}, 1
 
 
-class SpawnedRunner:
+class SpawnedRunner(_Runner):
     """Runs calls one after another in a long-lived spawned child, restarting it only after a call
-    that failed: the cuda backend's isolation for ``kernel --all``.
+    that failed: the cuda backend's isolation for ``kernel --all`` and ``bench``.
 
     A spawned interpreter costs seconds to start (Python, CuPy, a CUDA context), which a child per
     version would pay about a hundred times for the catalogue. One child runs every version until
     one goes wrong: it raised (the child then exits: a device fault leaves its CUDA context
     unusable), died, or returned a result with ``ok`` False (wrong outputs may come from a stray
-    write); that call's result says why, and the next call starts a fresh child. ``restart()`` asks
-    for one explicitly. ``fn`` and its arguments must be picklable (module-level functions). Results
-    are as ``run_isolated``'s.
+    write); that call's result says why, and the next call starts a fresh child. ``fn`` and its
+    arguments must be picklable (module-level functions). Results are as ``run_isolated``'s.
     """
 
     def __init__(self, env: dict | None = None):
@@ -229,12 +263,6 @@ class SpawnedRunner:
         self._conn = None
         self._env = dict(env or {})  # set in each child before its first call (e.g. LLMCUPY_BACKEND)
         self.starts = 0  # children started so far (the tests count them)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _start(self) -> None:
         import multiprocessing
@@ -248,9 +276,6 @@ class SpawnedRunner:
         child.close()  # the child holds the only other end: EOF once it is gone
         self._conn = parent
         self.starts += 1
-
-    def restart(self) -> None:
-        self.close()
 
     def close(self) -> None:
         if self._proc is None:

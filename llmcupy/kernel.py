@@ -227,16 +227,11 @@ def main(argv=None) -> int:
 
     results, failed = [], 0
     run = _run_and_analyze if args.analyze else _run_one
-    # on a GPU one spawned child runs the versions until one fails (see harness.SpawnedRunner)
-    spawned = harness.SpawnedRunner() if isolate == "spawn" else None
+    # a forked child per version in the emulator; on a GPU one spawned child until a version fails
+    versions = harness.runner(isolate)
     for op_name, number, sizes in plan:
         try:
-            if spawned is not None:
-                result = spawned.call(run, op_name, number, sizes, args)
-            elif isolate:
-                result = harness.run_isolated(run, op_name, number, sizes, args, start=isolate)
-            else:
-                result = run(op_name, number, sizes, args)
+            result = versions.call(run, op_name, number, sizes, args)
         except CompilerNotFound as exc:
             if len(plan) == 1:   # nothing can run here: one line, exit 2 (with --all: each version FAILs)
                 print(f"error: {exc}", file=sys.stderr)
@@ -259,8 +254,7 @@ def main(argv=None) -> int:
         failed += result.get("ok") is False
         if args.json:  # after every version: a run stopped by a time limit keeps what it measured
             _write_json(args.json, results)
-    if spawned is not None:
-        spawned.close()
+    versions.close()
     if args.analyze:
         _print_comparisons(results)
     if len(plan) > 1:

@@ -360,7 +360,7 @@ class _CudaBlas:
         lt.matmul(self.lt_handle, desc, self._scalar(alpha), A, la, B, lb, self._scalar(0.0), C, lc, C, lc,
                   algo.ctypes.data, self.workspace.data.ptr, WORKSPACE_BYTES, stream)
 
-    def _lt_plan(self, c: GemmCall, compute, aligns=(256, 256, 256)):
+    def _lt_plan(self, c: GemmCall, compute, aligns):
         lt = self.lt
         desc = lt.matmul_desc_create(int(compute), self.r32f)
 
