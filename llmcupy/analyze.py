@@ -116,8 +116,8 @@ def occupancy(g: GPU, threads: int, registers: int | None, static_smem: int, dyn
 _RESOURCES: dict = {}
 
 
-def _resource_cache_path(op, arch: int):
-    """Where NVRTC's report for ``op``'s file and ``arch`` is kept across processes (``--all`` runs
+def _resource_cache_path(source: str, arch: int):
+    """Where NVRTC's report for the kernel file ``source`` and ``arch`` is kept across processes (``--all`` runs
     each version in a child, and an NVRTC compile takes seconds): keyed by the file, the headers
     beside it and the NVRTC library."""
     import hashlib
@@ -128,22 +128,23 @@ def _resource_cache_path(op, arch: int):
 
     d = kernels_dir()
     digest = hashlib.sha256(f"{arch}\0{nvrtc.find_nvrtc().path}\0".encode())
-    for path in [d / op.source] + sorted(d.glob("*.cuh")):
+    for path in [d / source] + sorted(d.glob("*.cuh")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return cache_dir().parent / "nvrtc" / f"{op.source.rsplit('.', 1)[0]}-sm{arch}-{digest.hexdigest()[:20]}.json"
+    return cache_dir().parent / "nvrtc" / f"{source.rsplit('.', 1)[0]}-sm{arch}-{digest.hexdigest()[:20]}.json"
 
 
-def kernel_resources(op, arch: int) -> tuple[dict, str | None]:
-    """``({kernel name: nvrtc.KernelStats}, None)`` for ``op``'s file compiled for ``sm_<arch>``, or
-    ``({}, reason)`` when NVRTC is not installed or the file does not compile for that arch."""
-    key = (op.source, arch)
+def kernel_resources(source: str, arch: int) -> tuple[dict, str | None]:
+    """``({kernel name: nvrtc.KernelStats}, None)`` for the kernel file ``source`` (e.g.
+    ``"softmax_forward.cu"``) compiled for ``sm_<arch>``, or ``({}, reason)`` when NVRTC is not
+    installed or the file does not compile for that arch."""
+    key = (source, arch)
     if key in _RESOURCES:
         return _RESOURCES[key]
     from . import nvrtc
     from .runtime.module import kernels_dir
 
     try:
-        cached = _resource_cache_path(op, arch)
+        cached = _resource_cache_path(source, arch)
     except nvrtc.NvrtcNotFound as exc:
         _RESOURCES[key] = ({}, f"no NVRTC ({exc})")
         return _RESOURCES[key]
@@ -153,12 +154,12 @@ def kernel_resources(op, arch: int) -> tuple[dict, str | None]:
         return _RESOURCES[key]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    res = nvrtc.compile_file(kernels_dir() / op.source, arch)
+    res = nvrtc.compile_file(kernels_dir() / source, arch)
     if res.ok:
         found = ({k.kernel: k for k in res.kernels}, None)
     else:
         first = next((l for l in res.log.splitlines() if l.strip()), "failed")
-        found = ({}, f"NVRTC cannot compile {op.source} for sm_{arch}: {first.strip()}")
+        found = ({}, f"NVRTC cannot compile {source} for sm_{arch}: {first.strip()}")
     _RESOURCES[key] = found
     try:  # written whole under a temporary name, then renamed: a concurrent reader sees all or nothing
         from .fileio import atomic_write
@@ -326,13 +327,20 @@ def analyze_version(op, number: int, sizes: dict | None = None, block_size: int 
     op_sizes = op.sizes_of(arrays) if op.sizes_of else {}
     out["ideal_bytes"], out["ideal_source"] = ideal_bytes(op, arrays, got, op_sizes)
     flops = float(op.bound.flops(op_sizes)) if op.bound is not None and op.bound.kind == "flops" else 0.0
-    table, reason = kernel_resources(op, g.arch)
-    if reason:
-        out["resources_note"] = reason
+    from .runtime.module import kernels_dir
+
+    notes = []
     accesses = [sum(s["lane_accesses"] for s in l["sites"]) for l in launches]
     total_accesses = sum(accesses) or 1
     rows = []
     for launch, n in zip(launches, accesses):
+        # a version may launch kernels of another file (attention's permutes live in permute.cu)
+        source = launch.get("file")
+        if not source or not (kernels_dir() / source).is_file():
+            source = op.source
+        table, reason = kernel_resources(source, g.arch)
+        if reason and reason not in notes:
+            notes.append(reason)
         stats = _resources_for(table, launch["kernel"])
         threads = int(np.prod(launch["block"]))
         occ = occupancy(g, threads, stats.registers if stats else None, stats.shared_bytes if stats else 0,
@@ -340,6 +348,8 @@ def analyze_version(op, number: int, sizes: dict | None = None, block_size: int 
         model = model_launch(g, launch, occ, flops * n / total_accesses)
         rows.append({**launch, "occupancy": occ, "model": model, "kinds": by_kind(launch["sites"]),
                      "lines": by_line(launch["sites"])})
+    if notes:
+        out["resources_note"] = "; ".join(notes)
     out["launches"] = rows
     out["summary"] = summarize(out)
     return out

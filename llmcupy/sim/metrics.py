@@ -150,7 +150,7 @@ def record_launch(cdll, path: str, name: str, grid, block, shared_mem: int, file
     """Called by the launcher after a launch made with :data:`CHECK_METRICS`: reads the tables and
     hands the record to every active :func:`collect` block."""
     totals, sites = read(cdll, path, filename)
-    record = {"kernel": name, "grid": [int(g) for g in grid], "block": [int(b) for b in block],
+    record = {"kernel": name, "file": filename, "grid": [int(g) for g in grid], "block": [int(b) for b in block],
               "shared_mem": int(shared_mem), "totals": totals, "sites": sites}
     for records in _stack():
         records.append(record)
