@@ -62,3 +62,18 @@ def tf32_off():
     assert not blas.tf32_enabled(), "TF32 was left on before this test"
     yield
     assert not blas.tf32_enabled(), "this test left TF32 on (use `with blas.tf32(...)`, which restores it)"
+
+
+@pytest.fixture(scope="session")
+def have_nvrtc():
+    """NVRTC and the CUDA headers (pip wheels of the test extra): without them the NVRTC checks skip,
+    except on CI (``CI`` or ``LLMCUPY_REQUIRE_NVRTC`` set), where they fail instead."""
+    from llmcupy import nvrtc
+
+    try:
+        nvrtc.find_nvrtc()
+        nvrtc.cuda_include_dirs()
+    except nvrtc.NvrtcNotFound as exc:
+        if os.environ.get("CI") or os.environ.get("LLMCUPY_REQUIRE_NVRTC"):
+            pytest.fail(f"the NVRTC checks must run on CI: {exc}")
+        pytest.skip(f"NVRTC is not installed: {exc}")

@@ -5,6 +5,7 @@ import pytest
 
 import llmcupy
 from llmcupy.ops import check_outputs
+from llmcupy.runtime import DeviceLimitError
 
 pytestmark = pytest.mark.gpu
 
@@ -37,7 +38,13 @@ def test_version_on_gpu_matches_reference(name, number):
             if version.requires is not None and version.requires(inputs, bs):
                 continue
             arrays = {k: (cupy.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
-            got = op.run(number, arrays, bs)
+            try:
+                got = op.run(number, arrays, bs)
+            except DeviceLimitError:
+                # a block size this device cannot hold (e.g. 1024 threads of a kernel needing more
+                # than 64 registers on a 64K-register GPU): the catalogue reports it as skipped too;
+                # NVRTC shows which in CI (test_launch_limits)
+                continue
             for r in check_outputs(op, ref, got):
                 assert r["ok"], f"{name} v{number} block {bs} shape {shape}: {r}"
 

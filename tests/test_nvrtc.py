@@ -22,17 +22,6 @@ ARCHS = nvrtc.DEFAULT_ARCHS
 FILES = sorted(p.name for p in kernels_dir().glob("*.cu"))
 
 
-@pytest.fixture(scope="module")
-def have_nvrtc():
-    try:
-        nvrtc.find_nvrtc()
-        nvrtc.cuda_include_dirs()
-    except nvrtc.NvrtcNotFound as exc:
-        if os.environ.get("CI") or os.environ.get("LLMCUPY_REQUIRE_NVRTC"):
-            pytest.fail(f"the NVRTC compile check must run on CI: {exc}")
-        pytest.skip(f"NVRTC is not installed: {exc}")
-
-
 @pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm_{a}")
 @pytest.mark.parametrize("filename", FILES)
 def test_kernel_file_compiles(have_nvrtc, filename, arch):

@@ -21,8 +21,8 @@ import numpy as np
 
 from ..sim import compiler as sim_compiler
 from . import backend as _backend
-from .signature import (POINTEE_TYPES, KernelArgumentError, Param, check_arguments, parse_compiled_signature,
-                        parse_signature)
+from .signature import (POINTEE_TYPES, DeviceLimitError, KernelArgumentError, LaunchBoundsError, Param,
+                        check_arguments, parse_compiled_signature, parse_signature)
 
 _NULL = np.uint64(0)  # a null pointer argument on the cuda backend (see signature._check_pointer)
 
@@ -156,6 +156,14 @@ def _pad3(dims) -> tuple:
     return _dims(dims, "grid/block", "kernel")
 
 
+def registers_limit(registers: int, per_block: int = 65536) -> int:
+    """The largest block (a multiple of 32 threads, at most CUDA's 1024) whose registers fit
+    ``per_block``: the registers of a warp are allocated in units of 256 (compute capability 5.0 and
+    later)."""
+    per_warp = -(-max(registers, 1) * 32 // 256) * 256
+    return min(1024, per_block // per_warp * 32)
+
+
 _sim_launcher = None
 
 
@@ -202,6 +210,21 @@ class RawKernel:
             self.params = compiled
 
     @property
+    def max_threads_per_block(self) -> int:
+        """The largest block this kernel can launch with. On a GPU, what the driver says for this
+        device (its ``__launch_bounds__`` and the registers a block of that many threads needs;
+        cuFuncGetAttribute, asked once); in the emulator, which has no registers to run out of, the
+        source's ``__launch_bounds__``."""
+        found = self.__dict__.get("_max_threads")
+        if found is None:
+            if self.backend == "cuda":
+                found = int(self._kernel.max_threads_per_block)
+            else:
+                found = self.module._sim_library.max_threads(self.name)
+            self._max_threads = found
+        return found
+
+    @property
     def signature(self) -> str:
         return f"{self.name}({', '.join(p.describe() for p in self.params)})"
 
@@ -215,6 +238,36 @@ class RawKernel:
             found = self._aligned = [(i, POINTEE_TYPES[p.pointee][1]) for i, p in enumerate(self.params)
                                      if p.is_pointer and POINTEE_TYPES.get(p.pointee, (None, 1))[1] > 4]
         return found
+
+    def _too_many_threads(self, threads: int) -> KernelArgumentError:
+        """The error for a block larger than ``max_threads_per_block``, saying which limit it hits."""
+        limit = self.max_threads_per_block
+        if self.backend != "cuda":
+            return LaunchBoundsError(f"{self.name}: a block of {threads} threads is more than its __launch_bounds__ "
+                                     f"allow ({limit}); a GPU refuses this launch")
+        registers = int(self._kernel.num_regs)
+        per_block = _backend.device_attribute("MaxRegistersPerBlock")
+        register_cap = registers_limit(registers, per_block)
+        if limit < register_cap:
+            return LaunchBoundsError(f"{self.name}: a block of {threads} threads is more than its __launch_bounds__ "
+                                     f"allow ({limit}); a GPU refuses this launch")
+        return DeviceLimitError(
+            f"{self.name}: a block of {threads} threads needs {registers} registers per thread, more than the "
+            f"{per_block} registers one block may have on {_backend.device_name()}: at most {limit} threads per "
+            "block for this kernel here; use a smaller block size")
+
+    def _opt_in_shared(self, dynamic: int) -> None:
+        """Above 48 KiB of dynamic shared memory CUDA wants an explicit opt-in per kernel, up to the
+        device's per-block limit (less the kernel's static shared memory)."""
+        static = int(self._kernel.shared_size_bytes)
+        optin = _backend.device_attribute("MaxSharedMemoryPerBlockOptin")
+        if static + dynamic > optin:
+            raise DeviceLimitError(
+                f"{self.name}: {dynamic} bytes of dynamic shared memory (plus {static} static) are more than the "
+                f"{optin} bytes one block may have on {_backend.device_name()}; use a smaller block size or "
+                "another version")
+        self._kernel.max_dynamic_shared_size_bytes = dynamic
+        self.max_dynamic_shared_size_bytes = dynamic
 
     def _launch_trusted(self, grid, block, args, shared_mem: int, stream) -> None:
         LAUNCHES[0] += 1
@@ -234,8 +287,7 @@ class RawKernel:
         if self.backend == "cuda":
             prepared = tuple([_NULL if a is None else a for a in args])
             if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
-                self._kernel.max_dynamic_shared_size_bytes = int(shared_mem)
-                self.max_dynamic_shared_size_bytes = int(shared_mem)
+                self._opt_in_shared(int(shared_mem))
             if LAUNCH_OBSERVERS:
                 notify_launch("before")  # the profiler's events, as around a checked launch
             if stream is None:
@@ -262,9 +314,7 @@ class RawKernel:
             return
         if self.backend == "cuda":
             if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
-                # (recorded while stubbed, the checked call did not opt in)
-                self._kernel.max_dynamic_shared_size_bytes = shared_mem
-                self.max_dynamic_shared_size_bytes = shared_mem
+                self._opt_in_shared(shared_mem)  # (recorded while stubbed, the checked call did not opt in)
             if LAUNCH_OBSERVERS:
                 notify_launch("before")
                 self._kernel(grid3, block3, args, shared_mem=shared_mem)
@@ -284,6 +334,8 @@ class RawKernel:
         threads = block3[0] * block3[1] * block3[2]
         if threads > 1024:
             raise KernelArgumentError(f"{self.name}: a block of {threads} threads exceeds CUDA's limit of 1024")
+        if threads > self.max_threads_per_block:
+            raise self._too_many_threads(threads)
         if not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
             raise KernelArgumentError(f"{self.name}: shared_mem must be a non-negative int, got {shared_mem!r}")
         prepared = check_arguments(self.name, self.params, args, self.backend)
@@ -293,9 +345,7 @@ class RawKernel:
             return
         if self.backend == "cuda":
             if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
-                # Above 48 KiB CUDA wants an explicit opt-in per kernel.
-                self._kernel.max_dynamic_shared_size_bytes = int(shared_mem)
-                self.max_dynamic_shared_size_bytes = int(shared_mem)
+                self._opt_in_shared(int(shared_mem))
             kwargs = {"shared_mem": int(shared_mem)}
             if stream is not None:
                 kwargs["stream"] = stream

@@ -83,6 +83,16 @@ class KernelArgumentError(TypeError):
     """An argument does not match the kernel's C signature (names kernel, index and C type)."""
 
 
+class LaunchBoundsError(KernelArgumentError):
+    """A block of more threads than the kernel's ``__launch_bounds__`` allow. Every GPU refuses
+    such a launch, so it is a mistake in the launcher; the emulator refuses it too."""
+
+
+class DeviceLimitError(KernelArgumentError):
+    """A launch this device cannot hold: the block needs more registers, or the kernel more shared
+    memory, than the device gives one block. A smaller block, or another GPU, may run it."""
+
+
 @dataclass(frozen=True)
 class Param:
     spelling: str  # e.g. "const float*", "int"

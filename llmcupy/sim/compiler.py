@@ -60,8 +60,8 @@ INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _GLOBAL_FN = re.compile(
     r"(?P<template>template\s*<[^{};]*?>\s*)?"
-    r"(?:extern\s+\"C\"\s+)?(?:static\s+)?__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
-    r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\("
+    r"(?:extern\s+\"C\"\s+)?(?:static\s+)?__global__\s+(?:__launch_bounds__\s*\((?P<bounds>[^)]*)\)\s*)?void\s+"
+    r"(?:__launch_bounds__\s*\((?P<bounds_after>[^)]*)\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\("
 )
 _QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b(?P<rest>[^;{}]*?)\b(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
@@ -252,6 +252,20 @@ def global_kernel_names(code: str) -> list[str]:
         if name not in names:
             names.append(name)
     return names
+
+
+def launch_bounds(code: str) -> dict[str, str]:
+    """The maximum block size each non-template kernel declares with ``__launch_bounds__``, as the
+    C expression written there (``256``, ``16 * 16``, a macro), by unqualified name. A GPU refuses a
+    launch with more threads; the entry points built here evaluate the expression with the source's
+    own macros so the emulator refuses it too. (A template's bound may depend on its parameters; it
+    is not enforced.)"""
+    found = {}
+    for m in _GLOBAL_FN.finditer(blank_comments(code)):
+        text = m["bounds"] if m["bounds"] is not None else m["bounds_after"]
+        if text is not None and not m["template"]:
+            found[m["name"]] = _split_top(text, ",")[0].strip()
+    return found
 
 
 def device_variables(code: str) -> list[str]:
@@ -599,11 +613,22 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     body = rewrite_asm(rewrite_shared(code))
     volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
     entries = []
+    bounds = launch_bounds(code)
     for i, name in enumerate(kernels):
+        namespace, _, base = name.lstrip(":").rpartition("::")
+        bound = bounds.get(base) if "<" not in name else None
+        if bound is None:
+            bound_fn = "0"   # no bound declared: only CUDA's 1024 threads limit the launch
+        else:
+            # evaluated where the kernel is declared, so a namespace's constants resolve as in the bound
+            fn = f"static int llmcupy_sim_bound_{i}() {{ return (int)({bound}); }}"
+            entries.append(f"namespace {namespace} {{ {fn} }}\n" if namespace else fn + "\n")
+            bound_fn = f"{namespace}::llmcupy_sim_bound_{i}()" if namespace else f"llmcupy_sim_bound_{i}()"
         entries.append(
             f'extern "C" LLMCUPY_SIM_EXPORT int llmcupy_sim_entry_{i}(const llmcupy_sim::LaunchConfig* c, void** a, '
             f"llmcupy_sim::LaunchResult* r) {{ return llmcupy_sim::launch(&{name}, \"{name}\", c, a, r); }}\n"
             f'extern "C" LLMCUPY_SIM_EXPORT const char* llmcupy_sim_signature_{i}() {{ return llmcupy_sim::signature(&{name}); }}\n'
+            f'extern "C" LLMCUPY_SIM_EXPORT int llmcupy_sim_max_threads_{i}() {{ return {bound_fn}; }}\n'
         )
     for i, name in enumerate(variables):
         entries.append(

@@ -258,6 +258,12 @@ class SimLibrary:
         fn.restype = ctypes.c_char_p
         return fn().decode()
 
+    def max_threads(self, name: str) -> int:
+        """The block size the kernel's ``__launch_bounds__`` allows (1024 when it declares none)."""
+        fn = getattr(self._lib, f"llmcupy_sim_max_threads_{self._index[name]}")
+        fn.restype = ctypes.c_int
+        return int(fn()) or 1024
+
     def global_address(self, name: str) -> tuple[int, int]:
         """Address and size in bytes of a ``__constant__`` / ``__device__`` variable."""
         fn = getattr(self._lib, f"llmcupy_sim_global_{self._variables[name]}")

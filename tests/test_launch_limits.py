@@ -1,0 +1,243 @@
+"""Launches a GPU would refuse: more threads than a kernel's ``__launch_bounds__`` allow, more
+registers or shared memory than a device gives one block.
+
+The emulator has no registers to run out of, so without these checks such a launch passes every
+CPU test and fails on the first GPU run with CUDA's "too many resources requested for launch":
+
+* the emulator enforces ``__launch_bounds__`` (evaluated with the source's own macros), so a
+  launcher that exceeds its kernel's bound fails in CI (``LaunchBoundsError``);
+* on a GPU, ``RawKernel`` compares the block with what the driver says the kernel can launch with
+  and raises ``DeviceLimitError`` naming the registers (or shared memory) and the device; the
+  catalogue then reports that block size as skipped on this device rather than failed;
+* NVRTC's register report shows, without a GPU, that every launch of the trainer's step fits on
+  each architecture the project claims (sm_75, sm_80, sm_90).
+"""
+
+import types
+
+import numpy as np
+import pytest
+
+import llmcupy
+from llmcupy import harness
+from llmcupy import ops as ops_registry
+from llmcupy.runtime import DeviceLimitError, KernelArgumentError, LaunchBoundsError
+from llmcupy.runtime import backend as _backend
+from llmcupy.runtime import module as module_mod
+
+BOUNDED = r"""
+#define ROWS_PER_BLOCK 4
+__global__ void __launch_bounds__(ROWS_PER_BLOCK * 32, 1) scale_rows(float* out, const float* inp, float s, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = s * inp[i];
+}
+__global__ __launch_bounds__(32) void one_warp(float* out) { out[threadIdx.x] = 1.0f; }
+__global__ void unbounded(float* out) { out[threadIdx.x] = 1.0f; }
+template <int BLOCK> __global__ void __launch_bounds__(BLOCK) templated(float* out) { out[threadIdx.x] = 1.0f; }
+namespace ops {
+constexpr int kWarps = 2;
+__global__ void __launch_bounds__(kWarps * 32) in_namespace(float* out) { out[threadIdx.x] = 1.0f; }
+}
+"""
+
+
+@pytest.fixture
+def sim_backend():
+    previous = _backend.get_backend()
+    _backend.set_backend("sim")
+    yield
+    _backend.set_backend(previous)
+
+
+def test_emulator_enforces_launch_bounds(sim_backend):
+    mod = llmcupy.RawModule(code=BOUNDED, name_expressions=["templated<64>", "ops::in_namespace", "scale_rows",
+                                                            "one_warp", "unbounded"])
+    scale = mod.get_function("scale_rows")
+    # the bound is the C expression, evaluated with the file's macro; a kernel without one gets CUDA's 1024;
+    # a template's bound may depend on its parameters and is not enforced
+    assert scale.max_threads_per_block == 128
+    assert mod.get_function("one_warp").max_threads_per_block == 32
+    assert mod.get_function("unbounded").max_threads_per_block == 1024
+    assert mod.get_function("templated<64>").max_threads_per_block == 1024
+    assert mod.get_function("ops::in_namespace").max_threads_per_block == 64  # the namespace's constant
+
+    x = np.arange(256, dtype=np.float32)
+    y = np.zeros_like(x)
+    scale((2,), (128,), (y, x, np.float32(2), np.int32(256)))   # at the bound: runs
+    np.testing.assert_array_equal(y, 2 * x)
+    with pytest.raises(LaunchBoundsError, match=r"scale_rows: a block of 256 threads is more than its "
+                                                r"__launch_bounds__ allow \(128\)"):
+        scale((1,), (256,), (y, x, np.float32(2), np.int32(256)))
+    with pytest.raises(LaunchBoundsError, match="one_warp"):
+        mod.get_function("one_warp")((1,), (8, 8), (y,))      # 64 threads in two dimensions
+    assert issubclass(LaunchBoundsError, KernelArgumentError)
+
+
+def test_every_catalogue_launch_respects_its_kernels_bounds(sim_backend):
+    """Every version at every block size of its sweep, kernels stubbed (the checks run, the kernels
+    do not): no launcher asks for more threads than its kernel's ``__launch_bounds__``."""
+    for name in ops_registry.names():
+        op = ops_registry.get(name)
+        inputs = op.make_inputs(np.random.default_rng(0), **op.sim_sizes)
+        for number, version in sorted(op.versions.items()):
+            if not version.available:
+                continue
+            for bs in harness.block_sizes_for(version, None):
+                if version.requires is not None and version.requires(inputs, bs):
+                    continue
+                arrays = {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
+                with module_mod.STUBBED, np.errstate(all="ignore"):
+                    op.run(number, arrays, bs)   # raises LaunchBoundsError on a violation
+
+
+@pytest.mark.gpu
+def test_gpu_refuses_a_block_beyond_launch_bounds_with_the_same_error():
+    import cupy
+
+    previous = _backend.get_backend()
+    llmcupy.set_backend("cuda")
+    try:
+        mod = llmcupy.RawModule(code=BOUNDED)
+        scale = mod.get_function("scale_rows")
+        assert scale.max_threads_per_block == 128
+        x = cupy.arange(256, dtype=cupy.float32)
+        y = cupy.zeros_like(x)
+        with pytest.raises(LaunchBoundsError, match=r"__launch_bounds__ allow \(128\)"):
+            scale((1,), (256,), (y, x, np.float32(2), np.int32(256)))
+        scale((2,), (128,), (y, x, np.float32(2), np.int32(256)))
+        np.testing.assert_array_equal(cupy.asnumpy(y), 2 * np.arange(256, dtype=np.float32))
+        unbounded = mod.get_function("unbounded")
+        # what the driver allows follows the registers, as registers_limit computes it
+        per_block = _backend.device_attribute("MaxRegistersPerBlock")
+        assert unbounded.max_threads_per_block == module_mod.registers_limit(unbounded._kernel.num_regs, per_block)
+    finally:
+        llmcupy.set_backend(previous)
+
+
+def test_registers_limit():
+    # registers are allocated per warp in units of 256, 64K per block
+    assert module_mod.registers_limit(32) == 1024
+    assert module_mod.registers_limit(64) == 1024
+    assert module_mod.registers_limit(66) == 896    # 9 x 256 per warp -> 28 warps
+    assert module_mod.registers_limit(128) == 512
+    assert module_mod.registers_limit(255) == 256
+
+
+def _cuda_kernel(monkeypatch, *, max_threads, num_regs, static_smem=0, optin=227 * 1024):
+    """A RawKernel as the cuda backend builds it, over a stand-in for CuPy's kernel (no GPU here)."""
+    k = object.__new__(module_mod.RawKernel)
+    k.name, k.backend = "heavy_kernel", "cuda"
+    k._max_threads = max_threads   # what CuPy's max_threads_per_block would say
+    k.max_dynamic_shared_size_bytes = 0
+    k._kernel = types.SimpleNamespace(num_regs=num_regs, shared_size_bytes=static_smem,
+                                      max_dynamic_shared_size_bytes=0)
+    attributes = {"MaxRegistersPerBlock": 65536, "MaxSharedMemoryPerBlockOptin": optin}
+    monkeypatch.setattr(_backend, "device_attribute", lambda name: attributes[name])
+    monkeypatch.setattr(_backend, "device_name", lambda: "Tesla T4")
+    return k
+
+
+def test_gpu_register_limit_is_a_device_limit(monkeypatch):
+    k = _cuda_kernel(monkeypatch, max_threads=896, num_regs=66)
+    err = k._too_many_threads(1024)
+    assert isinstance(err, DeviceLimitError)
+    text = str(err)
+    assert "heavy_kernel" in text and "66 registers per thread" in text and "Tesla T4" in text
+    assert "at most 896 threads" in text and "smaller block size" in text
+
+
+def test_gpu_launch_bounds_are_told_apart_from_registers(monkeypatch):
+    # 40 registers allow 1024 threads: a limit of 256 can only come from __launch_bounds__
+    k = _cuda_kernel(monkeypatch, max_threads=256, num_regs=40)
+    err = k._too_many_threads(512)
+    assert isinstance(err, LaunchBoundsError) and not isinstance(err, DeviceLimitError)
+    assert "__launch_bounds__ allow (256)" in str(err)
+
+
+def test_gpu_shared_memory_opt_in_is_checked_against_the_device(monkeypatch):
+    k = _cuda_kernel(monkeypatch, max_threads=1024, num_regs=32, static_smem=1024, optin=64 * 1024)
+    k._opt_in_shared(60 * 1024)
+    assert k._kernel.max_dynamic_shared_size_bytes == 60 * 1024
+    with pytest.raises(DeviceLimitError, match=r"heavy_kernel: 65536 bytes of dynamic shared memory \(plus 1024 "
+                                               r"static\) are more than the 65536 bytes one block may have on Tesla T4"):
+        k._opt_in_shared(64 * 1024)
+    assert k._kernel.max_dynamic_shared_size_bytes == 60 * 1024   # left as it was
+
+
+def test_sweep_reports_a_block_size_the_device_cannot_run_as_skipped(sim_backend, monkeypatch):
+    op = ops_registry.get("softmax_forward")
+    real_run = op.run
+
+    def run(number, arrays, block_size=None, **kw):
+        if block_size == 1024:
+            raise DeviceLimitError("softmax_forward_kernel4: a block of 1024 threads needs 80 registers per thread")
+        return real_run(number, arrays, block_size, **kw)
+
+    monkeypatch.setattr(op, "run", run)
+    result = harness.sweep(op, 4)
+    by_size = {b["block_size"]: b for b in result["blocks"]}
+    assert by_size[1024]["ok"] is None
+    assert by_size[1024]["skipped"].startswith("this device cannot launch it: softmax_forward_kernel4")
+    assert all(b["ok"] for size, b in by_size.items() if size != 1024)
+    assert result["ok"] is True
+
+
+# ----------------------------------------------------------------------------------------------
+# the trainer's step on every claimed architecture, from NVRTC's register report
+
+
+def _step_launches(kernels):
+    """(file, kernel, threads, dynamic shared bytes) of every launch of one training step of a
+    one-layer model at GPT-2 124M's widths and T = 1024 (shared memory sizes follow C and T; the
+    layer count only repeats launches), kernels stubbed."""
+    from llmcupy.config import GPT2Config, init_params
+    from llmcupy.model import GPT2
+
+    cfg = GPT2Config(max_seq_len=1024, num_layers=1)
+    model = GPT2(cfg, init_params(cfg, seed=0), kernels)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(1, 1025))
+    seen = set()
+    real_call = module_mod.RawKernel.__call__
+
+    def record(self, grid, block, args, *, shared_mem=0, stream=None):
+        b = module_mod._dims(block, "block", self.name)
+        seen.add((self.module.filename, self.name, b[0] * b[1] * b[2], int(shared_mem)))
+        return real_call(self, grid, block, args, shared_mem=shared_mem, stream=stream)
+
+    from llmcupy.ops._op import launch_plans
+
+    # every call checked in full: a launch plan's replays (of this or an earlier test's calls) skip __call__
+    with pytest.MonkeyPatch.context() as mp, module_mod.STUBBED, launch_plans(False), np.errstate(all="ignore"):
+        mp.setattr(module_mod.RawKernel, "__call__", record)
+        model.forward(tokens[:, :-1], tokens[:, 1:])
+        model.zero_grad()
+        model.backward()
+        model.update(1e-4, 0.9, 0.999, 1e-8, 0.0, 1)
+    return sorted(seen)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fused", [False, True], ids=["default", "fused"])
+def test_trainer_step_launches_fit_every_claimed_architecture(sim_backend, have_nvrtc, fused):
+    from llmcupy import analyze, nvrtc
+    from llmcupy.model import KernelChoice
+
+    kernels = KernelChoice()
+    if fused:
+        kernels.select_fusions()
+    launches = _step_launches(kernels)
+    assert len(launches) > 10
+    gpus = {75: analyze.GPUS["t4"], 80: analyze.GPUS["a100-sxm"], 90: analyze.GPUS["h100-sxm"]}
+    assert set(gpus) == set(nvrtc.DEFAULT_ARCHS)
+    problems = []
+    for arch, g in gpus.items():
+        for filename, kernel, threads, dynamic in launches:
+            table, reason = analyze.kernel_resources(filename, arch)
+            assert reason is None, reason
+            stats = analyze._resources_for(table, kernel)
+            assert stats is not None, f"NVRTC reports no {kernel} in {filename} for sm_{arch}"
+            if threads > module_mod.registers_limit(stats.registers):
+                problems.append(f"sm_{arch}: {kernel} at {threads} threads needs {stats.registers} registers each")
+            if stats.shared_bytes + dynamic > g.smem_per_sm - g.smem_reserved:
+                problems.append(f"sm_{arch}: {kernel} needs {stats.shared_bytes} + {dynamic} bytes of shared memory")
+    assert not problems, "launches of the trainer's step a GPU would refuse:\n" + "\n".join(problems)
