@@ -242,15 +242,14 @@ class RawKernel:
     def _too_many_threads(self, threads: int) -> KernelArgumentError:
         """The error for a block larger than ``max_threads_per_block``, saying which limit it hits."""
         limit = self.max_threads_per_block
+        bounds = LaunchBoundsError(f"{self.name}: a block of {threads} threads is more than its __launch_bounds__ "
+                                   f"allow ({limit}); a GPU refuses this launch")
         if self.backend != "cuda":
-            return LaunchBoundsError(f"{self.name}: a block of {threads} threads is more than its __launch_bounds__ "
-                                     f"allow ({limit}); a GPU refuses this launch")
+            return bounds
         registers = int(self._kernel.num_regs)
         per_block = _backend.device_attribute("MaxRegistersPerBlock")
-        register_cap = registers_limit(registers, per_block)
-        if limit < register_cap:
-            return LaunchBoundsError(f"{self.name}: a block of {threads} threads is more than its __launch_bounds__ "
-                                     f"allow ({limit}); a GPU refuses this launch")
+        if limit < registers_limit(registers, per_block):
+            return bounds   # the registers would allow more: the limit is the kernel's own bound
         return DeviceLimitError(
             f"{self.name}: a block of {threads} threads needs {registers} registers per thread, more than the "
             f"{per_block} registers one block may have on {_backend.device_name()}: at most {limit} threads per "

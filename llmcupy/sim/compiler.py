@@ -35,7 +35,8 @@ accessor for ``RawModule.get_global``. The fiber stack a kernel needs is taken f
 
 For every kernel an ``extern "C"`` entry point is appended; it unpacks a ``void**`` argument array
 into the kernel's own parameter types (the compiler checks them) and exports the parameter types
-as C spellings, which the runtime uses to check arguments exactly.
+as C spellings, which the runtime uses to check arguments exactly, and the maximum block size of
+its ``__launch_bounds__``, which the runtime enforces as a GPU does.
 
 Libraries are cached by the hash of everything that goes into them (source as written, included
 files, the emulator's headers, this file's rewrite rules, flags, compiler version), under ``$LLMCUPY_CACHE_DIR/sim`` (default
