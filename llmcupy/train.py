@@ -31,6 +31,7 @@ from .model import GPT2, STEP_OPS, KernelChoice, ModelError
 from .runtime import blas
 from .runtime.module import launch_count
 from .runtime import backend as _backend
+from .runtime.signature import DeviceLimitError
 
 DEFAULT_B, DEFAULT_T = 4, 1024   # llm.c's train_gpt2_fp32.cu
 DEFAULT_TRAIN = "data/tinyshakespeare/tiny_shakespeare_train.bin"
@@ -595,6 +596,9 @@ def _main(argv=None) -> int:
     except (ops_registry.OpError, ModelError, FileFormatError, OSError, TokenizerError,
             _backend.BackendError, CompilerNotFound) as exc:
         return fail(exc)   # FileFormatError: bad model, state, token or tokenizer files; OSError: unreadable
+    except DeviceLimitError as exc:   # a block size this GPU cannot hold for one of the step's kernels
+        print(f"error: {exc} (with --kernel OP=VERSION:BLOCK_SIZE)", file=sys.stderr)
+        return 2
     except SystemExit as exc:
         if isinstance(exc.code, str):   # an "error: ..." about the arguments: exit 2, as argparse does
             print(exc.code, file=sys.stderr)

@@ -198,6 +198,26 @@ def test_unknown_or_unavailable_kernel_versions_exit_2():
     assert rc == 2 and "must be integers" in err, err
 
 
+def test_a_block_size_the_gpu_cannot_hold_exits_2_naming_op_version_and_flag(small_train_args, monkeypatch):
+    """As on a GPU whose registers per block do not fit GELU's kernel at the step's 512 threads:
+    the error names the op, version and block size to change, and the flag that changes them."""
+    from llmcupy.ops._op import clear_plans
+    from llmcupy.runtime import DeviceLimitError
+    from llmcupy.runtime.module import RawKernel
+
+    real = RawKernel.max_threads_per_block
+    monkeypatch.setattr(RawKernel, "max_threads_per_block",
+                        property(lambda k: 256 if k.name == "gelu_forward_kernel2" else real.fget(k)))
+    monkeypatch.setattr(RawKernel, "_too_many_threads", lambda k, threads: DeviceLimitError(
+        f"{k.name}: a block of {threads} threads needs 80 registers per thread"))
+    clear_plans()   # a replayed launch plan skips the checks (the limit cannot change on a real device)
+    rc, _, err = _train(["--init", "d1", "-b", 2, "-t", 32, "--steps", 1, "-v", 0, "-s", 0] + small_train_args)
+    clear_plans()
+    assert rc == 2, err
+    assert ("error: gelu_forward version 2 at block size 512: gelu_forward_kernel2: a block of 512 threads needs "
+            "80 registers per thread (with --kernel OP=VERSION:BLOCK_SIZE)") in err, err
+
+
 def test_seq_len_beyond_the_model_context(small_train_args):
     rc, _, err = _train(["--init", "d2", "-t", 512] + small_train_args)
     assert rc == 2

@@ -22,6 +22,7 @@ from ..runtime.module import RECORDERS as _RECORDERS
 from ..runtime.module import TRUSTED as _TRUSTED
 from ..runtime.module import LaunchRecorder as _LaunchRecorder
 from ..runtime.module import array_address as _raw_address
+from ..runtime.signature import DeviceLimitError as _DeviceLimitError
 from ..runtime.module import load_kernel_file
 
 ALL_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024)
@@ -644,10 +645,14 @@ class Op:
                     aliases = None
         merged = {**arrays, **outputs}
         hooks = [] if graph_safe_run else list(_HOOKS)
-        if hooks or _backend.get_backend() == "cuda":
-            self._launch_observed(v, bs, merged, hooks)
-        else:
-            v.launch(merged, bs)
+        try:
+            if hooks or _backend.get_backend() == "cuda":
+                self._launch_observed(v, bs, merged, hooks)
+            else:
+                v.launch(merged, bs)
+        except _DeviceLimitError as exc:
+            # the kernel's name alone does not say which op, version and block size to change
+            raise _DeviceLimitError(f"{self.name} version {v.number} at block size {bs}: {exc}") from None
         return outputs, (tuple(aliases) if aliases is not None else None)
 
     def __call__(self, *args, version: int | None = None, block_size: int | None = None, out: dict | None = None,
