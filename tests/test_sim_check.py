@@ -141,7 +141,7 @@ extern "C" __global__ void count(int* out) {
     atomicAdd(&c, 1);
     atomicAdd(&out[1], 1);
     __syncthreads();
-    if (threadIdx.x == 0) out[0] = c;
+    if (threadIdx.x == 0) out[1 + gridDim.x - blockIdx.x] = c;   // a slot per block: one slot would be a race
 }
 """
 
@@ -149,9 +149,9 @@ extern "C" __global__ void count(int* out) {
 @pytest.mark.parametrize("order", ORDERS)
 def test_atomics_on_one_address_are_not_a_race(order, no_hazards):
     k, _ = kernel(ATOMICS, "count")
-    out = np.zeros(2, np.int32)
+    out = np.zeros(4, np.int32)
     assert run_checked(k, (2,), (96,), (out,), order) == []
-    assert out[0] == 96 and out[1] == 192
+    np.testing.assert_array_equal(out[1:], [192, 96, 96])
 
 
 GLOBAL_RACE = r"""
@@ -170,6 +170,118 @@ def test_global_memory_race_within_a_block(order, no_hazards):
     reports = run_checked(k, (1,), (64,), (data,), order, check="race")
     assert reports and reports[0].space == "global" and "argument 0" in reports[0].where
     assert {reports[0].line, reports[0].prev_line} == {line_of(code, "PUBLISH"), line_of(code, "CONSUME")}
+
+
+# --- racecheck between blocks -------------------------------------------------------------------
+
+BETWEEN_BLOCKS = r"""
+extern "C" __global__ void handoff(float* data) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) data[0] = 42.0f;    // PUBLISH
+    if (blockIdx.x == 1) data[1 + threadIdx.x] = data[0];        // CONSUME
+}
+extern "C" __global__ void same_slot(float* out) {
+    if (threadIdx.x == 0) out[0] = 1.0f;                         // EVERY_BLOCK
+}
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_block_reading_what_another_block_wrote_is_a_race(order, workers, no_hazards):
+    # whichever block runs first, the second access conflicts with the first: RAW or WAR
+    k, code = kernel(BETWEEN_BLOCKS, "handoff")
+    with sim.settings(workers=workers):
+        reports = run_checked(k, (2,), (32,), (np.zeros(33, np.float32),), order, check="race")
+    assert reports and all(r.between_blocks for r in reports), [r.describe() for r in reports]
+    r = reports[0]
+    assert r.kind in ("RAW", "WAR") and r.space == "global" and r.where == "argument 0"
+    assert {r.line, r.prev_line} == {line_of(code, "PUBLISH"), line_of(code, "CONSUME")}
+    assert {r.block, r.prev_block} == {(0, 0, 0), (1, 0, 0)}
+    assert "between blocks" in r.describe() and "__threadfence" in r.describe()
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_blocks_writing_one_slot_is_a_race_even_with_the_same_value(order, no_hazards):
+    # benign-looking, but a data race in CUDA's memory model: the kernel's result would depend on
+    # which write lands last if the values ever differed
+    k, code = kernel(BETWEEN_BLOCKS, "same_slot")
+    reports = run_checked(k, (3,), (32,), (np.zeros(1, np.float32),), order, check="race")
+    assert reports and reports[0].kind == "WAW" and reports[0].between_blocks
+    assert reports[0].line == reports[0].prev_line == line_of(code, "EVERY_BLOCK")
+
+
+# The last-block reduction of llm.c's layernorm_backward 5-7 (and CUDA's threadFenceReduction
+# sample): each block writes its partial, fences, counts itself in with an atomic; the block that
+# counts last reads every partial. Without the fence nothing orders the partials before the count.
+LAST_BLOCK = r"""
+extern "C" __global__ void last_block(const float* x, float* partial, unsigned* counter, float* out, int fence) {
+    __shared__ float s[64];
+    __shared__ bool is_last;
+    s[threadIdx.x] = x[blockIdx.x * blockDim.x + threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float a = 0.0f;
+        for (int i = 0; i < blockDim.x; i++) a += s[i];
+        partial[blockIdx.x] = a;                                  // PARTIAL
+    }
+    if (fence) __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (is_last && threadIdx.x == 0) {
+        float a = 0.0f;
+        for (int b = 0; b < gridDim.x; b++) a += partial[b];      // GATHER
+        out[0] = a;
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("order", ORDERS)
+def test_last_block_reduction_is_ordered_by_its_fence_and_racy_without(order, workers, no_hazards):
+    k, code = kernel(LAST_BLOCK, "last_block")
+    x = np.arange(8 * 64, dtype=np.float32)
+
+    def run(fence):
+        out = np.zeros(1, np.float32)
+        args = (x, np.zeros(8, np.float32), np.zeros(1, np.uint32), out, np.int32(fence))
+        with sim.settings(workers=workers):
+            reports = run_checked(k, (8,), (64,), args, order, check="race")
+        assert out[0] == x.sum()  # the emulator runs it right either way: only the checker can tell
+        return reports
+
+    assert run(fence=1) == []
+    reports = run(fence=0)
+    assert reports and all(r.kind == "RAW" and r.between_blocks for r in reports), [r.describe() for r in reports]
+    assert {(r.prev_line, r.line) for r in reports} == {(line_of(code, "PARTIAL"), line_of(code, "GATHER"))}
+
+
+ACCUMULATE_THEN_READ = r"""
+extern "C" __global__ void accumulate(float* total, float* copy, int strong) {
+    atomicAdd(total, 1.0f);                                      // ADD
+    __syncthreads();   // orders this block's own atomics before the read; other blocks' stay unordered
+    if (blockIdx.x == 1 && threadIdx.x == 0) {
+        if (strong) copy[0] = *(volatile float*)total;           // a volatile load: strong, like an atomic
+        else copy[0] = *total;                                   // PEEK
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_atomics_from_every_block_are_clean_but_a_plain_read_of_their_sum_is_not(order, no_hazards):
+    k, code = kernel(ACCUMULATE_THEN_READ, "accumulate")
+    args = (np.zeros(1, np.float32), np.zeros(1, np.float32))
+    reports = run_checked(k, (4,), (32,), args + (np.int32(0),), order, check="race")
+    assert reports and all(r.between_blocks for r in reports)
+    assert {r.kind for r in reports} <= {"RAW", "WAR"}
+    assert {(r.prev_line, r.line) for r in reports} <= {(line_of(code, "ADD"), line_of(code, "PEEK")),
+                                                        (line_of(code, "PEEK"), line_of(code, "ADD"))}
+    # PTX's memory model: volatile and atomic accesses are both "strong" and do not race with each
+    # other (layernorm_backward 8-10 read their atomicCAS counter through a volatile load)
+    assert run_checked(k, (4,), (32,), (np.zeros(1, np.float32), np.zeros(1, np.float32), np.int32(1)), order,
+                       check="race") == []
 
 
 # --- memcheck ----------------------------------------------------------------------------------
@@ -295,7 +407,7 @@ extern "C" __global__ void half_filled(float* out, int filled) {
     int t = threadIdx.x;
     if (t < filled) s[t] = t;
     __syncthreads();
-    out[t] = s[t];                        // USE
+    out[blockIdx.x * blockDim.x + t] = s[t];   // USE
 }
 """
 
@@ -303,7 +415,7 @@ extern "C" __global__ void half_filled(float* out, int filled) {
 @pytest.mark.parametrize("order", ORDERS)
 def test_uninitialised_shared_read(order, no_hazards):
     k, code = kernel(UNINIT, "half_filled")
-    out = np.zeros(64, np.float32)
+    out = np.zeros(2 * 64, np.float32)
     reports = run_checked(k, (2,), (64,), (out, np.int32(32)), order, check="init")
     assert reports and all(r.kind == "UNINIT" for r in reports)
     assert reports[0].line == line_of(code, "USE") and reports[0].thread[0] >= 32
@@ -509,7 +621,7 @@ extern "C" __global__ void forms(const float* in, float* out) {
     b[t] = 2.0f * in[t];
     __syncthreads();
     float total = BlockReduce(temp).Sum(a[63 - t] + b[t]);
-    if (t == 0) out[0] = total;
+    if (t == 0) out[blockIdx.x] = total;
 }
 """
 
@@ -520,9 +632,9 @@ def test_every_shared_declaration_form_is_known_to_the_checks(order, no_hazards)
     # racecheck and initcheck shadow it (an unregistered one would read as a wild address)
     k, _ = kernel(SHARED_FORMS, "forms")
     x = np.arange(64, dtype=np.float32)
-    out = np.zeros(1, np.float32)
+    out = np.zeros(2, np.float32)
     assert run_checked(k, (2,), (64,), (x, out), order) == []
-    assert out[0] == 3 * x.sum()
+    np.testing.assert_array_equal(out, 3 * x.sum())
 
 
 LEGACY_WARP = r"""

@@ -104,8 +104,9 @@ def parse_check(value, source: str = "check") -> int:
 @dataclass
 class SanitizerReport:
     """One finding. ``kind``: RAW, WAR, WAW (racecheck), OOB (memcheck), UNINIT (initcheck).
-    Threads are (x, y, z) in the block; ``line`` is where ``thread`` made the access that found it,
-    ``prev_line`` where ``prev_thread`` made the earlier conflicting access (races only)."""
+    Threads are (x, y, z) in their blocks; ``line`` is where ``thread`` of ``block`` made the access
+    that found it, ``prev_line`` where ``prev_thread`` of ``prev_block`` made the earlier conflicting
+    access (races only; ``between_blocks`` when those are different blocks of the launch)."""
     kind: str
     kernel: str
     space: str                 # "shared", "global" or "unknown" (an address outside everything)
@@ -120,6 +121,11 @@ class SanitizerReport:
     prev_thread: tuple = ()
     warp_synchronous: bool = False
     count: int = 1             # accesses that hit the same pair of source lines
+    prev_block: tuple = ()
+
+    @property
+    def between_blocks(self) -> bool:
+        return bool(self.prev_block) and self.prev_block != self.block
 
     @property
     def check(self) -> str:
@@ -136,6 +142,13 @@ class SanitizerReport:
                     f"{self.line}, block {b}, thread {t}: {self.where}, bytes no thread of the block wrote in this launch")
         p = "({},{},{})".format(*self.prev_thread)
         first, second = {"RAW": ("write", "read"), "WAR": ("read", "write"), "WAW": ("write", "write")}[self.kind]
+        if self.between_blocks:
+            pb = "({},{},{})".format(*self.prev_block)
+            return (f"racecheck: {self.kind} hazard on {self.space} memory ({self.where}) in kernel {self.kernel} "
+                    f"between blocks: {first} at {self.prev_line} by block {pb} thread {p}, {second} at {self.line} "
+                    f"by block {b} thread {t}, not both atomic, with nothing ordering the two blocks (blocks of "
+                    f"one launch are ordered only by a __threadfence() and an atomic in one, then an atomic on the "
+                    f"same address in the other)")
         warp = (" [warp-synchronous: lanes of one warp with no __syncwarp or warp collective between the accesses,"
                 " a race on Volta and later]" if self.warp_synchronous else "")
         return (f"racecheck: {self.kind} hazard on {self.space} memory ({self.where}) in kernel {self.kernel}, block {b}: "
@@ -356,7 +369,7 @@ def _xyz(linear: int, block) -> tuple:
 def _sanitizer_error(library: SimLibrary, name: str, block, rows: list) -> SimSanitizerError | None:
     from . import symbols
 
-    found = [r for r in rows if len(r) >= 15]
+    found = [r for r in rows if len(r) >= 18]
     dropped = next((int(r[1]) for r in rows if r and r[0] == "dropped" and len(r) > 1), 0)
     if not found:
         return None
@@ -371,7 +384,8 @@ def _sanitizer_error(library: SimLibrary, name: str, block, rows: list) -> SimSa
             line=where.get(pc, "??"), prev_line=where.get(prev, "") if prev else "",
             block=(int(r[5]), int(r[6]), int(r[7])), thread=_xyz(int(r[8]), block),
             prev_thread=_xyz(int(r[9]), block) if r[0] in ("RAW", "WAR", "WAW") else (),
-            address=int(r[10]), size=int(r[11]), write=r[12] == "1", count=int(r[13]), where=r[14]))
+            address=int(r[10]), size=int(r[11]), write=r[12] == "1", count=int(r[13]),
+            prev_block=(int(r[14]), int(r[15]), int(r[16])) if r[0] in ("RAW", "WAR", "WAW") else (), where=r[17]))
     # one line per pair of source lines (several code addresses can share a line)
     seen, lines = set(), []
     for rep in reports:

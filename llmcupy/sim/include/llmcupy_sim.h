@@ -340,6 +340,11 @@ inline dim3 g_grid_dim, g_block_dim;   // same for every block of a launch (one 
 //   on_warp_sync(w, warp, lanes)  a warp collective or __syncwarp released these lanes of a warp
 //   on_block_end(w)               every thread of the block finished (not called for a stopped block)
 //   on_launch_end(res)            after the last block
+//   on_fence(w)                   a thread of w executed __threadfence() or __threadfence_system()
+//   on_atomic_begin(w, addr, flags), on_atomic_end(w, addr, flags)
+//                                 around the memory operation of an atomic (after on_access saw it):
+//                                 an observer may hold a lock between the two, so that what it
+//                                 records per atomic is ordered as the atomics themselves are
 // on_access runs on the worker's OS thread; blocks run concurrently on several workers, so
 // per-block state belongs in thread_local storage and launch-wide state needs a lock.
 // Rules for observer code, which is compiled into the same instrumented unit:
@@ -353,7 +358,10 @@ inline dim3 g_grid_dim, g_block_dim;   // same for every block of a launch (one 
 // argument index) and w->guards / w->dyn_shared (shared memory) tell observers what an address is.
 // ---------------------------------------------------------------------------------------------
 enum CheckBits : unsigned { CHECK_RACE = 1, CHECK_MEMORY = 2, CHECK_INIT = 4, CHECK_METRICS = 8 };
-enum AccessFlags : unsigned { ACCESS_WRITE = 1, ACCESS_ATOMIC = 2 };
+// ACCESS_VOLATILE: a volatile load or store. PTX treats those as relaxed, "morally strong" accesses
+// that do not race with atomics or each other (between blocks); within a block racecheck keeps
+// treating them as plain (warp-synchronous code that relied on volatile is a hazard since Volta).
+enum AccessFlags : unsigned { ACCESS_WRITE = 1, ACCESS_ATOMIC = 2, ACCESS_VOLATILE = 4 };
 struct Access { const void* addr; unsigned size; unsigned flags; const void* pc; };
 struct AccessObserver {
     void (*on_launch_begin)(const LaunchConfig*);
@@ -363,6 +371,9 @@ struct AccessObserver {
     void (*on_warp_sync)(Worker*, int warp, unsigned lanes);
     void (*on_block_end)(Worker*);
     void (*on_launch_end)(LaunchResult*);
+    void (*on_fence)(Worker*);
+    void (*on_atomic_begin)(Worker*, const void* addr, unsigned flags);
+    void (*on_atomic_end)(Worker*, const void* addr, unsigned flags);
 };
 constexpr int kMaxObservers = 8;
 inline const AccessObserver* g_observers[kMaxObservers];
@@ -694,9 +705,26 @@ inline int __syncthreads_or(int pred, int line = __builtin_LINE()) {
 inline void __syncwarp(unsigned mask = 0xffffffffu, int line = __builtin_LINE()) {
     llmcupy_sim::warp_exchange(mask, nullptr, 0, line, "__syncwarp", llmcupy_sim::COLL_SYNCWARP);
 }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+// A device-wide fence orders this thread's accesses for other blocks (which run on other OS threads);
+// the threads of a block share one OS thread, so a block-wide fence only has to stop the compiler.
+// Observers see device fences: racecheck between blocks treats a fence followed by an atomic as
+// publishing the block's earlier accesses (llmcupy_sim_check.h).
+namespace llmcupy_sim {
+LLMCUPY_SIM_NOSAN_FN inline void device_fence() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+#ifdef LLMCUPY_SIM_ACCESS_HOOKS
+    Worker* w = tls_worker;
+    if (g_check && !tls_quiet && w != nullptr && w->in_fiber) {
+        ++tls_quiet;
+        LLMCUPY_SIM_NOTIFY(on_fence, w);
+        --tls_quiet;
+    }
+#endif
+}
+}  // namespace llmcupy_sim
+inline void __threadfence() { llmcupy_sim::device_fence(); }
+inline void __threadfence_block() { std::atomic_signal_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { llmcupy_sim::device_fence(); }
 
 // ---------------------------------------------------------------------------------------------
 // Warp shuffles and votes (a masked all-gather; `width` splits the warp into segments)
@@ -1966,8 +1994,31 @@ __attribute__((no_sanitize_thread)) inline void dispatch_access(const void* addr
     switch_to_scheduler(w, true);
     std::abort();  // never resumed
 }
+// Brackets the memory operation of an atomic for the observers (on_atomic_begin / on_atomic_end),
+// so that one holding a lock across it sees atomics on an address in the order they happened.
+struct AtomicScope {
+    Worker* w = nullptr;
+    const void* addr;
+    unsigned flags;
+    __attribute__((no_sanitize_thread)) AtomicScope(const volatile void* a, unsigned f)
+        : addr(const_cast<const void*>(a)), flags(f) {
+        Worker* cur = tls_worker;
+        if (!g_check || tls_quiet || cur == nullptr || !cur->in_fiber) return;
+        w = cur;
+        ++tls_quiet;
+        LLMCUPY_SIM_NOTIFY(on_atomic_begin, w, addr, flags);
+        --tls_quiet;
+    }
+    __attribute__((no_sanitize_thread)) ~AtomicScope() {
+        if (w == nullptr) return;
+        ++tls_quiet;
+        LLMCUPY_SIM_NOTIFY(on_atomic_end, w, addr, flags);
+        --tls_quiet;
+    }
+};
 }  // namespace llmcupy_sim
 #define LLMCUPY_SIM_SEE(ADDR, N, FLAGS) llmcupy_sim::dispatch_access((ADDR), (N), (FLAGS), __builtin_return_address(0))
+#define LLMCUPY_SIM_ATOMIC_SCOPE(ADDR, FLAGS) llmcupy_sim::AtomicScope atomic_scope_((ADDR), (FLAGS))
 // Copies the emulator makes for a kernel with memcpy (cp.async stand-ins) are not instrumented:
 // such a helper is kept out of line in instrumented builds and reports the copy itself with
 // LLMCUPY_SIM_SEE_COPY, its return address standing for the kernel's call site.
@@ -1979,14 +2030,16 @@ __attribute__((no_sanitize_thread)) inline void dispatch_access(const void* addr
     } while (0)
 #else
 #define LLMCUPY_SIM_SEE(ADDR, N, FLAGS) ((void)0)
+#define LLMCUPY_SIM_ATOMIC_SCOPE(ADDR, FLAGS) ((void)0)
 #endif
+// A volatile access reports ACCESS_VOLATILE (4) beside read/write, then lets the block's other threads run.
 #define LLMCUPY_SIM_VOLATILE_HOOK(KIND, N)                                                         \
     LLMCUPY_SIM_NOSAN void __tsan_volatile_##KIND##N(void* p) {                                     \
-        LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND);                                            \
+        LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND | 4u);                                       \
         llmcupy_sim::yield_fiber(0, "a volatile " #KIND);                                           \
     }                                                                                               \
     LLMCUPY_SIM_NOSAN void __tsan_unaligned_volatile_##KIND##N(void* p) {                           \
-        LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND);                                            \
+        LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND | 4u);                                       \
         llmcupy_sim::yield_fiber(0, "a volatile " #KIND);                                           \
     }
 #define LLMCUPY_SIM_FLAGS_read 0u
@@ -2009,23 +2062,26 @@ LLMCUPY_SIM_NOSAN void __tsan_vptr_read(void**) {}
 LLMCUPY_SIM_NOSAN void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 LLMCUPY_SIM_NOSAN void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
 #define LLMCUPY_SIM_TSAN_ATOMIC(N, T)                                                                          \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_load(const volatile T* a, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 2u); return __atomic_load_n(a, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN void __tsan_atomic##N##_store(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); __atomic_store_n(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_exchange(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); } \
-    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_load(const volatile T* a, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 2u); LLMCUPY_SIM_ATOMIC_SCOPE(a, 2u); return __atomic_load_n(a, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN void __tsan_atomic##N##_store(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); LLMCUPY_SIM_ATOMIC_SCOPE(a, 3u); __atomic_store_n(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_exchange(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); LLMCUPY_SIM_ATOMIC_SCOPE(a, 3u); return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); LLMCUPY_SIM_ATOMIC_SCOPE(a, 3u); return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); LLMCUPY_SIM_ATOMIC_SCOPE(a, 3u); return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); LLMCUPY_SIM_ATOMIC_SCOPE(a, 3u); return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); LLMCUPY_SIM_ATOMIC_SCOPE(a, 3u); return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); LLMCUPY_SIM_ATOMIC_SCOPE(a, 3u); return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); } \
+    LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) { LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u); LLMCUPY_SIM_ATOMIC_SCOPE(a, 3u); return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST); } \
     LLMCUPY_SIM_NOSAN int __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {              \
         LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u);                                                               \
+        LLMCUPY_SIM_ATOMIC_SCOPE(a, 3u);                                                                              \
         return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); }                      \
     LLMCUPY_SIM_NOSAN int __tsan_atomic##N##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {                \
         LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u);                                                               \
+        LLMCUPY_SIM_ATOMIC_SCOPE(a, 3u);                                                                              \
         return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); }                      \
     LLMCUPY_SIM_NOSAN T __tsan_atomic##N##_compare_exchange_val(volatile T* a, T c, T v, int, int) {                    \
         LLMCUPY_SIM_SEE((const void*)a, sizeof(T), 3u);                                                               \
+        LLMCUPY_SIM_ATOMIC_SCOPE(a, 3u);                                                                              \
         __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); return c; }
 LLMCUPY_SIM_TSAN_ATOMIC(8, unsigned char)
 LLMCUPY_SIM_TSAN_ATOMIC(16, unsigned short)

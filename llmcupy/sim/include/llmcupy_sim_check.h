@@ -6,7 +6,13 @@
 //               barriers, at least one a write, not both atomic -> RAW / WAR / WAW. Lanes of one warp
 //               are ordered by a __syncwarp or warp collective that both took part in; without one
 //               the hazard is reported as warp-synchronous. Shared memory, and global memory within
-//               a block (blocks are not compared with each other).
+//               a block.
+//               Between blocks (global memory, "Racecheck between blocks" below): two accesses to the
+//               same bytes of a launch's buffer by different blocks, at least one a write, not both
+//               atomic, with no release/acquire chain between them -> RAW / WAR / WAW naming both
+//               blocks. Blocks of a launch are ordered only through atomics: a block's accesses
+//               before a __threadfence() and a later atomic are seen by a block whose atomic on the
+//               same address comes after that one (llm.c's last-block reductions).
 //   memory (2): an access outside every root allocation passed to the launch, the shared arrays
 //               (their registered extents; dynamic: the launch's shared_mem), the thread's own fiber
 //               stack and the library's own image (__device__ / __constant__ variables) -> the
@@ -59,6 +65,11 @@ struct BlockState {
     std::vector<Region> regions;
     std::vector<GlobalSlot> global;
     size_t global_used = 0;
+    // racecheck between blocks (see there)
+    unsigned linear = 0;                 // this block's linear index + 1 (0: no block)
+    unsigned clock = 1;                  // advances when the block publishes (a fence, then an atomic)
+    bool fenced = false;                 // a device fence since the last publication
+    std::vector<std::pair<unsigned, unsigned>> seen;   // vector clock: (block + 1, clock) acquired, sorted
 };
 // A pointer, not an object: a thread_local with a constructor is initialised by a compiler-made
 // function that is itself instrumented, and would call the hooks from inside the hooks.
@@ -73,7 +84,8 @@ struct Report {
     const void* pc;        // the access that found it
     const void* prev_pc;   // the earlier access it conflicts with (races)
     unsigned block[3];
-    unsigned tid, prev_tid;   // linear thread ids in the block
+    unsigned prev_block[3];   // the block of the earlier access (races between blocks; else = block)
+    unsigned tid, prev_tid;   // linear thread ids in their blocks
     unsigned long long addr;
     unsigned size;
     int write;
@@ -116,7 +128,8 @@ __attribute__((no_sanitize_thread)) inline void find_image() {
 __attribute__((no_sanitize_thread)) inline void add_report(Worker* w, const char* kind, int space, int warp,
                                                            const void* pc, const void* prev_pc, unsigned tid,
                                                            unsigned prev_tid, const void* addr, unsigned size,
-                                                           int write, const char* where) {
+                                                           int write, const char* where,
+                                                           const unsigned* prev_block = nullptr) {
     std::lock_guard<std::mutex> lk(g_report_mutex);
     for (auto& r : g_reports)
         if (r.pc == pc && r.prev_pc == prev_pc && std::strcmp(r.kind, kind) == 0) { ++r.count; return; }
@@ -129,6 +142,7 @@ __attribute__((no_sanitize_thread)) inline void add_report(Worker* w, const char
     r.pc = pc;
     r.prev_pc = prev_pc;
     r.block[0] = w->block_idx.x, r.block[1] = w->block_idx.y, r.block[2] = w->block_idx.z;
+    for (int k = 0; k < 3; ++k) r.prev_block[k] = prev_block ? prev_block[k] : r.block[k];
     r.tid = tid;
     r.prev_tid = prev_tid;
     r.addr = (unsigned long long)(uintptr_t)addr;
@@ -309,6 +323,256 @@ __attribute__((no_sanitize_thread)) inline void nearest(Worker* w, uintptr_t a, 
     std::snprintf(out, n, "%s", text);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Racecheck between blocks
+//
+// The blocks of a launch run concurrently on the emulator's workers, in no fixed order, and a GPU
+// orders them only through global memory. A block publishes its accesses so far with a device fence
+// followed by an atomic (a release); a block whose atomic on the same address comes later has seen
+// them (an acquire). An atomic acquires without a fence of its own: llm.c's last-block reductions
+// read the other blocks' partials right after their atomicAdd on the counter (as CUDA's
+// threadFenceReduction sample does), which GPUs honour, so the checker does not report it. The
+// fence is tracked per block, not per thread: the pattern fences in every thread, then
+// __syncthreads, then one thread's atomic.
+//
+// Vector clocks, with FastTrack's epochs: every block counts its publications (`clock`); an access
+// is stamped with its block and that block's clock; `seen` holds, per other block, the latest clock
+// this block has acquired; a sync address keeps the join of everything published through it. An
+// earlier access by block A at clock c is ordered before this block's access iff seen[A] >= c.
+//
+// The shadow is per 4-byte granule of each buffer of the launch (a byte mask says which bytes an
+// access touched), allocated a page at a time as the launch touches memory, up to kShadowBudget
+// bytes per launch (pages past it go unchecked). Per granule: the last write (and one other block's
+// atomic write beside an atomic one), and up to two reads by distinct blocks since it (a third
+// block's read takes the second slot), so a race with a displaced access can be missed, never
+// invented.
+// ---------------------------------------------------------------------------------------------
+namespace between {
+
+using Clock = std::vector<std::pair<unsigned, unsigned>>;   // (block + 1, clock), sorted by block
+
+__attribute__((no_sanitize_thread)) inline unsigned clock_of(const Clock& vc, unsigned block) {
+    auto it = std::lower_bound(vc.begin(), vc.end(), std::make_pair(block, 0u));
+    return it != vc.end() && it->first == block ? it->second : 0u;
+}
+
+__attribute__((no_sanitize_thread)) inline void raise_to(Clock& vc, unsigned block, unsigned clock) {
+    auto it = std::lower_bound(vc.begin(), vc.end(), std::make_pair(block, 0u));
+    if (it != vc.end() && it->first == block) {
+        if (it->second < clock) it->second = clock;
+    } else {
+        vc.insert(it, {block, clock});
+    }
+}
+
+__attribute__((no_sanitize_thread)) inline void join(Clock& into, const Clock& from) {
+    for (const auto& e : from) raise_to(into, e.first, e.second);
+}
+
+// Two write slots: [0] the last write; [1], while [0] is an atomic, the latest atomic of another block
+// beside it (atomics of several blocks on one address do not race with each other, but a later plain
+// access must be checked against more than the latest of them: a block's own atomic in [0] would
+// otherwise hide every other block's).
+struct Cell {
+    const void* w_pc[2];
+    const void* r_pc[2];
+    unsigned w_block[2], w_clock[2];        // block: linear index + 1 (0: none)
+    unsigned r_block[2], r_clock[2];
+    unsigned short w_tid[2], r_tid[2];
+    unsigned char w_bits[2], r_bits[2];     // low 4 bits: the granule's bytes accessed; | kAtomic
+};
+constexpr unsigned char kAtomic = 0x10;   // by an atomic or a volatile access (PTX: relaxed, strong)
+constexpr uintptr_t kGranule = 4;
+constexpr size_t kPageBytes = 4096;                        // data bytes per shadow page
+constexpr size_t kCellsPerPage = kPageBytes / kGranule;
+constexpr size_t kShadowBudget = size_t(1) << 30;          // shadow bytes per launch
+constexpr size_t kCellLocks = 4096, kSyncStripes = 64;
+
+struct Buffer {
+    uintptr_t lo, hi;
+    Cell** pages;        // kPageBytes of data each, allocated on first touch
+    size_t npages;
+};
+inline std::vector<Buffer> g_buffers;      // one per distinct root allocation of the launch
+inline std::vector<int> g_buffer_of;       // argument index -> g_buffers index (-1: none)
+inline size_t g_shadow_bytes = 0;
+// Spin locks (critical sections of a few hundred instructions): reset at every launch, so that a
+// thread the watchdog abandoned inside one cannot leave it held.
+inline unsigned char g_cell_locks[kCellLocks];
+inline unsigned char g_sync_locks[kSyncStripes];
+inline std::vector<std::pair<uintptr_t, Clock>> g_published[kSyncStripes];   // per sync address
+
+__attribute__((no_sanitize_thread)) inline void lock(unsigned char& l) {
+    while (__atomic_exchange_n(&l, 1, __ATOMIC_ACQUIRE)) std::this_thread::yield();
+}
+__attribute__((no_sanitize_thread)) inline void unlock(unsigned char& l) { __atomic_store_n(&l, 0, __ATOMIC_RELEASE); }
+
+__attribute__((no_sanitize_thread)) inline void release_shadow() {
+    for (auto& b : g_buffers) {
+        for (size_t i = 0; i < b.npages; ++i) std::free(b.pages[i]);
+        delete[] b.pages;
+    }
+    g_buffers.clear();
+    g_buffer_of.clear();
+    g_shadow_bytes = 0;
+    for (auto& p : g_published) p.clear();
+    std::memset(g_cell_locks, 0, sizeof g_cell_locks);
+    std::memset(g_sync_locks, 0, sizeof g_sync_locks);
+}
+
+__attribute__((no_sanitize_thread)) inline void begin_launch(const LaunchConfig* cfg) {
+    release_shadow();
+    if (!(cfg->check & CHECK_RACE)) return;
+    for (unsigned i = 0; i < cfg->nbuffers; ++i) {
+        uintptr_t lo = uintptr_t(cfg->buffers[2 * i]), hi = uintptr_t(cfg->buffers[2 * i + 1]);
+        int found = -1;
+        if (hi > lo) {
+            // arguments that are views of one allocation (an in-place op) share its shadow
+            for (size_t k = 0; k < g_buffers.size(); ++k)
+                if (g_buffers[k].lo == lo && g_buffers[k].hi == hi) found = int(k);
+            if (found < 0) {
+                size_t npages = (hi - lo + kPageBytes - 1) / kPageBytes;
+                g_buffers.push_back(Buffer{lo, hi, new Cell*[npages](), npages});
+                found = int(g_buffers.size()) - 1;
+            }
+        }
+        g_buffer_of.push_back(found);
+    }
+}
+
+__attribute__((no_sanitize_thread)) inline Cell* cell_at(const Buffer& b, uintptr_t granule) {
+    size_t off = granule - b.lo, page = off / kPageBytes;
+    Cell* cells = __atomic_load_n(&b.pages[page], __ATOMIC_ACQUIRE);
+    if (cells == nullptr) {
+        size_t bytes = kCellsPerPage * sizeof(Cell);
+        if (__atomic_add_fetch(&g_shadow_bytes, bytes, __ATOMIC_RELAXED) > kShadowBudget) return nullptr;
+        Cell* fresh = static_cast<Cell*>(std::calloc(kCellsPerPage, sizeof(Cell)));   // zero: no access yet
+        if (fresh == nullptr) return nullptr;
+        Cell* expected = nullptr;
+        if (__atomic_compare_exchange_n(&b.pages[page], &expected, fresh, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            cells = fresh;
+        } else {
+            std::free(fresh);
+            cells = expected;
+        }
+    }
+    return cells + (off % kPageBytes) / kGranule;
+}
+
+__attribute__((no_sanitize_thread)) inline void block_xyz(unsigned linear1, unsigned* out) {
+    unsigned b = linear1 - 1;
+    out[0] = b % g_grid_dim.x;
+    out[1] = (b / g_grid_dim.x) % g_grid_dim.y;
+    out[2] = b / (g_grid_dim.x * g_grid_dim.y);
+}
+
+// One access of argument `arg` (a global buffer of the launch) against other blocks' accesses.
+__attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f, const BlockState& bs, const Access& a,
+                                                             int arg) {
+    if (arg < 0 || size_t(arg) >= g_buffer_of.size() || g_buffer_of[size_t(arg)] < 0) return;
+    const Buffer& b = g_buffers[size_t(g_buffer_of[size_t(arg)])];
+    uintptr_t p = uintptr_t(a.addr), end = p + a.size;
+    bool write = a.flags & ACCESS_WRITE;
+    unsigned char atomic = (a.flags & (ACCESS_ATOMIC | ACCESS_VOLATILE)) ? kAtomic : 0;   // strong: see AccessFlags
+    unsigned me = bs.linear, t = unsigned(f->linear);
+    for (uintptr_t g = b.lo + ((p - b.lo) & ~(kGranule - 1)); g < end; g += kGranule) {
+        unsigned char mask = 0;
+        for (uintptr_t k = 0; k < kGranule; ++k)
+            if (g + k >= p && g + k < end) mask |= (unsigned char)(1u << k);
+        Cell* c = cell_at(b, g);
+        if (c == nullptr) return;
+        // an earlier access by another block conflicts unless both are atomics or it was published
+        // to this block
+        auto unordered = [&](unsigned block, unsigned clock, unsigned char bits) {
+            return block != 0 && block != me && (bits & mask & 0xF) && !(atomic && (bits & kAtomic)) &&
+                   clock_of(bs.seen, block) < clock;
+        };
+        const char* kind = nullptr;
+        const void* prev_pc = nullptr;
+        unsigned prev_block = 0, prev_tid = 0;
+        unsigned char& l = g_cell_locks[(g / kGranule) % kCellLocks];
+        lock(l);
+        for (int k = 0; k < 2 && kind == nullptr; ++k)
+            if (unordered(c->w_block[k], c->w_clock[k], c->w_bits[k]))
+                kind = write ? "WAW" : "RAW", prev_pc = c->w_pc[k], prev_block = c->w_block[k], prev_tid = c->w_tid[k];
+        if (write) {
+            for (int k = 0; k < 2 && kind == nullptr; ++k)
+                if (unordered(c->r_block[k], c->r_clock[k], c->r_bits[k]))
+                    kind = "WAR", prev_pc = c->r_pc[k], prev_block = c->r_block[k], prev_tid = c->r_tid[k];
+            // a plain write becomes the only write; an atomic beside another block's atomic in [0]
+            // goes to [1] (the most recent such one is kept)
+            int k = 0;
+            if (!atomic) c->w_block[1] = 0;
+            else if (c->w_block[0] != 0 && c->w_block[0] != me && (c->w_bits[0] & kAtomic)) k = 1;
+            else if (c->w_block[0] != 0 && c->w_block[0] != me) c->w_block[1] = 0;   // replaces a plain write
+            c->w_pc[k] = a.pc, c->w_block[k] = me, c->w_clock[k] = bs.clock, c->w_tid[k] = (unsigned short)t;
+            c->w_bits[k] = (unsigned char)(mask | atomic);
+            for (int r = 0; r < 2; ++r)   // the reads it covers were checked against it
+                if ((c->r_bits[r] & 0xF & ~mask) == 0) c->r_block[r] = 0;
+        } else {
+            int k = (c->r_block[0] == 0 || c->r_block[0] == me) ? 0 : 1;
+            c->r_pc[k] = a.pc, c->r_block[k] = me, c->r_clock[k] = bs.clock, c->r_tid[k] = (unsigned short)t;
+            c->r_bits[k] = (unsigned char)(mask | atomic);
+        }
+        unlock(l);
+        if (kind != nullptr) {
+            char where[240];
+            unsigned other[3];
+            block_xyz(prev_block, other);
+            describe_memory(where, sizeof where, nullptr, arg);
+            add_report(w, kind, 1, 0, a.pc, prev_pc, t, prev_tid, a.addr, a.size, write, where, other);
+            return;   // one report per access
+        }
+    }
+}
+
+__attribute__((no_sanitize_thread)) inline bool in_buffers(uintptr_t a) {
+    for (const auto& b : g_buffers)
+        if (a >= b.lo && a < b.hi) return true;
+    return false;
+}
+
+__attribute__((no_sanitize_thread)) inline size_t stripe(uintptr_t a) { return (a / kGranule) % kSyncStripes; }
+
+// An atomic on a launch buffer: acquire what was published through its address; after the memory
+// operation, publish this block's accesses if it fenced since it last did. The stripe's lock is held
+// from begin to end, so the clocks follow the order of the atomics themselves.
+__attribute__((no_sanitize_thread)) inline void on_atomic_begin(Worker*, const void* addr, unsigned) {
+    uintptr_t a = uintptr_t(addr);
+    if (!(g_check & CHECK_RACE) || !in_buffers(a)) return;
+    size_t s = stripe(a);
+    lock(g_sync_locks[s]);
+    for (auto& e : g_published[s])
+        if (e.first == a) join(tls_block->seen, e.second);
+}
+
+__attribute__((no_sanitize_thread)) inline void on_atomic_end(Worker*, const void* addr, unsigned flags) {
+    uintptr_t a = uintptr_t(addr);
+    if (!(g_check & CHECK_RACE) || !in_buffers(a)) return;
+    size_t s = stripe(a);
+    BlockState& bs = *tls_block;
+    if ((flags & ACCESS_WRITE) && bs.fenced) {
+        Clock* published = nullptr;
+        for (auto& e : g_published[s])
+            if (e.first == a) published = &e.second;
+        if (published == nullptr) {
+            g_published[s].push_back({a, Clock{}});
+            published = &g_published[s].back().second;
+        }
+        join(*published, bs.seen);
+        raise_to(*published, bs.linear, bs.clock);
+        ++bs.clock;
+        bs.fenced = false;
+    }
+    unlock(g_sync_locks[s]);
+}
+
+__attribute__((no_sanitize_thread)) inline void on_fence(Worker*) {
+    if (g_check & CHECK_RACE) tls_block->fenced = true;
+}
+
+}  // namespace between
+
 __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, const Access& a) {
     unsigned bits = g_check & (CHECK_RACE | CHECK_MEMORY | CHECK_INIT);
     if (!bits) return;
@@ -350,6 +614,7 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
                     if (c == nullptr) break;
                     check_cells(w, f, c, 1, a, 1, nullptr, int(i));
                 }
+                between::check_access(w, f, bs, a, int(i));
             }
             return;
         }
@@ -370,7 +635,10 @@ __attribute__((no_sanitize_thread)) inline void on_launch_begin(const LaunchConf
     ++g_launch;
     g_cfg = cfg;
     if (g_nimage < 0) find_image();
+    between::begin_launch(cfg);
 }
+
+__attribute__((no_sanitize_thread)) inline void on_launch_end(LaunchResult*) { between::release_shadow(); }
 
 __attribute__((no_sanitize_thread)) inline void on_block_begin(Worker* w) {
     if (tls_block == nullptr) tls_block = new BlockState();  // one per worker thread, kept for its life
@@ -381,6 +649,10 @@ __attribute__((no_sanitize_thread)) inline void on_block_begin(Worker* w) {
     }
     bs.serial = ++tls_serial;
     bs.epoch = bs.serial << 24;
+    bs.linear = w->block_idx.x + g_grid_dim.x * (w->block_idx.y + g_grid_dim.y * w->block_idx.z) + 1;
+    bs.clock = 1;
+    bs.fenced = false;
+    bs.seen.clear();
     bs.global_used = 0;
     bs.gen.assign(size_t(w->nthreads), 0);
     int nwarps = (w->nthreads + 31) / 32;
@@ -401,7 +673,8 @@ __attribute__((no_sanitize_thread)) inline void on_warp_sync(Worker*, int warp, 
 }
 
 inline const AccessObserver observer = {on_launch_begin, on_block_begin, on_access, on_block_barrier, on_warp_sync,
-                                        nullptr, nullptr};
+                                        nullptr, on_launch_end, between::on_fence, between::on_atomic_begin,
+                                        between::on_atomic_end};
 struct Register { Register() { add_observer(&observer); } };
 inline Register registered;
 
@@ -409,7 +682,7 @@ inline Register registered;
 }  // namespace llmcupy_sim
 
 // The last launch's reports as text, one per line, tab-separated:
-// kind space warp pc prev_pc bx by bz tid prev_tid addr size write count where
+// kind space warp pc prev_pc bx by bz tid prev_tid addr size write count prev_bx prev_by prev_bz where
 // then a last line "dropped N". Returns the length the whole text needs (copies at most n - 1 bytes).
 extern "C" LLMCUPY_SIM_EXPORT __attribute__((no_sanitize_thread)) unsigned long long llmcupy_sim_check_reports(
     char* buf, unsigned long long n) {
@@ -418,9 +691,10 @@ extern "C" LLMCUPY_SIM_EXPORT __attribute__((no_sanitize_thread)) unsigned long 
     std::string text;
     char line[512];
     for (const auto& r : g_reports) {
-        std::snprintf(line, sizeof line, "%s\t%d\t%d\t%llu\t%llu\t%u\t%u\t%u\t%u\t%u\t%llu\t%u\t%d\t%llu\t%s\n", r.kind,
-                      r.space, r.warp, (unsigned long long)(uintptr_t)r.pc, (unsigned long long)(uintptr_t)r.prev_pc,
-                      r.block[0], r.block[1], r.block[2], r.tid, r.prev_tid, r.addr, r.size, r.write, r.count, r.where);
+        std::snprintf(line, sizeof line, "%s\t%d\t%d\t%llu\t%llu\t%u\t%u\t%u\t%u\t%u\t%llu\t%u\t%d\t%llu\t%u\t%u\t%u\t%s\n",
+                      r.kind, r.space, r.warp, (unsigned long long)(uintptr_t)r.pc,
+                      (unsigned long long)(uintptr_t)r.prev_pc, r.block[0], r.block[1], r.block[2], r.tid, r.prev_tid,
+                      r.addr, r.size, r.write, r.count, r.prev_block[0], r.prev_block[1], r.prev_block[2], r.where);
         text += line;
     }
     std::snprintf(line, sizeof line, "dropped\t%llu\n", g_dropped);
