@@ -100,9 +100,9 @@ def occupancy(g: GPU, threads: int, registers: int | None, static_smem: int, dyn
     warps = -(-threads // 32)
     limits = {"threads": g.max_threads_per_sm // (warps * 32), "blocks": g.max_blocks_per_sm}
     if registers:
-        # registers are allocated per warp in units of 256
-        per_warp = -(-max(registers, 1) * 32 // 256) * 256
-        limits["registers"] = (g.regs_per_sm // per_warp) // warps
+        from .runtime.module import registers_per_warp
+
+        limits["registers"] = (g.regs_per_sm // registers_per_warp(registers)) // warps
     smem = static_smem + dynamic_smem
     if smem:
         limits["shared memory"] = g.smem_per_sm // (smem + g.smem_reserved)

@@ -156,12 +156,16 @@ def _pad3(dims) -> tuple:
     return _dims(dims, "grid/block", "kernel")
 
 
+def registers_per_warp(registers: int) -> int:
+    """Registers a warp is given for ``registers`` per thread: allocated in units of 256 (compute
+    capability 5.0 and later)."""
+    return -(-max(registers, 1) * 32 // 256) * 256
+
+
 def registers_limit(registers: int, per_block: int = 65536) -> int:
     """The largest block (a multiple of 32 threads, at most CUDA's 1024) whose registers fit
-    ``per_block``: the registers of a warp are allocated in units of 256 (compute capability 5.0 and
-    later)."""
-    per_warp = -(-max(registers, 1) * 32 // 256) * 256
-    return min(1024, per_block // per_warp * 32)
+    ``per_block``."""
+    return min(1024, per_block // registers_per_warp(registers) * 32)
 
 
 _sim_launcher = None
