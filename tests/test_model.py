@@ -7,6 +7,8 @@
   least once: the logits, loss and gradients still match (AdamW versions: the update too). A
   one-layer model at B=1, T=16 unless the version's ``requires()`` refuses that shape, then B=4,
   T=32; versions that refuse both, or are unavailable, are skipped with the reason.
+* One training step, plain and fused, runs clean under the emulator's sanitizers (racecheck within
+  and between blocks, memcheck, initcheck).
 * The model refuses T > max_seq_len and token ids outside [0, V) with a ModelError.
 * Resuming a run from ``--save-every``'s state gives the uninterrupted run's losses, samples and
   final state bit for bit; a NaN loss stops the CLI with the step, a non-zero exit and the last
@@ -473,6 +475,33 @@ def test_backward_never_reads_a_stale_activation_gradient(flash):
         grads.append(model.grads_numpy().copy())
     assert np.isfinite(grads[0]).all()
     np.testing.assert_array_equal(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_a_training_step_runs_clean_under_the_sanitizers(fused, no_hazards):
+    # The catalogue checks every version alone at its own sizes. A step chains the trainer's versions
+    # on shared buffers (views of one parameter and one gradient allocation, gradients accumulated in
+    # place, encoder_backward's and the bias gradients' atomics across blocks), where a race between
+    # blocks of one kernel would show. racecheck (within and between blocks), memcheck and initcheck
+    # must stay quiet, and the checked build must compute the plain build's loss.
+    from llmcupy import sim
+    from llmcupy.model import FUSION_OPS
+
+    if not _backend.is_sim():
+        pytest.skip("the sanitizers are the emulator's (on a GPU: compute-sanitizer)")
+    cfg = GPT2Config(max_seq_len=16, num_layers=1, num_heads=2, channels=32, vocab_size=64)
+    x, y = _batch(cfg, 2, 16, seed=5)
+    losses = []
+    for check in ("", "all"):
+        choice = KernelChoice()
+        for op in FUSION_OPS if fused else ():
+            choice.set(op, llmcupy.ops.get(op).default_version)
+        model = GPT2(cfg, init_params(cfg, seed=3), choice)
+        with sim.settings(check=check):
+            losses.append(model.train_step(x, y, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1))
+        assert np.isfinite(model.params_numpy()).all()
+    # the same kernels; only the order of fp32 atomics may differ between the two runs
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
 
 
 def test_the_eager_step_reads_the_loss_once_after_the_backward():
