@@ -549,3 +549,70 @@ def test_only_declared_volatile_data_takes_the_instrumented_build():
     assert not uses_volatile('asm volatile("membar.gl;");  // volatile in a comment')
     assert uses_volatile("__device__ void r(volatile float* s) { s[0] += s[1]; }")
     assert uses_volatile("__shared__ volatile int flag;")
+
+
+# --- fiber stacks within the process's mapping limit ---------------------------------------------
+
+FIBER_KERNEL = r"""
+#define LIBRARY_TAG %d
+extern "C" __global__ void tag(int* out) {
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = LIBRARY_TAG;
+}
+"""
+
+
+def _mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+
+def _fibers_in_child(budget: int) -> dict:
+    # a fresh process: the test suite's own libraries keep stacks too, which would blur the count
+    from llmcupy.sim import launcher
+
+    launcher.FIBER_BUDGET = budget
+    launcher._fiber_holders.clear()
+    modules = [llmcupy.RawModule(code=FIBER_KERNEL % i, target="sim") for i in range(6)]
+    before = _mappings()
+    results = []
+    for i, mod in enumerate(modules):
+        out = np.zeros(4 * 1024, np.int32)
+        with sim.settings(workers=2):
+            mod.get_function("tag")((4,), (1024,), (out,))
+        results.append(bool((out == i).all()))
+    grown = _mappings() - before
+    # a library whose stacks were given back launches again, correctly
+    out = np.zeros(4 * 1024, np.int32)
+    modules[0].get_function("tag")((4,), (1024,), (out,))
+    results.append(bool((out == 0).all()))
+    return {"grown": grown, "results": results, "held": sum(launcher._fiber_holders.values()),
+            "holders": len(launcher._fiber_holders)}
+
+
+def test_fiber_stacks_stay_within_the_budget_as_libraries_come_and_go():
+    # Six libraries each running 1024-thread blocks on two workers would keep 6 * 2 * 1024 stacks
+    # (two mappings each: ~24,600 mappings, vm.max_map_count is 65,530) for the life of the process;
+    # with a budget of 2,048 stacks the least recently launched give theirs back.
+    r = run_isolated(_fibers_in_child, 2048)
+    assert r["results"] == [True] * 7
+    assert r["held"] <= 2048 and r["holders"] <= 2
+    assert r["grown"] < 2 * 2048 + 200, r   # stacks and guard pages, plus the libraries' own mappings
+
+
+def test_a_launch_uses_no_more_workers_than_the_budget_holds(monkeypatch):
+    from llmcupy.sim import launcher
+
+    class Library:   # stands in for a SimLibrary: only release_fibers is called
+        released = 0
+
+        def release_fibers(self):
+            Library.released += 1
+
+    monkeypatch.setattr(launcher, "FIBER_BUDGET", 3000)
+    monkeypatch.setattr(launcher, "_fiber_holders", {})
+    first, second = Library(), Library()
+    assert launcher._reserve_fibers(first, 1024, 8) == 2          # 2 * 1024 of 3000
+    assert launcher._reserve_fibers(second, 256, 4) == 4          # 1024 more: 3072 > 3000, first gives back
+    assert Library.released == 1 and list(launcher._fiber_holders) == [second]
+    assert launcher._reserve_fibers(first, 1024, 1) == 1 and Library.released == 1   # 1024 + 1024 fit

@@ -285,6 +285,10 @@ class SimLibrary:
         ptr = fn(ctypes.byref(size))
         return int(ptr), int(size.value)
 
+    def release_fibers(self) -> None:
+        """Unmaps the fiber stacks this library's worker threads keep (its next launch maps them again)."""
+        self._lib.llmcupy_sim_release_fibers()
+
     def checked(self) -> "SimLibrary":
         """The instrumented build of the same source (built on first use, then cached)."""
         if self.instrumented:
@@ -403,6 +407,41 @@ def _sanitizer_error(library: SimLibrary, name: str, block, rows: list) -> SimSa
     return SimSanitizerError(message, reports)
 
 
+# Fiber stacks. Each library keeps, on each of its worker threads, a stack for every thread of the
+# largest block it ran there, for the life of the process, so that a launch does not map stacks
+# anew. A stack is two memory mappings (the stack and its guard page), and Linux caps the mappings
+# of a process (vm.max_map_count, 65530 by default): a process that launches many libraries (the
+# test suite, a notebook going through the catalogue), or a 1024-thread launch on many workers,
+# would run out, and every later mmap of the process fails. So the stacks held at once stay within
+# a budget of a quarter of that cap: a launch uses no more workers than fit it, and the libraries
+# launched least recently give their stacks back first (a few ms to map again on their next launch).
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530
+
+
+FIBER_BUDGET = _max_map_count() // 4   # stacks (two mappings each): half the cap, the rest is the process's
+_fiber_holders: dict = {}              # library -> stacks it may hold (an upper bound), least recent first
+_fiber_lock = threading.Lock()
+
+
+def _reserve_fibers(library: "SimLibrary", threads: int, workers: int) -> int:
+    """The workers a launch of ``threads``-thread blocks on ``library`` may use; gives back other
+    libraries' stacks until its own fit the budget."""
+    workers = max(1, min(workers, FIBER_BUDGET // threads))
+    with _fiber_lock:
+        need = max(_fiber_holders.pop(library, 0), threads * workers)
+        while _fiber_holders and sum(_fiber_holders.values()) + need > FIBER_BUDGET:
+            oldest = next(iter(_fiber_holders))
+            del _fiber_holders[oldest]
+            oldest.release_fibers()
+        _fiber_holders[library] = need
+    return workers
+
+
 def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack_bytes: int = 0) -> None:
     """Runs ``entry`` (from :meth:`SimLibrary.launcher`) over ``grid`` x ``block``.
 
@@ -452,6 +491,10 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
         keep.append(extents)
     else:
         fn = entry.fn if isinstance(entry, _Entry) else entry
+    if isinstance(entry, _Entry):
+        nblocks = int(np.prod(grid[:3], dtype=np.int64))
+        threads = max(1, int(np.prod(block[:3], dtype=np.int64)))
+        cfg.workers = _reserve_fibers(library or entry.library, threads, min(cfg.workers, max(1, nblocks)))
     res = _LaunchResult()
     if library is not None:
         entry.library.sync_variables(to_checked=True)

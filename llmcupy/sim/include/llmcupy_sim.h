@@ -1660,13 +1660,30 @@ constexpr int kMaxWorkers = 256;
 inline pthread_t g_worker_threads[kMaxWorkers];
 inline std::atomic<int> g_worker_busy[kMaxWorkers];
 
+// The Worker of this OS thread for this library (its fibers and their stacks).
+inline Worker& this_thread_worker() {
+    static thread_local Worker worker;
+    return worker;
+}
+
+// Unmaps the fiber stacks of this thread's Worker; the next launch maps them again. Each stack is
+// two memory mappings (its guard page splits it from the stack), and a process may only hold
+// vm.max_map_count of them (65530 by default): Python gives the stacks of libraries it has not
+// launched lately back through llmcupy_sim_release_fibers (sim/launcher.py, "Fiber stacks").
+inline void release_fibers(Worker* w) {
+    size_t page = size_t(sysconf(_SC_PAGESIZE));
+    for (Fiber& f : w->fibers)
+        if (f.stack != nullptr) munmap(f.stack - page, f.stack_size + page);
+    w->fibers.clear();
+    w->fibers.shrink_to_fit();
+}
+
 inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>* next, unsigned long long nblocks,
                         std::atomic<int>* abort_flag, void (*thunk)(void*), void* closure, const char* name,
                         LaunchResult* total, std::atomic<int>* lock, int worker_index) {
-    static thread_local Worker worker;
     static thread_local AltStack altstack;
     (void)altstack;
-    Worker* w = &worker;
+    Worker* w = &this_thread_worker();
     tls_worker = w;
     tls_fault_worker = w;
     tls_poison = cfg->poison;
@@ -1734,6 +1751,15 @@ class WorkerPool {
             owner = pid;
         }
         return *pool;
+    }
+    // Runs job on the calling thread and on every pool thread (as indices 0..threads).
+    void run_everywhere(const std::function<void(int)>& job) {
+        int n;
+        {
+            std::lock_guard<std::mutex> lk(mutex_);
+            n = int(threads_) + 1;
+        }
+        run(n, job, 0);
     }
     // Runs job(0) on the calling thread and job(1..n-1) on pool threads; returns when all finish.
     void run(int n, const std::function<void(int)>& job, unsigned long long timeout_ms) {
@@ -1813,12 +1839,13 @@ class WorkerPool {
     std::chrono::steady_clock::time_point deadline_;
 };
 
+inline std::mutex g_launch_mutex;
+
 inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure, const char* name,
                     LaunchResult* res) {
     // One launch at a time per library (the grid and block dimensions are process-wide), as on a
     // single CUDA stream.
-    static std::mutex launch_mutex;
-    std::lock_guard<std::mutex> guard(launch_mutex);
+    std::lock_guard<std::mutex> guard(g_launch_mutex);
     std::memset(res, 0, sizeof *res);
     unsigned long long nthreads = (unsigned long long)cfg->block[0] * cfg->block[1] * cfg->block[2];
     if (nthreads == 0 || nthreads > kMaxThreads) {
@@ -1898,6 +1925,17 @@ inline int launch(void (*kernel)(A...), const char* name, const LaunchConfig* cf
     };
     return run_grid(cfg, thunk, &closure, name, res);
 }
+
+}  // namespace llmcupy_sim
+
+// Gives back the fiber stacks of every worker thread of this library (between launches).
+extern "C" LLMCUPY_SIM_EXPORT void llmcupy_sim_release_fibers() {
+    std::lock_guard<std::mutex> guard(llmcupy_sim::g_launch_mutex);
+    llmcupy_sim::WorkerPool::instance().run_everywhere(
+        [](int) { llmcupy_sim::release_fibers(&llmcupy_sim::this_thread_worker()); });
+}
+
+namespace llmcupy_sim {
 
 // The kernel's parameter types as C spellings, so Python can check arguments exactly.
 template <typename T> struct type_name { static const char* get() { return nullptr; } };
