@@ -364,29 +364,79 @@ def test_shared_memory_out_of_bounds_read_and_write(order, which, write, idx, no
     marker = ("S" if which == "static" else "D") + ("WRITE" if write else "READ")
     assert r.kind == "OOB" and bool(r.write) == bool(write) and r.thread == (3, 0, 0)
     assert r.line == line_of(code, marker)
-    if idx in (32, -1) or which == "dynamic":
-        # next to a static array, or anywhere in the dynamic shared memory's own address window
-        # (+-8 GiB, so 160 KB or 1 GiB out cannot land in a fiber stack or a heap block): named as such
-        assert r.space == "shared", r.describe()
-        assert ("'s'" if which == "static" else "dynamic shared memory") in r.where
-        assert ("past the end" if idx > 0 else "before") in r.where
-    if which == "dynamic":  # the exact distance from the 128-byte array
-        assert f"{idx * 4 - 128 if idx > 0 else -idx * 4} bytes" in r.where, r.where
+    # static arrays and the dynamic memory live in one address window of their own (+-8 GiB, so 160 KB
+    # or 1 GiB out cannot land in a fiber stack, thread-local storage or a heap block): at any
+    # distance the access is named by its array, with the exact distance from the 128-byte array
+    assert r.space == "shared", r.describe()
+    assert ("shared array 's' (line 3, 128 bytes)" if which == "static" else "dynamic shared memory") in r.where
+    assert f"{idx * 4 - 128 if idx > 0 else -idx * 4} bytes {'past the end of' if idx > 0 else 'before'}" in r.where
 
 
+@pytest.mark.parametrize("which", ["static", "dynamic"])
 @pytest.mark.parametrize("write", [0, 1])
-def test_far_dynamic_shared_index_faults_a_plain_launch_with_the_distance(write):
-    """Without a check mode, an index far outside the dynamic shared memory faults in its window
-    (instead of reading or writing whatever heap block lay there): the launch raises, saying which
-    access, and the process lives on."""
+def test_far_shared_index_faults_a_plain_launch_with_the_distance(which, write):
+    """Without a check mode, an index far outside a shared array faults in the shared-memory window
+    (instead of reading or writing whatever thread-local storage or heap block lay there): the launch
+    raises, saying which access and how far from which array, and the process lives on."""
+    k, _ = kernel(SHARED_OOB, f"{which}_shared")
+    out = np.zeros(1, np.float32)
+    shared_mem = 128 if which == "dynamic" else 0
+    with pytest.raises(sim.SimMemoryFaultError) as err:
+        k((1,), (32,), (out, np.int32(40000), np.int32(write)), shared_mem=shared_mem)
+    what = "shared array 's' (line 3, 128 bytes)" if which == "static" else \
+        "the dynamic shared memory (extern __shared__, 128 bytes = the launch's shared_mem)"
+    assert (f"kernel {which}_shared crashed with SIGSEGV in block (0,0,0), thread (3,0,0): a shared memory access "
+            f"159872 bytes past the end of {what}") in str(err.value)
+    k((1,), (32,), (out, np.int32(31), np.int32(0)), shared_mem=shared_mem)
+    assert out[0] == 31
+
+
+def test_an_extern_shared_array_launched_without_shared_mem_is_named(no_hazards):
+    """A kernel that declares `extern __shared__` but is launched with shared_mem = 0 (a forgotten
+    launch argument) writes bytes it does not have: the plain launch and memcheck both name the
+    dynamic memory and its size."""
     k, _ = kernel(SHARED_OOB, "dynamic_shared")
     out = np.zeros(1, np.float32)
-    with pytest.raises(sim.SimMemoryFaultError) as err:
-        k((1,), (32,), (out, np.int32(40000), np.int32(write)), shared_mem=128)
-    assert ("kernel dynamic_shared crashed with SIGSEGV in block (0,0,0), thread (3,0,0): a dynamic shared "
-            "memory access 159872 bytes past the end of extern __shared__ (128 bytes") in str(err.value)
-    k((1,), (32,), (out, np.int32(31), np.int32(0)), shared_mem=128)
-    assert out[0] == 31
+    with pytest.raises(sim.SimSharedMemoryError) as err:
+        k((1,), (32,), (out, np.int32(31), np.int32(0)))
+    assert ("a write landed just past the end of the dynamic shared memory (extern __shared__, 0 bytes = the "
+            "launch's shared_mem): an out-of-bounds index or too small a shared_mem") in str(err.value)
+    reports = run_checked(k, (1,), (32,), (out, np.int32(31), np.int32(0)), "forward", check="memory")
+    assert len(reports) == 1 and reports[0].write, [r.describe() for r in reports]
+    assert reports[0].where == ("0 bytes past the end of the dynamic shared memory (extern __shared__, 0 bytes = "
+                                "the launch's shared_mem)")
+
+
+SHARED_TWO_KERNELS = r"""
+extern "C" __global__ void first(float* out) {
+    __shared__ float a[16];
+    a[threadIdx.x] = 1.0f + threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = a[15 - threadIdx.x];
+}
+extern "C" __global__ void second(float* out, int idx) {
+    __shared__ float c[16];
+    c[threadIdx.x] = 0.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = c[idx];
+}
+"""
+
+
+@pytest.mark.parametrize("idx", [16, 24, 40])
+def test_another_kernels_shared_array_is_not_this_blocks(idx, no_hazards):
+    """The emulator keeps each static array's storage for the OS thread's life, so an index past one
+    kernel's array may land in another kernel's, still mapped: memcheck reports it all the same,
+    named by the array indexed (a GPU block has only its own kernel's arrays)."""
+    k1, _ = kernel(SHARED_TWO_KERNELS, "first")
+    k2, _ = kernel(SHARED_TWO_KERNELS, "second")
+    out = np.zeros(16, np.float32)
+    with sim.settings(workers=1):
+        k1((1,), (16,), (out,))
+        assert out.tolist() == list(range(16, 0, -1))
+        reports = run_checked(k2, (1,), (16,), (out, np.int32(idx)), "forward", check="memory")
+    assert len(reports) == 1 and reports[0].kind == "OOB", [r.describe() for r in reports]
+    assert f"{idx * 4 - 64} bytes past the end of shared array 'c' (line 9, 64 bytes)" in reports[0].where
 
 
 @pytest.mark.parametrize("which", ["static", "dynamic"])

@@ -205,68 +205,109 @@ struct WarpGather {
 constexpr size_t kGuardBytes = 16;       // canary bytes on both sides of every shared array
 constexpr unsigned char kGuardByte = 0xA5;
 
-// The dynamic shared memory (`extern __shared__`) of the block an OS thread runs. It lives in a
-// window of address space of its own: a large reservation without access rights, with the launch's
-// bytes and their guard bytes made readable and writable in its middle. An index however far
-// outside the array then stays inside the window, so memcheck names it as a dynamic-shared-memory
-// access at any distance, and a plain launch faults there. (In an ordinary heap block, an index far
-// past the end lands in whatever lies beyond, a fiber stack or another allocation, and could pass
-// unnoticed, depending on the heap's layout.) Reserving costs address space only, never memory.
-class DynamicSharedWindow {
+// The shared memory of the block an OS thread runs, static arrays and dynamic (`extern __shared__`)
+// alike, lives in a window of address space of its own, laid out as on a GPU: the static arrays,
+// then the dynamic shared memory. The window is a large reservation without access rights; only
+// the bytes in use (and their guard bytes) are readable and writable, in its middle. An index
+// however far outside an array then stays inside the window: memcheck names the nearest array at
+// any distance, and a plain launch faults there instead of reading or changing whatever memory lies
+// beyond (in thread-local storage or the heap, a far index lands in the emulator's own data or a
+// fiber stack and could pass unnoticed). Reserving costs address space only, never memory.
+//
+//   | no access ... | static arrays (grow down) | guard, dynamic, guard (grow up) | no access ... |
+//                                               ^ the middle of the window
+//
+// A static array's storage is taken when a block first touches it on this OS thread and kept for
+// the thread's life (the arrays of all the library's kernels, each at its own place); the dynamic
+// bytes are resized at every launch. An index past the end of a static array runs into the arrays
+// taken before it, then into the dynamic memory, as on a GPU where they share one window.
+class SharedMemoryWindow {
 public:
-    // +-8 GiB around the array: every 32-bit index of a 4-byte type stays inside
+    // +-8 GiB around the middle: every 32-bit index of a 4-byte type stays inside
     static constexpr size_t kReserve = size_t(16) << 30;
+    // static arrays at most this far below the middle (a GPU gives a block at most 227 KiB in all)
+    static constexpr size_t kStaticLimit = size_t(1) << 30;
 
-    DynamicSharedWindow() = default;
-    DynamicSharedWindow(const DynamicSharedWindow&) = delete;
-    DynamicSharedWindow& operator=(const DynamicSharedWindow&) = delete;
-    ~DynamicSharedWindow() {
+    SharedMemoryWindow() = default;
+    SharedMemoryWindow(const SharedMemoryWindow&) = delete;
+    SharedMemoryWindow& operator=(const SharedMemoryWindow&) = delete;
+    ~SharedMemoryWindow() {
         if (base_ != nullptr) munmap(base_, kReserve);
     }
 
-    // The launch's storage: kGuardBytes, then the shared_mem bytes, then kGuardBytes (as before).
-    unsigned char* data() const { return base_ == nullptr ? nullptr : base_ + kReserve / 2 - kGuardBytes; }
-    size_t size() const { return size_; }
-    // Readable and writable bytes from data() on (whole pages; size() of them belong to the launch).
-    size_t capacity() const { return base_ == nullptr ? 0 : size_t(rw_end_ - data()); }
+    // The launch's dynamic storage: kGuardBytes, then the shared_mem bytes, then kGuardBytes.
+    unsigned char* dynamic() const { return base_ == nullptr ? nullptr : middle() - kGuardBytes; }
+    size_t dynamic_size() const { return size_; }
+    // Readable and writable bytes from dynamic() on (whole pages; dynamic_size() of them belong to the launch).
+    size_t dynamic_capacity() const { return base_ == nullptr ? 0 : size_t(rw_end_ - dynamic()); }
     uintptr_t window_lo() const { return uintptr_t(base_); }
     uintptr_t window_hi() const { return uintptr_t(base_) + (base_ == nullptr ? 0 : kReserve); }
 
-    // Makes `bytes` bytes from data() on accessible and zero; the pages past them lose access again.
-    void assign(size_t bytes) {
-        const size_t page = size_t(sysconf(_SC_PAGESIZE));
-        if (base_ == nullptr) {
-            void* mem = mmap(nullptr, kReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (mem == MAP_FAILED) {
-                std::fprintf(stderr, "llmcupy sim: cannot reserve %zu GiB of address space for dynamic shared "
-                             "memory: %s\n", kReserve >> 30, std::strerror(errno));
-                std::abort();
-            }
-            base_ = static_cast<unsigned char*>(mem);
-            rw_begin_ = rw_end_ = base_ + kReserve / 2 - page;  // the first guard bytes end a page
-        }
+    // Makes `bytes` bytes from dynamic() on accessible and zero; the pages past them lose access again.
+    void assign_dynamic(size_t bytes) {
+        reserve();
+        const size_t page = page_size();
         if (bytes > kReserve / 2 - page) {
             std::fprintf(stderr, "llmcupy sim: %zu bytes of dynamic shared memory do not fit the window\n", bytes);
             std::abort();
         }
-        // whole pages from rw_begin_ (a page before the array) to the page holding the last byte
-        size_t from_begin = size_t(data() - rw_begin_) + bytes;
-        unsigned char* end = rw_begin_ + (from_begin + page - 1) / page * page;
-        if (end > rw_end_ && mprotect(rw_end_, size_t(end - rw_end_), PROT_READ | PROT_WRITE) != 0) {
-            std::fprintf(stderr, "llmcupy sim: cannot map %zu bytes of dynamic shared memory: %s\n", bytes,
-                         std::strerror(errno));
-            std::abort();
-        }
+        // whole pages from the middle's page (which holds the first guard bytes) to the one with the last byte
+        size_t from_page = size_t(dynamic() - (middle() - page)) + bytes;
+        unsigned char* end = middle() - page + (from_page + page - 1) / page * page;
+        if (end > rw_end_) protect(rw_end_, end, PROT_READ | PROT_WRITE, bytes);
         if (end < rw_end_) mprotect(end, size_t(rw_end_ - end), PROT_NONE);
         rw_end_ = end;
         size_ = bytes;
-        std::memset(data(), 0, bytes);
+        std::memset(dynamic(), 0, bytes);
+    }
+
+    // Storage for one static array (its guard bytes included) below those taken so far, aligned to
+    // `align`; zero, and readable and writable for the rest of the thread's life.
+    unsigned char* take_static(size_t bytes, size_t align) {
+        reserve();
+        uintptr_t lo = (uintptr_t(static_lo_) - bytes) & ~uintptr_t(align - 1);
+        if (bytes > kStaticLimit || uintptr_t(middle()) - page_size() - lo > kStaticLimit) {
+            std::fprintf(stderr, "llmcupy sim: more than %zu MiB of static shared arrays\n", kStaticLimit >> 20);
+            std::abort();
+        }
+        unsigned char* p = reinterpret_cast<unsigned char*>(lo);
+        unsigned char* begin = reinterpret_cast<unsigned char*>(lo & ~uintptr_t(page_size() - 1));
+        if (begin < rw_begin_) {
+            protect(begin, rw_begin_, PROT_READ | PROT_WRITE, bytes);
+            rw_begin_ = begin;
+        }
+        static_lo_ = p;
+        return p;
     }
 
 private:
+    static size_t page_size() { return size_t(sysconf(_SC_PAGESIZE)); }
+    unsigned char* middle() const { return base_ + kReserve / 2; }
+
+    void reserve() {
+        if (base_ != nullptr) return;
+        void* mem = mmap(nullptr, kReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (mem == MAP_FAILED) {
+            std::fprintf(stderr, "llmcupy sim: cannot reserve %zu GiB of address space for shared memory: %s\n",
+                         kReserve >> 30, std::strerror(errno));
+            std::abort();
+        }
+        base_ = static_cast<unsigned char*>(mem);
+        // the page below the middle holds the dynamic memory's first guard bytes; static arrays go below it
+        rw_begin_ = rw_end_ = static_lo_ = middle() - page_size();
+    }
+
+    static void protect(unsigned char* from, unsigned char* to, int prot, size_t bytes) {
+        if (mprotect(from, size_t(to - from), prot) != 0) {
+            std::fprintf(stderr, "llmcupy sim: cannot map %zu bytes of shared memory: %s\n", bytes, std::strerror(errno));
+            std::abort();
+        }
+    }
+
     unsigned char* base_ = nullptr;
-    unsigned char* rw_begin_ = nullptr;
-    unsigned char* rw_end_ = nullptr;
+    unsigned char* rw_begin_ = nullptr;   // the lowest accessible byte (static arrays' pages)
+    unsigned char* rw_end_ = nullptr;     // one past the highest (the dynamic memory's pages)
+    unsigned char* static_lo_ = nullptr;  // the lowest static storage taken
     size_t size_ = 0;
 };
 
@@ -285,7 +326,7 @@ struct Worker {
     dim3 block_idx;
     WarpGather gathers[kMaxThreads / 32];
     int barrier_result = 0;
-    DynamicSharedWindow dyn_shared;
+    SharedMemoryWindow shared;
     unsigned long long epoch = 0;
     void (*thunk)(void*) = nullptr;
     void* closure = nullptr;
@@ -297,6 +338,7 @@ struct Worker {
     const LaunchConfig* cfg = nullptr;
     struct SharedGuard { unsigned char* lo; unsigned char* hi; const char* name; int line; size_t bytes; };
     std::vector<SharedGuard> guards;      // canaries around the shared arrays this block touched
+    bool dynamic_used = false;            // this block declared its extern __shared__ array
 #ifdef LLMCUPY_SIM_ASAN
     void* fake_stack = nullptr;
     const void* sched_stack_bottom = nullptr;
@@ -355,7 +397,7 @@ inline dim3 g_grid_dim, g_block_dim;   // same for every block of a launch (one 
 //   - helpers that copy on the kernel's behalf with memcpy (cp.async stand-ins) report the copy
 //     with LLMCUPY_SIM_SEE_COPY, as the compiler does not instrument library calls.
 // The launch's buffers (LaunchConfig::buffers, the root allocation of each array argument, by
-// argument index) and w->guards / w->dyn_shared (shared memory) tell observers what an address is.
+// argument index) and w->guards / w->shared (shared memory) tell observers what an address is.
 // ---------------------------------------------------------------------------------------------
 enum CheckBits : unsigned { CHECK_RACE = 1, CHECK_MEMORY = 2, CHECK_INIT = 4, CHECK_METRICS = 8 };
 // ACCESS_VOLATILE: a volatile load or store. PTX treats those as relaxed, "morally strong" accesses
@@ -613,9 +655,10 @@ LLMCUPY_SIM_NOSAN_FN inline T read_lane(const WarpGather& g, int src, T own) {
     return out;
 }
 
-// Shared memory: one storage per declaration site and per OS thread (= per running block),
-// poisoned the first time a block touches it. Guard bytes on both sides (kGuardBytes, above) are
-// checked when the block ends, so a write just outside the array is reported at the launch that made it.
+// Shared memory: one storage per declaration site and per OS thread (= per running block), in the
+// thread's shared-memory window (SharedMemoryWindow, above), poisoned the first time a block touches
+// it. Guard bytes on both sides (kGuardBytes, above) are checked when the block ends, so a write just
+// outside the array is reported at the launch that made it.
 
 // In the AddressSanitizer build the guard bytes are also poisoned, so ASan reports any access to
 // them, reads included, where it happens.
@@ -637,18 +680,20 @@ inline void guard_unpoison(void* p, size_t n) {
 template <typename T, int ID>
 LLMCUPY_SIM_NOSAN_FN inline T& shared_var(const char* name = "?", int line = 0) {
     constexpr size_t guard = alignof(T) > kGuardBytes ? alignof(T) : kGuardBytes;
-    alignas(guard) static thread_local unsigned char storage[sizeof(T) + 2 * guard];
+    constexpr size_t bytes = sizeof(T) + 2 * guard;
+    static thread_local unsigned char* storage = nullptr;
     static thread_local unsigned long long epoch = 0;
     if (__builtin_expect(epoch != tls_epoch, 0)) {
         LLMCUPY_SIM_QUIET_BEGIN;
+        if (storage == nullptr) storage = tls_worker->shared.take_static(bytes, guard);
         epoch = tls_epoch;
-        guard_unpoison(storage, sizeof storage);
+        guard_unpoison(storage, bytes);
         if (tls_poison) std::memset(storage + guard, 0xFF, sizeof(T));
         std::memset(storage, kGuardByte, guard);
         std::memset(storage + guard + sizeof(T), kGuardByte, guard);
         guard_poison(storage, guard);
         guard_poison(storage + guard + sizeof(T), guard);
-        if (tls_worker) tls_worker->guards.push_back({storage, storage + guard + sizeof(T), name, line, sizeof(T)});
+        tls_worker->guards.push_back({storage, storage + guard + sizeof(T), name, line, sizeof(T)});
         LLMCUPY_SIM_QUIET_END;
     }
     return *reinterpret_cast<T*>(storage + guard);
@@ -656,7 +701,8 @@ LLMCUPY_SIM_NOSAN_FN inline T& shared_var(const char* name = "?", int line = 0) 
 
 template <typename T>
 LLMCUPY_SIM_NOSAN_FN inline T* dynamic_shared() {
-    return reinterpret_cast<T*>(tls_worker->dyn_shared.data() + kGuardBytes);
+    tls_worker->dynamic_used = true;
+    return reinterpret_cast<T*>(tls_worker->shared.dynamic() + kGuardBytes);
 }
 
 // A `__shared__` variable declared at file scope (outside any function): every use looks up the
@@ -1371,6 +1417,58 @@ inline void report_timeout(Worker* w, Fiber* running) {
     w->counters.timed_out = 1;
 }
 
+// The shared memory of the running block, for reports: the static arrays it touched (w->guards) and
+// the dynamic shared memory, each as its data bytes [lo, hi) with its name and declaration line (none
+// for the dynamic memory).
+struct SharedArea { const unsigned char* lo; const unsigned char* hi; const char* name; int line; };
+
+LLMCUPY_SIM_NOSAN_FN inline int shared_areas(Worker* w, SharedArea* out, int cap) {
+    int n = 0;
+    for (const auto& g : w->guards) {
+        if (n == cap) break;
+        out[n++] = {g.hi - g.bytes, g.hi, g.name, g.line};
+    }
+    // the dynamic memory when the launch has some or the block declared it (so an index into an
+    // extern __shared__ array launched with shared_mem = 0 is named as such)
+    if (n < cap && w->cfg && (w->cfg->shared_mem > 0 || w->dynamic_used)) {
+        const unsigned char* d = w->shared.dynamic() + kGuardBytes;
+        out[n++] = {d, d + w->cfg->shared_mem, nullptr, 0};
+    }
+    return n;
+}
+
+LLMCUPY_SIM_NOSAN_FN inline void describe_area(char* buf, size_t n, const SharedArea& s) {
+    if (s.name) std::snprintf(buf, n, "shared array '%s' (line %d, %zu bytes)", s.name, s.line, size_t(s.hi - s.lo));
+    else std::snprintf(buf, n, "the dynamic shared memory (extern __shared__, %zu bytes = the launch's shared_mem)",
+                       size_t(s.hi - s.lo));
+}
+
+// Where `size` bytes at `a` lie relative to [lo, hi), as "N bytes before " / "N bytes past the end of "
+// / "overlapping the end of ", followed by `what`; returns the distance (0 when overlapping).
+LLMCUPY_SIM_NOSAN_FN inline unsigned long long place_relative(uintptr_t a, unsigned size, uintptr_t lo, uintptr_t hi,
+                                                            const char* what, char* out, size_t n) {
+    unsigned long long d;
+    if (a + size <= lo) d = lo - a, std::snprintf(out, n, "%llu bytes before %s", d, what);
+    else if (a >= hi) d = a - hi, std::snprintf(out, n, "%llu bytes past the end of %s", d, what);
+    else d = 0, std::snprintf(out, n, "overlapping the end of %s", what);
+    return d;
+}
+
+// An address in the shared-memory window, named by the nearest shared memory of the running block.
+LLMCUPY_SIM_NOSAN_FN inline void nearest_shared(Worker* w, uintptr_t a, unsigned size, char* out, size_t n) {
+    SharedArea areas[64];
+    int na = shared_areas(w, areas, 64);
+    unsigned long long best = ~0ull;
+    char what[200], text[300];
+    std::snprintf(out, n, "shared memory no array of this block holds");
+    for (int i = 0; i < na; ++i) {
+        describe_area(what, sizeof what, areas[i]);
+        unsigned long long d = place_relative(a, size, uintptr_t(areas[i].lo), uintptr_t(areas[i].hi), what, text,
+                                              sizeof text);
+        if (d < best) best = d, std::snprintf(out, n, "%s", text);
+    }
+}
+
 // Checks the guard bytes of the shared arrays this block used.
 inline void check_shared_guards(Worker* w) {
 #ifdef LLMCUPY_SIM_ASAN
@@ -1396,9 +1494,9 @@ inline void check_shared_guards(Worker* w) {
         w->abandoned = true;
         return;
     }
-    const auto& d = w->dyn_shared;
-    size_t bytes = d.size() - 2 * kGuardBytes;
-    bool below = bad(d.data(), kGuardBytes), above = bad(d.data() + kGuardBytes + bytes, kGuardBytes);
+    const auto& d = w->shared;
+    size_t bytes = d.dynamic_size() - 2 * kGuardBytes;
+    bool below = bad(d.dynamic(), kGuardBytes), above = bad(d.dynamic() + kGuardBytes + bytes, kGuardBytes);
     if (below || above) {
         std::snprintf(line, sizeof line,
                       "kernel %s, block (%u,%u,%u): a write landed %s the dynamic shared memory (extern __shared__, "
@@ -1415,12 +1513,13 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
     w->block_idx = bidx;
     w->epoch = ++tls_epoch;
     w->guards.clear();
-    guard_unpoison(w->dyn_shared.data(), w->dyn_shared.size());
-    if (cfg->poison && cfg->shared_mem) std::memset(w->dyn_shared.data() + kGuardBytes, 0xFF, cfg->shared_mem);
-    std::memset(w->dyn_shared.data(), kGuardByte, kGuardBytes);
-    std::memset(w->dyn_shared.data() + kGuardBytes + cfg->shared_mem, kGuardByte, kGuardBytes);
-    guard_poison(w->dyn_shared.data(), kGuardBytes);
-    guard_poison(w->dyn_shared.data() + kGuardBytes + cfg->shared_mem, kGuardBytes);
+    w->dynamic_used = false;
+    guard_unpoison(w->shared.dynamic(), w->shared.dynamic_size());
+    if (cfg->poison && cfg->shared_mem) std::memset(w->shared.dynamic() + kGuardBytes, 0xFF, cfg->shared_mem);
+    std::memset(w->shared.dynamic(), kGuardByte, kGuardBytes);
+    std::memset(w->shared.dynamic() + kGuardBytes + cfg->shared_mem, kGuardByte, kGuardBytes);
+    guard_poison(w->shared.dynamic(), kGuardBytes);
+    guard_poison(w->shared.dynamic() + kGuardBytes + cfg->shared_mem, kGuardBytes);
     int n = w->nthreads;
     for (int t = 0; t < n; ++t) {
         Fiber& f = w->fibers[t];
@@ -1484,19 +1583,13 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
 // anywhere else (the emulator itself) is reported on stderr and kills the process.
 inline thread_local Worker* tls_fault_worker = nullptr;
 inline void describe_fault(Worker* w, int sig, uintptr_t a, char* out, size_t n) {
-    char what[240];
+    char what[360];
     const size_t page = size_t(sysconf(_SC_PAGESIZE));
     uintptr_t stack = uintptr_t(w->cur->stack);
-    uintptr_t d = uintptr_t(w->dyn_shared.data()) + kGuardBytes;
-    size_t shared_mem = w->cfg ? size_t(w->cfg->shared_mem) : 0;
-    if (a >= w->dyn_shared.window_lo() && a < w->dyn_shared.window_hi()) {
-        if (a < d)
-            std::snprintf(what, sizeof what, "a dynamic shared memory access %llu bytes before extern __shared__ "
-                          "(%zu bytes = the launch's shared_mem)", (unsigned long long)(d - a), shared_mem);
-        else
-            std::snprintf(what, sizeof what, "a dynamic shared memory access %llu bytes past the end of extern "
-                          "__shared__ (%zu bytes = the launch's shared_mem)",
-                          (unsigned long long)(a - d - shared_mem), shared_mem);
+    if (a >= w->shared.window_lo() && a < w->shared.window_hi()) {
+        char place[300];
+        nearest_shared(w, a, 1, place, sizeof place);
+        std::snprintf(what, sizeof what, "a shared memory access %s", place);
     } else if (stack && a < stack && a + page >= stack) {
         std::snprintf(what, sizeof what, "a fiber stack overflow (LLMCUPY_SIM_STACK_KB raises the fiber stack)");
     } else {
@@ -1690,8 +1783,8 @@ inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>
     w->cfg = cfg;
     w->nthreads = int(cfg->block[0] * cfg->block[1] * cfg->block[2]);
     ensure_fibers(w, w->nthreads, size_t(cfg->stack_bytes));
-    guard_unpoison(w->dyn_shared.data(), w->dyn_shared.capacity());
-    w->dyn_shared.assign(cfg->shared_mem + 2 * kGuardBytes);
+    guard_unpoison(w->shared.dynamic(), w->shared.dynamic_capacity());
+    w->shared.assign_dynamic(cfg->shared_mem + 2 * kGuardBytes);
     w->thunk = thunk;
     w->closure = closure;
     w->counters = LaunchResult{};

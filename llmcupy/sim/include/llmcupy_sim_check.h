@@ -201,17 +201,6 @@ __attribute__((no_sanitize_thread)) inline Conflict race_step(BlockState& bs, Ce
     return out;
 }
 
-// Shared-memory regions of the running block: the static arrays it has touched (w->guards) and the
-// dynamic shared memory. Returns the data extent in [lo, hi) and how far on either side an access
-// still belongs to it (the guard bytes of a static array; the whole window of the dynamic one).
-struct SharedArea { const unsigned char* lo; const unsigned char* hi; size_t guard; const char* name; int line; };
-
-__attribute__((no_sanitize_thread)) inline void describe_area(char* buf, size_t n, const SharedArea& s) {
-    if (s.name) std::snprintf(buf, n, "shared array '%s' (line %d, %zu bytes)", s.name, s.line, size_t(s.hi - s.lo));
-    else std::snprintf(buf, n, "the dynamic shared memory (extern __shared__, %zu bytes = the launch's shared_mem)",
-                       size_t(s.hi - s.lo));
-}
-
 // The memory an access hit, for a report: a shared array (area) or argument `arg` (global). Built
 // only when something is reported: a snprintf per access would dominate the checker's cost.
 __attribute__((no_sanitize_thread)) inline void describe_memory(char* where, size_t n, const SharedArea* area, int arg) {
@@ -265,24 +254,6 @@ __attribute__((no_sanitize_thread)) inline Cell* global_cell(BlockState& bs, uin
     return nullptr;
 }
 
-__attribute__((no_sanitize_thread)) inline int shared_areas(Worker* w, SharedArea* out, int cap) {
-    int n = 0;
-    for (const auto& g : w->guards) {
-        if (n == cap) break;
-        size_t guard = size_t(g.hi - g.lo) - g.bytes;
-        out[n++] = {g.hi - g.bytes, g.hi, guard, g.name, g.line};
-    }
-    if (n < cap && w->cfg) {
-        // the whole window around the dynamic shared memory is its own: any address in it that is
-        // not the launch's bytes is an out-of-bounds dynamic-shared-memory access, however far out
-        const unsigned char* d = w->dyn_shared.data() + kGuardBytes;
-        size_t below = size_t(uintptr_t(d) - w->dyn_shared.window_lo());
-        size_t above = size_t(w->dyn_shared.window_hi() - uintptr_t(d + w->cfg->shared_mem));
-        out[n++] = {d, d + w->cfg->shared_mem, below < above ? below : above, nullptr, 0};
-    }
-    return n;
-}
-
 __attribute__((no_sanitize_thread)) inline Region& region_for(BlockState& bs, const unsigned char* lo, size_t bytes) {
     for (auto& r : bs.regions)
         if (r.lo == lo && r.bytes == bytes) return r;
@@ -293,34 +264,26 @@ __attribute__((no_sanitize_thread)) inline Region& region_for(BlockState& bs, co
 // The nearest known memory to a bad address, as "N bytes past the end of argument 2 (...)".
 __attribute__((no_sanitize_thread)) inline void nearest(Worker* w, uintptr_t a, unsigned size, char* out, size_t n) {
     unsigned long long best = ~0ull;
-    char text[240] = "no buffer of the launch";
-    auto consider = [&](uintptr_t lo, uintptr_t hi, const char* what) {
-        unsigned long long d;
-        char rel[64];
-        if (a + size <= lo) d = lo - a, std::snprintf(rel, sizeof rel, "%llu bytes before", d);
-        else if (a >= hi) d = a - hi, std::snprintf(rel, sizeof rel, "%llu bytes past the end of", d);
-        else d = 0, std::snprintf(rel, sizeof rel, "overlapping the end of");
-        if (d < best) {
-            best = d;
-            std::snprintf(text, sizeof text, "%s %s", rel, what);
-        }
+    std::snprintf(out, n, "no buffer of the launch");
+    char what[200], text[300];
+    auto consider = [&](uintptr_t lo, uintptr_t hi) {
+        unsigned long long d = place_relative(a, size, lo, hi, what, text, sizeof text);
+        if (d < best) best = d, std::snprintf(out, n, "%s", text);
     };
     const LaunchConfig* cfg = w->cfg;
-    char what[200];
     for (unsigned i = 0; cfg && i < cfg->nbuffers; ++i) {
         uintptr_t lo = uintptr_t(cfg->buffers[2 * i]), hi = uintptr_t(cfg->buffers[2 * i + 1]);
         if (lo == hi) continue;
         std::snprintf(what, sizeof what, "argument %u (a %llu-byte allocation at %#llx)", i,
                       (unsigned long long)(hi - lo), (unsigned long long)lo);
-        consider(lo, hi, what);
+        consider(lo, hi);
     }
     SharedArea areas[64];
     int na = shared_areas(w, areas, 64);
     for (int i = 0; i < na; ++i) {
         describe_area(what, sizeof what, areas[i]);
-        consider(uintptr_t(areas[i].lo), uintptr_t(areas[i].hi), what);
+        consider(uintptr_t(areas[i].lo), uintptr_t(areas[i].hi));
     }
-    std::snprintf(out, n, "%s", text);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -603,16 +566,14 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
             }
             return;
         }
-        if ((bits & CHECK_MEMORY) && end > lo - s.guard && p < hi + s.guard) {
-            char what[200];
-            describe_area(what, sizeof what, s);
-            if (p < lo) std::snprintf(where, sizeof where, "%llu bytes before %s", (unsigned long long)(lo - p), what);
-            else if (p >= hi) std::snprintf(where, sizeof where, "%llu bytes past the end of %s", (unsigned long long)(p - hi), what);
-            else std::snprintf(where, sizeof where, "overlapping the end of %s", what);
-            add_report(w, "OOB", 0, 0, a.pc, nullptr, unsigned(f->linear), unsigned(f->linear), a.addr, a.size,
-                       a.flags & ACCESS_WRITE, where);
-            stop_launch(w);
-        }
+    }
+    if ((bits & CHECK_MEMORY) && p >= w->shared.window_lo() && p < w->shared.window_hi()) {
+        // in the shared-memory window but in no array of this block (its guard bytes, another kernel's
+        // array kept for this thread, or no array at all): named by the nearest, however far out
+        nearest_shared(w, p, a.size, where, sizeof where);
+        add_report(w, "OOB", 0, 0, a.pc, nullptr, unsigned(f->linear), unsigned(f->linear), a.addr, a.size,
+                   a.flags & ACCESS_WRITE, where);
+        stop_launch(w);
     }
     const LaunchConfig* cfg = w->cfg;
     for (unsigned i = 0; i < cfg->nbuffers; ++i) {

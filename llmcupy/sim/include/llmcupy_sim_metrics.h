@@ -454,8 +454,8 @@ constexpr unsigned long long kSpace = 1ull << 40;
 LLMCUPY_SIM_NOSAN_FN inline unsigned long long shared_address(Worker* w, unsigned long long a) {
     // Reading the Worker's vectors calls instrumented std::vector members; their accesses are to the
     // Worker itself, which dispatch_access never passes on.
-    unsigned long long d = (unsigned long long)(uintptr_t)w->dyn_shared.data();
-    if (a - d < w->dyn_shared.size()) return kSpace + (a - d);
+    unsigned long long d = (unsigned long long)(uintptr_t)w->shared.dynamic();
+    if (a - d < w->shared.dynamic_size()) return kSpace + (a - d);
     const Worker::SharedGuard* g = w->guards.data();
     size_t n = w->guards.size();
     for (size_t i = 0; i < n; ++i) {
