@@ -73,8 +73,17 @@ for name in ("nvmath-python", "cuda-core", "cuda-pathfinder", "cuda-bindings", "
         print(f"{name} {md.version(name)}", end="; ")
     except md.PackageNotFoundError:
         pass
-import nvmath.bindings.cublasLt  # fails here, in the log, rather than in every GPU test
-print("nvmath's cuBLAS bindings import")
+# nvmath loads cuBLAS on the first call, not at import (an import succeeds without the library), so
+# make real calls: a failure shows here, in the log, rather than in every GPU test
+import nvmath.bindings.cublas as cublas, nvmath.bindings.cublasLt as cublasLt
+cublas.destroy(cublas.create())
+cublasLt.destroy(cublasLt.create())
+try:
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+    paths = [load_nvidia_dynamic_lib(name).abs_path for name in ("cublas", "cublasLt")]
+except Exception as exc:  # only to say which library was picked
+    paths = [f"(not found by cuda.pathfinder: {exc})"]
+print("cuBLAS and cuBLASLt handles created;", "; ".join(map(str, paths)))
 PYEOF
 }
 

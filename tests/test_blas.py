@@ -375,6 +375,27 @@ def test_cublaslt_bias_epilogue_calls_match_nvmaths_signatures(checked_blas):
     assert bytes((ctypes.c_char * 64).from_address(m["algo"])) == algo_bytes.tobytes()  # the heuristic's pick
 
 
+def test_cublaslt_without_an_algorithm_is_a_gemm_error_naming_the_shapes(checked_blas, monkeypatch):
+    # cuBLASLt reports "no algorithm" as CUBLAS_STATUS_NOT_SUPPORTED from the heuristic query itself
+    # (nvmath raises it), not as a count of 0: the user gets a GemmError naming the call and shapes
+    cb, calls, _, lt, _, _ = checked_blas
+    not_supported = lt.cuBLASLtError.__new__(lt.cuBLASLtError)  # its __init__ needs the library
+    not_supported.args = ("CUBLAS_STATUS_NOT_SUPPORTED (15)",)
+
+    def no_algorithm(b):
+        raise not_supported
+
+    from nvmath import bindings
+
+    bindings.cublasLt._results["matmul_algo_get_heuristic"] = no_algorithm  # the fixture's checked module
+    x, w = np.zeros((6, 4), np.float32), np.zeros((9, 4), np.float32)
+    call = blas.describe(x, w, np.zeros((6, 9), np.float32), trans_b=True)
+    with pytest.raises(blas.GemmError, match=r"no algorithm for the bias epilogue on .*"
+                                             r"cublasLtMatmulAlgoGetHeuristic: CUBLAS_STATUS_NOT_SUPPORTED"):
+        cb.run(call, _DeviceArray(0xA000), _DeviceArray(0xB000), _DeviceArray(0xC000), 1.0, 0.0, _DeviceArray(0xD000))
+    assert len(_calls_named(calls, "matmul_preference_destroy")) == 1  # nothing leaked on the way out
+
+
 def test_cublaslt_plan_follows_the_operands_alignment(checked_blas):
     # cuBLASLt's heuristic assumes 256-byte aligned matrices unless told: a less aligned operand (a
     # row slice, say) gets its own plan, made with the alignment it has

@@ -1067,8 +1067,10 @@ def test_namespaced_kernels_and_get_global_on_the_gpu():
 
     mod = llmcupy.RawModule(code=textwrap.dedent(MODULE), target="cuda",
                             name_expressions=["ops::scale", "ops::detail::twice<float>"])
-    mod.global_array("coef", np.float32)[:] = cupy.asarray([1, 2, 3, 4], cupy.float32)
-    mod.global_array("ops::gain", np.float32)[0] = 3.0
+    # __constant__ tables are set by a copy from the host (as cudaMemcpyToSymbol does): a kernel's
+    # store into constant memory (what `[:] =` would launch) is not defined to reach the constant cache
+    mod.global_array("coef", np.float32).set(np.array([1, 2, 3, 4], np.float32))
+    mod.global_array("ops::gain", np.float32).set(np.array([3.0], np.float32))
     x = cupy.ones(8, cupy.float32)
     y = cupy.zeros(8, cupy.float32)
     mod.get_function("ops::scale")((2,), (4,), (y, x, np.int32(8)))

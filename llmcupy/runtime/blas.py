@@ -389,9 +389,15 @@ class _CudaBlas:
             set_pref(attr, value)
         results = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
         count = np.zeros(1, dtype=np.int32)
-        lt.matmul_algo_get_heuristic(self.lt_handle, desc, la, lb, lc, lc, pref, 1, results.ctypes.data,
-                                     count.ctypes.data)
-        lt.matmul_preference_destroy(pref)
+        try:
+            lt.matmul_algo_get_heuristic(self.lt_handle, desc, la, lb, lc, lc, pref, 1, results.ctypes.data,
+                                         count.ctypes.data)
+        except lt.cuBLASLtError as exc:
+            # cuBLASLt answers "no algorithm" with CUBLAS_STATUS_NOT_SUPPORTED rather than a count of 0
+            raise GemmError(f"gemm: cuBLASLt has no algorithm for the bias epilogue on {c} "
+                            f"(cublasLtMatmulAlgoGetHeuristic: {exc})") from exc
+        finally:
+            lt.matmul_preference_destroy(pref)
         if count[0] < 1:
             raise GemmError(f"gemm: cuBLASLt has no algorithm for the bias epilogue on {c}")
         algo = np.ascontiguousarray(results["algo"]["data_"][0])  # the 64-byte cublasLtMatmulAlgo_t

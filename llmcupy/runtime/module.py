@@ -445,7 +445,10 @@ class RawModule:
 
     def global_array(self, name: str, dtype, shape=None):
         """The variable ``name`` as an ``xp`` array of ``dtype`` (``shape`` defaults to all of it),
-        sharing its memory: write it before a launch to set a ``__constant__`` table."""
+        sharing its memory: write it before a launch to set a ``__constant__`` table (on the cuda
+        backend with ``.set(host_array)``, a copy from the host as ``cudaMemcpyToSymbol`` makes: a
+        kernel's store into constant memory, which ``[:] =`` would launch, is not defined to reach
+        the constant cache)."""
         dtype = np.dtype(dtype)
         mem = self.get_global(name)
         size = mem.size if self.backend == "sim" else mem.mem.size
