@@ -277,6 +277,10 @@ __global__ void never_set(int* out) {
     __syncthreads();
     if (threadIdx.x == 3) while (ready == 0) { out[0]++; }
 }
+__global__ void volatile_never_set(int* out, volatile int* flag) {
+    if (threadIdx.x == 0) while (*flag == 0) { }
+    out[0] = 1;
+}
 __global__ void big_local(float* out) {
     float scratch[24 * 1024];   // 96 KiB of local memory per thread
     for (int i = 0; i < 24 * 1024; i++) scratch[i] = (float)(i + threadIdx.x);
@@ -344,7 +348,26 @@ def test_watchdog_stops_a_genuine_hang_and_says_where(order):
     assert "kernel never_set ran past the emulator's time limit of 1.5 s" in text
     line = textwrap.dedent(FAILING).splitlines().index("    if (threadIdx.x == 3) while (ready == 0) { out[0]++; }")
     assert f"thread 3: running, last seen at __syncthreads (line {line})" in text
+    assert "spinning on a plain variable never sees another thread's write" in text
     assert "LLMCUPY_SIM_TIMEOUT" in text
+
+
+def _volatile_never_set():
+    with sim.settings(timeout=1.5):
+        module(FAILING).get_function("volatile_never_set")((1,), (32,), (np.zeros(1, np.int32), np.zeros(1, np.int32)))
+    return "finished"
+
+
+def test_watchdog_hint_for_a_volatile_flag_never_set():
+    """A thread polling a volatile flag does see other threads' writes: the hint says the value it
+    waits for never comes, not to declare the flag volatile."""
+    module(FAILING)
+    status, text = in_child(_volatile_never_set, timeout=60)
+    assert status == "error" and text.startswith("SimTimeoutError"), text
+    assert "thread 0: last seen at a volatile read" in text
+    assert "A thread polling memory (a volatile access, a repeated atomic, __nanosleep) waits for a value no " \
+           "running thread writes" in text
+    assert "declare the flag volatile" not in text
 
 
 def test_timeout_setting_is_checked():

@@ -194,6 +194,7 @@ struct Fiber {
     const void* poll_addr = nullptr;      // last atomic's address and value: repeated polls yield
     unsigned long long poll_value = 0;
     int poll_repeats = 0;
+    bool polling = false;                 // last seen polling memory (volatile, atomic, __nanosleep)
     alignas(16) unsigned char post[kPostBytes];
 };
 
@@ -587,6 +588,7 @@ LLMCUPY_SIM_NOSAN_FN inline void wait_at_barrier(int kind, int pred, int line, c
     Worker* w = tls_worker;
     Fiber* f = w->cur;
     f->state = AT_BARRIER;
+    f->polling = false;
     f->wait_line = line;
     f->wait_what = what;
     f->predicate = (kind == BAR_PLAIN) ? 0 : pred;
@@ -602,6 +604,7 @@ LLMCUPY_SIM_NOSAN_FN inline const WarpGather& warp_exchange(unsigned mask, const
     Fiber* f = w->cur;
     if (bytes) std::memcpy(f->post, value, bytes);
     f->state = AT_WARP;
+    f->polling = false;
     f->wait_mask = mask | (1u << f->lane);
     f->wait_kind = kind;
     f->wait_line = line;
@@ -617,6 +620,7 @@ LLMCUPY_SIM_NOSAN_FN inline void yield_fiber(int line, const char* what) {
     Worker* w = tls_worker;
     if (w == nullptr || !w->in_fiber) return;
     Fiber* f = w->cur;
+    f->polling = true;
     f->wait_line = line;
     f->wait_what = what;
     switch_to_scheduler(w);  // state stays READY: the scheduler resumes it on its next pass
@@ -1377,7 +1381,7 @@ inline void describe_threads(Worker* w, Fiber* running) {
         char who[48];
         if (t == t_end) std::snprintf(who, sizeof who, "thread %d", t);
         else std::snprintf(who, sizeof who, "threads %d-%d", t, t_end);
-        if (f.wait_line == 0 && f.state == READY)
+        if (f.wait_line == 0 && f.state == READY && !f.polling)  // a volatile access has no line: say what
             std::snprintf(line, sizeof line, "  %s %s the kernel's start (no sync point reached)\n", who,
                           &f == running ? "ran from" : "had not left");
         else if (f.wait_line == 0)
@@ -1411,9 +1415,18 @@ inline void report_timeout(Worker* w, Fiber* running) {
                   w->block_idx.z);
     append_message(&w->counters, line);
     describe_threads(w, running);
-    append_message(&w->counters, "A thread spinning on a plain variable never sees another thread's write in the emulator "
-                                 "(declare the flag volatile, or use an atomic). "
-                                 "llmcupy.sim.settings(timeout=SECONDS) or LLMCUPY_SIM_TIMEOUT changes the limit; 0 turns it off.\n");
+    bool polling = false;
+    for (int t = 0; t < w->nthreads; ++t) polling |= w->fibers[t].state != DONE && w->fibers[t].polling;
+    // a thread that polls through a volatile access or an atomic does see other threads' writes: the
+    // value it waits for never comes; one that spins on a plain variable never sees them here
+    append_message(&w->counters,
+                   polling ? "A thread polling memory (a volatile access, a repeated atomic, __nanosleep) waits for a "
+                             "value no running thread writes: a flag never set, or set by another block (the blocks "
+                             "of a launch are not guaranteed to run at the same time, on a GPU as here). "
+                           : "A thread spinning on a plain variable never sees another thread's write in the emulator "
+                             "(declare the flag volatile, or use an atomic). ");
+    append_message(&w->counters, "llmcupy.sim.settings(timeout=SECONDS) or LLMCUPY_SIM_TIMEOUT changes the limit; "
+                                 "0 turns it off.\n");
     w->counters.timed_out = 1;
 }
 
@@ -1531,6 +1544,7 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
         f.wait_line = 0;
         f.wait_what = "";
         f.poll_addr = nullptr;
+        f.polling = false;
         f.poll_repeats = 0;
         init_fiber_stack(&f);
     }
