@@ -80,6 +80,8 @@ def test_op_is_well_formed(name):
     assert len(op.test_shapes) >= 3, "at least three shapes per op"
     assert set(op.tolerance) == set(op.outputs)
     assert op.tolerance_note, "tolerances must say why"
+    assert set(op.tf32_tolerance) <= set(op.outputs)
+    assert not op.tf32_tolerance or op.tf32_tolerance_note, "TF32 tolerances must say why"
     assert op.bound is not None
     code = op.source_code()
     assert code.lstrip().startswith("/*"), "a kernel file starts with a header listing its versions"
