@@ -53,6 +53,12 @@ def sweep(op, number: int, sizes: dict | None = None, block_size: int | None = N
     if not version.available:
         result.update(ok=None, skipped=f"unavailable: {version.unavailable}")
         return result
+    if block_size is not None and version.block_sizes and block_size not in version.block_sizes:
+        # `--all --block-size N` over versions with different sweeps: a version that does not offer N
+        # cannot run at it, which (like a size it refuses) is a skip, not a failure
+        result.update(ok=None, skipped=f"block size {block_size} is not in this version's sweep "
+                                       f"({', '.join(map(str, version.block_sizes))})")
+        return result
     merged = _default_sizes(op)
     merged.update({k: v for k, v in (sizes or {}).items() if v is not None})
     inputs = op.make_inputs(np.random.default_rng(seed), **merged)

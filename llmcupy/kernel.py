@@ -217,6 +217,12 @@ def main(argv=None) -> int:
             if extra:
                 raise OpError(f"unknown option(s) {' '.join(extra)}")
             plan = [(n, v, {}) for n in ops_registry.names() for v in sorted(ops_registry.get(n).versions)]
+        if args.block_size is not None and len(plan) > 1:
+            # versions without it are skipped; a block size no version offers is a typo
+            offered = {bs for name, n, _ in plan for bs in ops_registry.get(name).versions[n].block_sizes}
+            if args.block_size not in offered:
+                raise OpError(f"--block-size {args.block_size} is in no version's sweep; they offer "
+                              f"{', '.join(map(str, sorted(offered)))}")
         backend = _backend.get_backend()  # cuda asked for (LLMCUPY_BACKEND) but unusable: exit 2
     except (OpError, _backend.BackendError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

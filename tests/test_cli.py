@@ -58,6 +58,7 @@ def test_all_versions_of_one_op():
     (("softmax_forward", "2", "--B", "0"), "--B needs a positive integer"),
     (("softmax_forward", "2", "--block-size", "48"), "block size 48 is not"),
     (("softmax_forward",), "give a version of softmax_forward"),
+    (("softmax_forward", "--all", "--block-size", "48"), "--block-size 48 is in no version's sweep"),
 ])
 def test_bad_usage_exits_2_with_the_choices(args, message):
     rc, out, err = run(*args)
@@ -75,3 +76,11 @@ def test_compile_report_without_a_gpu():
     rc, out, err = run("--compile-report", "softmax_forward", "--arch", "80")
     assert rc == 0, out + err
     assert "softmax_forward_kernel7" in out and "sm_80" in out and "1/1 compilations ok" in out
+
+
+def test_all_with_a_block_size_skips_the_versions_that_do_not_offer_it():
+    rc, out, err = run("softmax_forward", "--all", "--block-size", "64", "--B", "1", "--T", "3", "--V", "77")
+    assert rc == 0, out + err
+    assert "version 3: ERROR" not in out
+    assert "SKIP (block size 64 is not in this version's sweep (32))" in out
+    assert "0 failed" in out and " skipped" in out and "0 skipped" not in out
