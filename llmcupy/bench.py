@@ -537,6 +537,22 @@ def plot_results(record: dict, path: str | os.PathLike | None = None, *, ops=Non
     return fig
 
 
+def check_plot_path(path) -> None:
+    """Before anything runs: ``--plot PATH`` names a format matplotlib writes (asked of its canvas, not
+    a list kept here) and a file that can be written. Raises ``_cli.BadPath``; ImportError without
+    matplotlib."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from ._cli import BadPath, check_output_file
+
+    suffix = Path(path).suffix.lower().lstrip(".")
+    formats = FigureCanvasAgg.get_supported_filetypes()   # {"png": "Portable Network Graphics", ...}
+    if suffix and suffix not in formats:   # no suffix: matplotlib writes its default format (PNG)
+        raise BadPath(f"--plot {path}: matplotlib cannot write .{suffix} files; use one of "
+                      f"{', '.join('.' + f for f in sorted(formats))}")
+    check_output_file(path, "--plot")
+
+
 def _plot_op_panel(ax, op_name: str, entries: list, timed: bool):
     from matplotlib.ticker import LogFormatterSciNotation, LogLocator
 
@@ -980,6 +996,19 @@ def main(argv=None) -> int:
     if args.list_results:
         print(list_results(args.out or DEFAULT_OUT))
         return 0
+    if args.plot:
+        # before the (possibly hours-long) run whose plot it is
+        from ._cli import BadPath
+
+        try:
+            check_plot_path(args.plot)
+        except ImportError as exc:
+            print(f"error: --plot needs matplotlib ({exc}); pip install matplotlib (a dependency of llmcupy: reinstall the package)",
+                  file=sys.stderr)
+            return 2
+        except BadPath as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.from_file:
         try:
             record = load(args.from_file)
@@ -1034,7 +1063,16 @@ def main(argv=None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    saver = None if args.no_save else _SaveAsYouGo(args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT))
+    out_dir = args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT)
+    if not args.no_save:
+        from ._cli import BadPath, check_output_folder
+
+        try:
+            check_output_folder(out_dir, "--out")
+        except BadPath as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    saver = None if args.no_save else _SaveAsYouGo(out_dir)
     record = run(args.ops, small=args.small, seed=args.seed, repeat=args.repeat, analyze=not args.no_analyze,
                  gpu=args.gpu,
                  isolate=False if args.no_isolate else None, command=command, progress=not args.no_progress,

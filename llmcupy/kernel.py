@@ -165,6 +165,10 @@ def isolation(versions: int, backend: str) -> str | None:
 def main(argv=None) -> int:
     args, extra = _parser().parse_known_args(argv)
     try:
+        if args.json:
+            from ._cli import check_output_file
+
+            check_output_file(args.json, "--json")   # before the run, not after its first version
         if args.backend:
             _backend.set_backend(args.backend)
         if args.compile_report:

@@ -84,3 +84,15 @@ def test_all_with_a_block_size_skips_the_versions_that_do_not_offer_it():
     assert "version 3: ERROR" not in out
     assert "SKIP (block size 64 is not in this version's sweep (32))" in out
     assert "0 failed" in out and " skipped" in out and "0 skipped" not in out
+
+
+@pytest.mark.parametrize("where,message", [
+    ("/proc/x.json", "--json /proc/x.json: cannot write in /proc"),
+    ("{tmp}", "--json {tmp} is a folder; give a file"),
+    ("{tmp}/no/such/r.json", "--json {tmp}/no/such/r.json: no folder {tmp}/no/such"),
+])
+def test_an_unwritable_json_path_is_refused_before_anything_runs(tmp_path, where, message):
+    where, message = where.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    rc, out, err = run("softmax_forward", "5", "--json", where)
+    assert rc == 2 and err.startswith(f"error: {message}") and len(err.strip().splitlines()) == 1, (rc, out, err)
+    assert "PASS" not in out
