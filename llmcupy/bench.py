@@ -4,7 +4,7 @@
     python -m llmcupy.bench --ops softmax_forward layernorm_forward --plot sweep.png
     python -m llmcupy.bench --from bench/results/X.json --plot X.png   # plot a recorded run, run nothing
     python -m llmcupy.bench compare BEFORE.json AFTER.json   # per op/version: ms before, after, speed-up
-    python -m llmcupy.bench --list-results                   # the runs recorded under bench/results/
+    python -m llmcupy.bench --list-results                   # the runs recorded under bench/results/ (and sim/)
     python -m llmcupy.bench --trainer-shapes                 # (GPU) the step's ops at GPT-2 124M, B=4, T=1024
     python -m llmcupy.bench defaults                         # bench/defaults.json: the trainer's measured defaults
 
@@ -904,7 +904,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PATH", help="write the plots to PATH (PNG, SVG, PDF by suffix)")
     p.add_argument("--from", dest="from_file", metavar="RESULTS.json",
                    help="run nothing: plot (--plot) or print a recorded results file")
-    p.add_argument("--list-results", action="store_true", help="list the runs recorded under --out")
+    p.add_argument("--list-results", action="store_true",
+                   help=f"list the runs recorded under --out (default: {DEFAULT_OUT}/ and {SIM_OUT}/, where GPU and "
+                        "emulator runs go)")
     p.add_argument("--small", action="store_true", help="use the ops' small sim_sizes on a GPU too (a quick check)")
     p.add_argument("--trainer-shapes", action="store_true",
                    help="GPU: the training step's ops at the trainer's shapes (GPT-2 124M, B=4, T=1024), the runs "
@@ -994,7 +996,8 @@ def main(argv=None) -> int:
     from .runtime import backend as _backend
 
     if args.list_results:
-        print(list_results(args.out or DEFAULT_OUT))
+        # without --out: both folders a run writes to by default (GPU runs, and emulator runs kept apart)
+        print("\n".join(list_results(d) for d in ([args.out] if args.out else [DEFAULT_OUT, SIM_OUT])))
         return 0
     if args.plot:
         # before the (possibly hours-long) run whose plot it is

@@ -335,6 +335,9 @@ def test_emulator_records_go_to_an_ignored_folder_not_among_gpu_results(tmp_path
     files = list((tmp_path / "bench" / "results" / "sim").glob("*.json"))
     assert len(files) == 1 and f"results: {__import__('os').path.join('bench', 'results', 'sim')}" in stdout
     assert not list((tmp_path / "bench" / "results").glob("*.json"))   # the GPU folder stays empty
+    # --list-results finds it without --out: it lists the emulator's folder beside the GPU one
+    rc, stdout, stderr = run("--list-results", cwd=env_cwd)
+    assert rc == 0 and files[0].name in stdout and "no results under bench/results/" in stdout, stdout + stderr
     # in a checkout, git ignores that folder: a bench run in the emulator leaves `git status` clean
     if (REPO / ".git").exists():
         probe = "bench/results/sim/" + files[0].name
