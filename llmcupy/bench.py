@@ -1045,7 +1045,11 @@ def main(argv=None) -> int:
                 raise OpError(f"--trainer-shapes: {', '.join(others)} is not an op of the training step; those "
                               f"are: {', '.join(trainer_sizes())}")
         backend = _backend.get_backend()
-    except (OpError, _backend.BackendError) as exc:
+        if backend == "sim":
+            from .sim.launcher import check_environment
+
+            check_environment()   # a bad LLMCUPY_SIM_* / LLMCUPY_CACHE_DIR: one line now, not per version
+    except (OpError, _backend.BackendError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.trainer_shapes and backend != "cuda":

@@ -228,6 +228,10 @@ def main(argv=None) -> int:
                 raise OpError(f"--block-size {args.block_size} is in no version's sweep; they offer "
                               f"{', '.join(map(str, sorted(offered)))}")
         backend = _backend.get_backend()  # cuda asked for (LLMCUPY_BACKEND) but unusable: exit 2
+        if backend == "sim":
+            from .sim.launcher import check_environment
+
+            check_environment()   # a bad LLMCUPY_SIM_* / LLMCUPY_CACHE_DIR: one line now, not per version
     except (OpError, _backend.BackendError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
