@@ -364,6 +364,7 @@ def format_entry(entry: dict) -> str:
                  + (f"{spr:.1f} sectors/req, " if spr is not None else "")
                  + (f"moved {moved:.2f}x ideal, " if moved is not None else "")
                  + (f"model {summary['model_seconds'] * 1e6:.3g} us on {entry['metrics'].get('model_gpu')}"
+                    + (" + cuBLAS, not modelled" if summary.get("library_calls") else "")
                     if summary.get("model_seconds") else "no model"))
     return line
 
