@@ -39,3 +39,50 @@ def fail(exc: BaseException, code: int = EXIT_BAD_INPUT) -> int:
     """Prints ``error: <message>`` and returns ``code``."""
     print(f"error: {message(exc)}", file=sys.stderr)
     return code
+
+
+class BadPath(ValueError):
+    """An output path a CLI cannot write (the message names the flag and the path)."""
+
+
+def _probe_folder(folder: str, flag: str, path) -> None:
+    """Creates and removes a scratch file in ``folder``: the one test that matches what the write will
+    meet (permissions, a read-only or pseudo file system such as /proc, root included)."""
+    import os
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".llmcupy-probe.", dir=folder)
+    except OSError as exc:
+        raise BadPath(f"{flag} {path}: cannot write in {folder or '.'} ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_output_file(path, flag: str) -> None:
+    """At start-up, before any work: ``path`` can be written as a file (its folder exists and takes
+    files; it is not a folder). Raises :class:`BadPath`. An existing file is left as it is."""
+    import os
+
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise BadPath(f"{flag} {path} is a folder; give a file")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise BadPath(f"{flag} {path}: no folder {folder}")
+    _probe_folder(folder, flag, path)
+
+
+def check_output_folder(path, flag: str) -> None:
+    """At start-up: ``path`` is (or can be made) a folder that takes files. Creates it (as the write
+    would); raises :class:`BadPath`."""
+    import os
+
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise BadPath(f"{flag} {path} is a file; give a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise BadPath(f"{flag} {path}: cannot create the folder ({exc.strerror or exc})") from None
+    _probe_folder(path, flag, path)

@@ -4,7 +4,7 @@
     python -m llmcupy.bench --ops softmax_forward layernorm_forward --plot sweep.png
     python -m llmcupy.bench --from bench/results/X.json --plot X.png   # plot a recorded run, run nothing
     python -m llmcupy.bench compare BEFORE.json AFTER.json   # per op/version: ms before, after, speed-up
-    python -m llmcupy.bench --list-results                   # the runs recorded under bench/results/
+    python -m llmcupy.bench --list-results                   # the runs recorded under bench/results/ (and sim/)
     python -m llmcupy.bench --trainer-shapes                 # (GPU) the step's ops at GPT-2 124M, B=4, T=1024
     python -m llmcupy.bench defaults                         # bench/defaults.json: the trainer's measured defaults
 
@@ -148,9 +148,15 @@ def _sweep_one(op_name: str, number: int, small: bool, seed: int, repeat: int, t
 
 
 def _sweep_and_analyze(op_name: str, number: int, small: bool, seed: int, repeat: int, analyze: bool,
-                       gpu: str | None, *trainer) -> dict:
-    """``_sweep_one``, then (``analyze``) the version's metrics and model at the same sizes."""
-    raw = _sweep_one(op_name, number, small, seed, repeat, *trainer)
+                       gpu: str | None, *trainer, tf32: bool = False) -> dict:
+    """``_sweep_one`` with TF32 set as ``tf32`` asks (here, in the child that runs the version: the setting
+    is per process), then (``analyze``) the version's metrics and model at the same sizes. ``raw["tf32"]``
+    says whether TF32 was in effect (never in the emulator or before sm_80, whatever was asked)."""
+    from .runtime import blas
+
+    with blas.tf32(tf32) as in_effect:
+        raw = _sweep_one(op_name, number, small, seed, repeat, *trainer)
+    raw["tf32"] = in_effect
     if analyze and raw.get("ok") is not None:
         from . import analyze as _analyze
         from . import ops as registry
@@ -164,6 +170,8 @@ def _block_entry(b: dict) -> dict:
     out = {"block_size": b.get("block_size"), "ok": b.get("ok")}
     if b.get("skipped"):
         out["skipped"] = b["skipped"]
+    if b.get("tolerance"):
+        out["tolerance"] = b["tolerance"]   # "tf32": held to the op's TF32 tolerance
     if "checks" in b:
         out["errors"] = {c["name"]: {k: c.get(k) for k in ("max_abs", "max_rel", "mismatches", "atol", "rtol", "first")
                                      if c.get(k) is not None} for c in b["checks"]}
@@ -185,7 +193,8 @@ def _version_entry(op_name: str, number: int, raw: dict) -> dict:
 
 def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, isolate: bool | None = None,
         command: str | None = None, progress: bool = True, verbose: bool = False, log=None,
-        trainer: bool = False, analyze: bool | None = None, gpu: str | None = None, on_entry=None) -> dict:
+        trainer: bool = False, analyze: bool | None = None, gpu: str | None = None, on_entry=None,
+        tf32: bool | None = None) -> dict:
     """Sweeps every version of the given ops and returns the run's record (see the module docstring).
 
     ``isolate`` (default: yes) runs the versions in child processes so that a kernel which crashes the
@@ -196,18 +205,30 @@ def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, 
     The emulator's watchdog time limit is off during a benchmark. ``trainer`` runs the training
     step's ops at the trainer's shapes (``defaults.trainer_sizes``), the runs ``defaults`` reads.
     ``analyze`` (default: in the emulator) adds each version's memory-traffic metrics and roofline
-    model on ``gpu`` (``llmcupy.analyze``) to its entry as ``metrics``.
+    model on ``gpu`` (``llmcupy.analyze``) to its entry as ``metrics``. ``tf32`` (default: the trainer's
+    setting, ``defaults.TRAINER_TF32``, for ``trainer`` runs, else off) sets TF32 for cuBLAS's FP32 GEMMs in
+    the process that runs each version; the record's ``tf32`` is that request, each entry's ``tf32``
+    whether it took effect (sm_80+ GPUs only), and a version that called cuBLAS under TF32 is validated
+    against its op's ``tf32_tolerance``.
     """
     from .sim import settings as sim_settings
 
     with sim_settings(timeout=0):
         return _run(op_names, small=small, seed=seed, repeat=repeat, isolate=isolate, command=command,
                     progress=progress, verbose=verbose, log=log, trainer=trainer, analyze=analyze, gpu=gpu,
-                    on_entry=on_entry)
+                    on_entry=on_entry, tf32=tf32)
+
+
+def default_tf32(trainer: bool) -> bool:
+    """TF32 as the trainer runs its GEMMs for a --trainer-shapes run (the defaults are picked from it),
+    plain FP32 otherwise (the ops' FP32 tolerances)."""
+    from .defaults import TRAINER_TF32
+
+    return TRAINER_TF32 if trainer else False
 
 
 def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, log, trainer=False, analyze=None,
-         gpu=None, on_entry=None) -> dict:
+         gpu=None, on_entry=None, tf32=None) -> dict:
     from tqdm import tqdm
 
     from . import harness
@@ -223,6 +244,7 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
             raise OpError(f"--trainer-shapes: {', '.join(others)} is not an op of the training step; those "
                           f"are: {', '.join(trainer_sizes())}")
     plan = plan_for(op_names)
+    tf32 = default_tf32(trainer) if tf32 is None else bool(tf32)
     backend = _backend.get_backend()
     isolate = True if isolate is None else isolate
     start = ("spawn" if backend == "cuda" else "fork") if isolate else None
@@ -241,6 +263,7 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
         "host": platform.node(),
         "timed": backend == "cuda",
         "sizes": "trainer" if trainer else "sim_sizes" if (small or backend == "sim") else "sizes",
+        "tf32": tf32,   # asked for; each entry's "tf32" says whether it took effect
         "seed": seed,
         "repeat": repeat,
         "ops": {},
@@ -255,6 +278,8 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
         record["ops"][name] = {"summary": op.summary, "default_version": op.default_version,
                                "bound": None if op.bound is None else op.bound.kind,
                                "tolerance": {k: list(v) for k, v in op.tolerance.items()}}
+        if tf32 and op.tf32_tolerance:
+            record["ops"][name]["tf32_tolerance"] = {k: list(v) for k, v in op.tf32_tolerance.items()}
 
     def write(line: str):
         if log is not None:
@@ -275,7 +300,8 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
             bar.set_postfix_str(f"{op_name} v{number}")
         try:
             extra = (True,) if trainer else ()   # (the trainer's shapes; absent otherwise, as before)
-            raw = versions.call(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu, *extra)
+            raw = versions.call(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu, *extra,
+                                tf32=tf32)
         except (OpError, _backend.BackendError) as exc:
             raw = {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one version's crash must not lose the whole run
@@ -338,6 +364,7 @@ def format_entry(entry: dict) -> str:
                  + (f"{spr:.1f} sectors/req, " if spr is not None else "")
                  + (f"moved {moved:.2f}x ideal, " if moved is not None else "")
                  + (f"model {summary['model_seconds'] * 1e6:.3g} us on {entry['metrics'].get('model_gpu')}"
+                    + (" + cuBLAS, not modelled" if summary.get("library_calls") else "")
                     if summary.get("model_seconds") else "no model"))
     return line
 
@@ -403,7 +430,7 @@ def _version_entry_from_raw(raw: dict, default: bool | None = None) -> dict:
     if default is not None:
         entry["default"] = default
     entry["ok"] = raw.get("ok")
-    for k in ("skipped", "error", "sizes", "bound"):
+    for k in ("skipped", "error", "sizes", "bound", "tf32"):
         if raw.get(k) is not None:
             entry[k] = raw[k]
     entry["blocks"] = [_block_entry(b) for b in raw.get("blocks", [])]
@@ -509,6 +536,22 @@ def plot_results(record: dict, path: str | os.PathLike | None = None, *, ops=Non
     if path is not None:
         fig.savefig(path)
     return fig
+
+
+def check_plot_path(path) -> None:
+    """Before anything runs: ``--plot PATH`` names a format matplotlib writes (asked of its canvas, not
+    a list kept here) and a file that can be written. Raises ``_cli.BadPath``; ImportError without
+    matplotlib."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from ._cli import BadPath, check_output_file
+
+    suffix = Path(path).suffix.lower().lstrip(".")
+    formats = FigureCanvasAgg.get_supported_filetypes()   # {"png": "Portable Network Graphics", ...}
+    if suffix and suffix not in formats:   # no suffix: matplotlib writes its default format (PNG)
+        raise BadPath(f"--plot {path}: matplotlib cannot write .{suffix} files; use one of "
+                      f"{', '.join('.' + f for f in sorted(formats))}")
+    check_output_file(path, "--plot")
 
 
 def _plot_op_panel(ax, op_name: str, entries: list, timed: bool):
@@ -862,11 +905,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PATH", help="write the plots to PATH (PNG, SVG, PDF by suffix)")
     p.add_argument("--from", dest="from_file", metavar="RESULTS.json",
                    help="run nothing: plot (--plot) or print a recorded results file")
-    p.add_argument("--list-results", action="store_true", help="list the runs recorded under --out")
+    p.add_argument("--list-results", action="store_true",
+                   help=f"list the runs recorded under --out (default: {DEFAULT_OUT}/ and {SIM_OUT}/, where GPU and "
+                        "emulator runs go)")
     p.add_argument("--small", action="store_true", help="use the ops' small sim_sizes on a GPU too (a quick check)")
     p.add_argument("--trainer-shapes", action="store_true",
                    help="GPU: the training step's ops at the trainer's shapes (GPT-2 124M, B=4, T=1024), the runs "
                         "`python -m llmcupy.bench defaults` picks the trainer's defaults from")
+    p.add_argument("--tf32", type=int, choices=(0, 1), default=None,
+                   help="TF32 for cuBLAS's FP32 GEMMs on sm_80+ (default: on with --trainer-shapes, as the trainer's "
+                        "--tf32 default, so the defaults are picked at the speed and accuracy the trainer gets; "
+                        "off otherwise). Versions that call cuBLAS under TF32 are checked at their op's TF32 "
+                        "tolerance")
     p.add_argument("--backend", choices=("auto", "cuda", "sim"), default=None, help="cuda, sim or auto (default)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--repeat", type=int, default=50, help="timed launches per block size (GPU)")
@@ -947,8 +997,22 @@ def main(argv=None) -> int:
     from .runtime import backend as _backend
 
     if args.list_results:
-        print(list_results(args.out or DEFAULT_OUT))
+        # without --out: both folders a run writes to by default (GPU runs, and emulator runs kept apart)
+        print("\n".join(list_results(d) for d in ([args.out] if args.out else [DEFAULT_OUT, SIM_OUT])))
         return 0
+    if args.plot:
+        # before the (possibly hours-long) run whose plot it is
+        from ._cli import BadPath
+
+        try:
+            check_plot_path(args.plot)
+        except ImportError as exc:
+            print(f"error: --plot needs matplotlib ({exc}); pip install matplotlib (a dependency of llmcupy: reinstall the package)",
+                  file=sys.stderr)
+            return 2
+        except BadPath as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.from_file:
         try:
             record = load(args.from_file)
@@ -982,7 +1046,11 @@ def main(argv=None) -> int:
                 raise OpError(f"--trainer-shapes: {', '.join(others)} is not an op of the training step; those "
                               f"are: {', '.join(trainer_sizes())}")
         backend = _backend.get_backend()
-    except (OpError, _backend.BackendError) as exc:
+        if backend == "sim":
+            from .sim.launcher import check_environment
+
+            check_environment()   # a bad LLMCUPY_SIM_* / LLMCUPY_CACHE_DIR: one line now, not per version
+    except (OpError, _backend.BackendError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.trainer_shapes and backend != "cuda":
@@ -1003,11 +1071,21 @@ def main(argv=None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    saver = None if args.no_save else _SaveAsYouGo(args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT))
+    out_dir = args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT)
+    if not args.no_save:
+        from ._cli import BadPath, check_output_folder
+
+        try:
+            check_output_folder(out_dir, "--out")
+        except BadPath as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    saver = None if args.no_save else _SaveAsYouGo(out_dir)
     record = run(args.ops, small=args.small, seed=args.seed, repeat=args.repeat, analyze=not args.no_analyze,
                  gpu=args.gpu,
                  isolate=False if args.no_isolate else None, command=command, progress=not args.no_progress,
-                 verbose=args.verbose, trainer=args.trainer_shapes, on_entry=saver)
+                 verbose=args.verbose, trainer=args.trainer_shapes, on_entry=saver,
+                 tf32=None if args.tf32 is None else bool(args.tf32))
     c = record["summary"]
     print(f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
     if saver is not None:

@@ -6,10 +6,15 @@ uses. Measurements replace those choices per GPU:
 
 1. ``python -m llmcupy.bench --trainer-shapes`` (on a GPU) validates and times every version of
    every op of the training step at the trainer's shapes (GPT-2 124M, B=4, T=1024; see
-   :func:`trainer_sizes`) and records the run in ``bench/results/``.
+   :func:`trainer_sizes`) and records the run in ``bench/results/``. Its FP32 GEMMs run as the trainer's
+   do: with TF32 on (``TRAINER_TF32``, train.py's ``--tf32`` default; ``bench --tf32 0`` measures without),
+   so a cuBLAS-backed version is timed at the speed the trainer gets from it.
 2. ``python -m llmcupy.bench defaults`` takes the newest such run per device and writes, per op,
    the fastest version that passed and is deterministic (the trainer's rule: two runs print the
    same losses), with its best block size, to ``bench/defaults.json`` (committed, named by GPU).
+   Only runs measured with the trainer's TF32 setting count (a run's ``"tf32"``; older records without it
+   ran plain FP32 GEMMs): a run at the other setting times the cuBLAS versions at another speed, so
+   it is left out, and said so.
 3. ``python -m llmcupy.train`` on a GPU named in that file runs those versions unless a flag
    chooses another (``--matmul-kernel N``, ``--kernel OP=N``, ``--kernel-defaults catalogue``);
    on any other GPU, and in the emulator, the catalogue's defaults. It prints which applies.
@@ -26,9 +31,13 @@ from .ops import OpError
 
 SCHEMA = "llmcupy.defaults/1"
 TRAINER_MODEL, TRAINER_B, TRAINER_T = "d12", 4, 1024   # GPT-2 124M as train_gpt2fp32cu runs it
+# train.py's --tf32 default (llm.c's: on). The cuBLAS-backed versions are several times faster with TF32
+# on an sm_80+ GPU, so the defaults are measured, and chosen, at this setting (tests check the two agree).
+TRAINER_TF32 = True
 RULE = ("per op of the training step: the fastest version that passed validation and is deterministic, at the "
-        f"trainer's shapes (GPT-2 124M, B={TRAINER_B}, T={TRAINER_T}), from the newest "
-        "`python -m llmcupy.bench --trainer-shapes` run of each GPU in bench/results/")
+        f"trainer's shapes (GPT-2 124M, B={TRAINER_B}, T={TRAINER_T}) and TF32 setting "
+        f"({'on' if TRAINER_TF32 else 'off'}), from the newest `python -m llmcupy.bench --trainer-shapes` run "
+        "of each GPU in bench/results/")
 
 
 class DefaultsError(OpError):
@@ -84,8 +93,15 @@ def trainer_sizes(B: int = TRAINER_B, T: int = TRAINER_T, model: str = TRAINER_M
 # -- deriving the defaults from bench/results --------------------------------------------------
 
 
-def _newest_per_device(results_dir) -> dict:
-    """{device: (path, record)}: the newest timed GPU run at the trainer's shapes per device."""
+def record_tf32(record: dict) -> bool:
+    """The TF32 setting a benchmark run asked for; records from before bench recorded it ran plain FP32."""
+    return bool(record.get("tf32", False))
+
+
+def _newest_per_device(results_dir, other_tf32: list | None = None) -> dict:
+    """{device: (path, record)}: the newest timed GPU run at the trainer's shapes and TF32 setting per
+    device. Runs at the trainer's shapes measured with the other TF32 setting are appended to
+    ``other_tf32`` (their paths) instead."""
     from .bench import load
 
     newest: dict = {}
@@ -96,6 +112,10 @@ def _newest_per_device(results_dir) -> dict:
             raise DefaultsError(f"{path}: not a readable benchmark record ({exc}); move it out of "
                                 f"{results_dir} or fix it") from None
         if record.get("backend") != "cuda" or not record.get("timed") or record.get("sizes") != "trainer":
+            continue
+        if record_tf32(record) != TRAINER_TF32:
+            if other_tf32 is not None:
+                other_tf32.append(path)
             continue
         device = record.get("device") or "unknown GPU"
         if device not in newest or str(record.get("date", "")) > str(newest[device][1].get("date", "")):
@@ -140,9 +160,12 @@ def pick(record: dict) -> dict:
 
 
 def derive(results_dir) -> dict:
-    """The defaults document from the runs under ``results_dir`` (no runs: no devices)."""
+    """The defaults document from the runs under ``results_dir`` (no runs: no devices).
+
+    ``ignored`` lists the runs left out for their TF32 setting (printed, not written to the file)."""
     devices = {}
-    for device, (path, record) in sorted(_newest_per_device(results_dir).items()):
+    other_tf32: list = []
+    for device, (path, record) in sorted(_newest_per_device(results_dir, other_tf32).items()):
         ops = pick(record)
         if not ops:
             continue
@@ -150,27 +173,36 @@ def derive(results_dir) -> dict:
             source = Path(path).resolve().relative_to(repo_dir()).as_posix()
         except ValueError:   # results outside the checkout
             source = Path(path).name
-        devices[device] = {"source": source, "date": record.get("date"),
+        devices[device] = {"source": source, "date": record.get("date"), "tf32": record_tf32(record),
                            "commit": (record.get("git") or {}).get("commit", "unknown"), "ops": ops}
-    return {"schema": SCHEMA, "written_by": "python -m llmcupy.bench defaults", "rule": RULE, "devices": devices}
+    doc = {"schema": SCHEMA, "written_by": "python -m llmcupy.bench defaults", "rule": RULE, "devices": devices}
+    if other_tf32:
+        doc["ignored"] = [f"{path}: measured with TF32 {'on' if not TRAINER_TF32 else 'off'}, the trainer runs "
+                          f"with it {'on' if TRAINER_TF32 else 'off'} (bench --trainer-shapes --tf32 "
+                          f"{int(TRAINER_TF32)})" for path in other_tf32]
+    return doc
 
 
 def write(doc: dict, path) -> Path:
     from .fileio import atomic_write
 
     path = Path(path)
+    doc = {k: v for k, v in doc.items() if k != "ignored"}   # a note for the console, not part of the file
     with atomic_write(path) as f:   # a reader never sees half a file
         f.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
     return path
 
 
 def format_doc(doc: dict) -> str:
+    ignored = [f"ignored {line}" for line in doc.get("ignored", ())]
     if not doc["devices"]:
-        return ("no GPU has been measured at the trainer's shapes (no `python -m llmcupy.bench --trainer-shapes` "
-                "run in bench/results/): the trainer uses the catalogue's defaults, llm.c's choices")
-    lines = []
+        return "\n".join(ignored + [
+            "no GPU has been measured at the trainer's shapes (no `python -m llmcupy.bench --trainer-shapes` "
+            "run in bench/results/): the trainer uses the catalogue's defaults, llm.c's choices"])
+    lines = ignored
     for device, d in doc["devices"].items():
-        lines.append(f"{device}: {d['source']} ({d['date']}, commit {str(d['commit'])[:10]})")
+        tf32 = "" if "tf32" not in d else f", TF32 {'on' if d['tf32'] else 'off'}"
+        lines.append(f"{device}: {d['source']} ({d['date']}, commit {str(d['commit'])[:10]}{tf32})")
         for op_name, c in d["ops"].items():
             was = c.get("catalogue_default_ms")
             note = ("= catalogue default" if c["version"] == c["catalogue_default"]

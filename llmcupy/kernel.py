@@ -165,6 +165,10 @@ def isolation(versions: int, backend: str) -> str | None:
 def main(argv=None) -> int:
     args, extra = _parser().parse_known_args(argv)
     try:
+        if args.json:
+            from ._cli import check_output_file
+
+            check_output_file(args.json, "--json")   # before the run, not after its first version
         if args.backend:
             _backend.set_backend(args.backend)
         if args.compile_report:
@@ -217,7 +221,17 @@ def main(argv=None) -> int:
             if extra:
                 raise OpError(f"unknown option(s) {' '.join(extra)}")
             plan = [(n, v, {}) for n in ops_registry.names() for v in sorted(ops_registry.get(n).versions)]
+        if args.block_size is not None and len(plan) > 1:
+            # versions without it are skipped; a block size no version offers is a typo
+            offered = {bs for name, n, _ in plan for bs in ops_registry.get(name).versions[n].block_sizes}
+            if args.block_size not in offered:
+                raise OpError(f"--block-size {args.block_size} is in no version's sweep; they offer "
+                              f"{', '.join(map(str, sorted(offered)))}")
         backend = _backend.get_backend()  # cuda asked for (LLMCUPY_BACKEND) but unusable: exit 2
+        if backend == "sim":
+            from .sim.launcher import check_environment
+
+            check_environment()   # a bad LLMCUPY_SIM_* / LLMCUPY_CACHE_DIR: one line now, not per version
     except (OpError, _backend.BackendError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -436,3 +436,18 @@ def test_model_rank_correlation_against_this_gpu(tmp_path):
     c = analyze.correlate(analyses, tmp_path)
     assert c is not None and -1.0 <= c["rho"] <= 1.0
     print(analyze.format_correlation(c))
+
+
+def test_a_version_that_calls_cublas_has_a_partial_model_marked_as_such():
+    """matmul_forward v2 is a cuBLAS GEMM (NumPy in the emulator, not modelled) plus a bias kernel:
+    its model time is the bias kernel's alone, so it must not read as a total beside v5's."""
+    op = llmcupy.ops["matmul_forward"]
+    partial = analyze.analyze_version(op, 2)
+    whole = analyze.analyze_version(op, 5)
+    assert partial["summary"]["library_calls"] == 1 and whole["summary"]["library_calls"] == 0
+    table = analyze.format_comparison([partial, whole])
+    v2 = next(line for line in table.splitlines() if line.strip().startswith("v2"))
+    v5 = next(line for line in table.splitlines() if line.strip().startswith("v5"))
+    assert v2.endswith("+ cuBLAS, not modelled") and "cuBLAS" not in v5
+    assert "cuBLAS call(s), not modelled" in analyze.format_analysis(partial, lines=False)
+    assert analyze.correlate([partial]) is None   # a partial time is never ranked against measurements

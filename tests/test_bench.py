@@ -335,6 +335,9 @@ def test_emulator_records_go_to_an_ignored_folder_not_among_gpu_results(tmp_path
     files = list((tmp_path / "bench" / "results" / "sim").glob("*.json"))
     assert len(files) == 1 and f"results: {__import__('os').path.join('bench', 'results', 'sim')}" in stdout
     assert not list((tmp_path / "bench" / "results").glob("*.json"))   # the GPU folder stays empty
+    # --list-results finds it without --out: it lists the emulator's folder beside the GPU one
+    rc, stdout, stderr = run("--list-results", cwd=env_cwd)
+    assert rc == 0 and files[0].name in stdout and "no results under bench/results/" in stdout, stdout + stderr
     # in a checkout, git ignores that folder: a bench run in the emulator leaves `git status` clean
     if (REPO / ".git").exists():
         probe = "bench/results/sim/" + files[0].name
@@ -362,3 +365,24 @@ def test_help_is_wrapped():
     # the description and the options are wrapped; the epilog's example command lines stay verbatim
     long = [line for line in proc.stdout.splitlines() if len(line) > 80 and not line.lstrip().startswith("python -m")]
     assert not long, long
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--out", "/proc/zz"], "error: --out /proc/zz: cannot create the folder"),
+    (["--plot", "x.bogus"], "error: --plot x.bogus: matplotlib cannot write .bogus files; use one of "),
+    (["--plot", "/no/such/folder/x.png"], "error: --plot /no/such/folder/x.png: no folder /no/such/folder"),
+])
+def test_bad_output_paths_are_refused_before_the_run(monkeypatch, capsys, args, message):
+    def must_not_run(*a, **k):
+        raise AssertionError("the benchmark ran before its output paths were checked")
+
+    monkeypatch.setattr(bench, "run", must_not_run)
+    rc = bench.main(["--ops", "gelu_forward", "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
+
+
+def test_plot_formats_come_from_matplotlib(tmp_path):
+    bench.check_plot_path(tmp_path / "x.svg")
+    bench.check_plot_path(tmp_path / "x.PDF")
+    bench.check_plot_path(tmp_path / "no_suffix")   # matplotlib's default format

@@ -28,10 +28,11 @@ def _entry(op, version, ms, ok=True, sizes=None, block=256):
     return e
 
 
-def _record(results, device=GPU, date="2026-11-01T00:00:00Z", backend="cuda", sizes="trainer", commit="a" * 40):
+def _record(results, device=GPU, date="2026-11-01T00:00:00Z", backend="cuda", sizes="trainer", commit="a" * 40,
+            tf32=defaults.TRAINER_TF32):
     return {"schema": bench.SCHEMA, "date": date, "command": "python -m llmcupy.bench --trainer-shapes",
             "backend": backend, "device": device, "software": {}, "git": {"commit": commit, "dirty": False},
-            "timed": backend == "cuda", "sizes": sizes, "ops": {}, "results": results}
+            "timed": backend == "cuda", "sizes": sizes, "tf32": tf32, "ops": {}, "results": results}
 
 
 def _save(folder, record, name):
@@ -220,3 +221,72 @@ def test_a_trainer_shapes_run_on_a_gpu_gives_defaults_for_it(tmp_path):
         assert choice.version("layernorm_forward") == entry["ops"]["layernorm_forward"]["version"]
     finally:
         llmcupy.set_backend("sim")
+
+
+# ----------------------------------------------------------------------------------------------
+# TF32: the defaults are measured as the trainer runs its GEMMs
+
+
+def test_the_benchmark_measures_the_trainer_shapes_with_the_trainers_tf32_default():
+    from llmcupy import train
+
+    trainer_default = train.build_parser().parse_args([]).tf32
+    assert bool(trainer_default) == defaults.TRAINER_TF32
+    assert bench.default_tf32(trainer=True) == defaults.TRAINER_TF32
+    assert bench.default_tf32(trainer=False) is False   # a catalogue sweep keeps the FP32 tolerances
+
+
+def test_runs_measured_at_the_other_tf32_setting_are_left_out_and_named(tmp_path):
+    d = tmp_path / "results"
+    other = not defaults.TRAINER_TF32
+    # newer, but at the other setting: its cuBLAS times are not what the trainer gets
+    _save(d, _record([_entry("matmul_forward", 5, 0.10), _entry("matmul_forward", 2, 0.50)],
+                     date="2026-11-03T00:00:00Z", tf32=other), "other_setting.json")
+    _save(d, _record([_entry("matmul_forward", 5, 0.30), _entry("matmul_forward", 2, 0.05)]), "trainer_setting.json")
+    legacy = _record([_entry("gelu_forward", 1, 0.02)], device=OTHER)
+    del legacy["tf32"]   # recorded before bench set TF32: plain FP32 GEMMs
+    _save(d, legacy, "legacy.json")
+    out = tmp_path / "defaults.json"
+    rc, stdout, err = _call(["defaults", "--results", d, "--out", out])
+    assert rc == 0, err
+    doc = json.loads(out.read_text())
+    entry = doc["devices"][GPU]
+    assert entry["source"].endswith("trainer_setting.json") and entry["tf32"] is defaults.TRAINER_TF32
+    assert entry["ops"]["matmul_forward"]["version"] == 2
+    assert (OTHER in doc["devices"]) == (defaults.TRAINER_TF32 is False)
+    assert "ignored" not in doc and "TF32" in doc["rule"]
+    assert "other_setting.json: measured with TF32" in stdout
+    assert ("legacy.json: measured with TF32" in stdout) == defaults.TRAINER_TF32
+
+
+def test_the_tf32_setting_reaches_the_child_that_runs_each_version(monkeypatch):
+    """In the emulator TF32 never takes effect (no cuBLAS, no tensor cores): pretend an sm_80+ GPU so that
+    the forked child running each version shows the setting it was given, and the harness applies the
+    TF32 tolerance to the versions that called cuBLAS (2 and 3), not to the FP32 kernels."""
+    from llmcupy.runtime import blas
+
+    monkeypatch.setattr(blas, "_tf32_capable", lambda: True)
+    rec = bench.run(["matmul_forward"], tf32=True, isolate=True, analyze=False, progress=False, log=io.StringIO())
+    assert rec["tf32"] is True and rec["ops"]["matmul_forward"]["tf32_tolerance"] == {"out": [0.1, 2.0 ** -10]}
+    assert all(e["ok"] is True and e["tf32"] is True for e in rec["results"]), rec["results"]
+    for e in rec["results"]:
+        tf32_blocks = [b for b in e["blocks"] if b.get("tolerance") == "tf32"]
+        if e["version"] in (2, 3):
+            assert tf32_blocks and len(tf32_blocks) == len(e["blocks"])
+            assert all(b["errors"]["out"]["atol"] == 0.1 for b in tf32_blocks)
+        else:
+            assert not tf32_blocks and all(b["errors"]["out"]["atol"] == 1e-3 for b in e["blocks"])
+    assert blas.tf32_enabled() is False   # the setting was the child's, and scoped there
+    rec = bench.run(["matmul_forward"], tf32=False, isolate=True, analyze=False, progress=False, log=io.StringIO())
+    assert rec["tf32"] is False and all(e["tf32"] is False for e in rec["results"])
+    assert not any(b.get("tolerance") for e in rec["results"] for b in e["blocks"])
+
+
+def test_the_tf32_flag_is_recorded_and_never_in_effect_in_the_emulator(tmp_path):
+    rc, stdout, err = _call(["--ops", "gelu_forward", "--tf32", "1", "--no-progress", "--no-analyze",
+                             "--out", tmp_path])
+    assert rc == 0, err
+    rec = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert rec["tf32"] is True and all(e["tf32"] is False for e in rec["results"])
+    rc, _, err = _call(["--ops", "gelu_forward", "--tf32", "2", "--no-save"])
+    assert rc == 2 and "--tf32" in err

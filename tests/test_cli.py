@@ -58,6 +58,7 @@ def test_all_versions_of_one_op():
     (("softmax_forward", "2", "--B", "0"), "--B needs a positive integer"),
     (("softmax_forward", "2", "--block-size", "48"), "block size 48 is not"),
     (("softmax_forward",), "give a version of softmax_forward"),
+    (("softmax_forward", "--all", "--block-size", "48"), "--block-size 48 is in no version's sweep"),
 ])
 def test_bad_usage_exits_2_with_the_choices(args, message):
     rc, out, err = run(*args)
@@ -75,3 +76,56 @@ def test_compile_report_without_a_gpu():
     rc, out, err = run("--compile-report", "softmax_forward", "--arch", "80")
     assert rc == 0, out + err
     assert "softmax_forward_kernel7" in out and "sm_80" in out and "1/1 compilations ok" in out
+
+
+def test_all_with_a_block_size_skips_the_versions_that_do_not_offer_it():
+    rc, out, err = run("softmax_forward", "--all", "--block-size", "64", "--B", "1", "--T", "3", "--V", "77")
+    assert rc == 0, out + err
+    assert "version 3: ERROR" not in out
+    assert "SKIP (block size 64 is not in this version's sweep (32))" in out
+    assert "0 failed" in out and " skipped" in out and "0 skipped" not in out
+
+
+@pytest.mark.parametrize("where,message", [
+    ("/proc/x.json", "--json /proc/x.json: cannot write in /proc"),
+    ("{tmp}", "--json {tmp} is a folder; give a file"),
+    ("{tmp}/no/such/r.json", "--json {tmp}/no/such/r.json: no folder {tmp}/no/such"),
+])
+def test_an_unwritable_json_path_is_refused_before_anything_runs(tmp_path, where, message):
+    where, message = where.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    rc, out, err = run("softmax_forward", "5", "--json", where)
+    assert rc == 2 and err.startswith(f"error: {message}") and len(err.strip().splitlines()) == 1, (rc, out, err)
+    assert "PASS" not in out
+
+
+@pytest.mark.parametrize("variable,value,message", [
+    ("LLMCUPY_SIM_TIMEOUT", "abc", "LLMCUPY_SIM_TIMEOUT='abc' is not valid: give a number of seconds >= 0"),
+    ("LLMCUPY_SIM_CHECK", "bogus", "LLMCUPY_SIM_CHECK: unknown sanitizer 'bogus'; choose any of race, memory, init"),
+    ("LLMCUPY_CACHE_DIR", "/proc/nope", "LLMCUPY_CACHE_DIR='/proc/nope' is not valid: cannot use /proc/nope/sim"),
+    ("LLMCUPY_SIM_STACK_KB", "-5", "LLMCUPY_SIM_STACK_KB='-5' is not valid: give a whole number of KiB from 1"),
+    ("LLMCUPY_SIM_WORKERS", "x", "LLMCUPY_SIM_WORKERS='x' is not valid: give a whole number of worker threads"),
+])
+@pytest.mark.parametrize("cli", ["llmcupy.kernel", "llmcupy.bench"])
+def test_a_bad_emulator_variable_is_one_line_naming_it(monkeypatch, cli, variable, value, message):
+    import os
+
+    env = dict(os.environ, LLMCUPY_BACKEND="sim", **{variable: value})
+    args = ["softmax_forward", "5"] if cli == "llmcupy.kernel" else ["--ops", "gelu_forward", "--no-save"]
+    proc = subprocess.run([sys.executable, "-m", cli, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {message}"), (proc.returncode, proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_bad_emulator_variable_is_a_value_error_from_the_python_api():
+    import os
+
+    code = ("import numpy as np, llmcupy\n"
+            "try:\n"
+            "    llmcupy.ops['softmax_forward'](np.ones((2, 8), np.float32), version=5)\n"
+            "except ValueError as exc:\n"
+            "    print('ValueError:', exc)\n")
+    for variable, value in (("LLMCUPY_SIM_STACK_KB", "-5"), ("LLMCUPY_SIM_TIMEOUT", "abc")):
+        env = dict(os.environ, LLMCUPY_BACKEND="sim", **{variable: value})
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0 and proc.stdout.startswith(f"ValueError: {variable}={value!r} is not valid"), \
+            (proc.returncode, proc.stdout, proc.stderr)

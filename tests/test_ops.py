@@ -80,6 +80,8 @@ def test_op_is_well_formed(name):
     assert len(op.test_shapes) >= 3, "at least three shapes per op"
     assert set(op.tolerance) == set(op.outputs)
     assert op.tolerance_note, "tolerances must say why"
+    assert set(op.tf32_tolerance) <= set(op.outputs)
+    assert not op.tf32_tolerance or op.tf32_tolerance_note, "TF32 tolerances must say why"
     assert op.bound is not None
     code = op.source_code()
     assert code.lstrip().startswith("/*"), "a kernel file starts with a header listing its versions"
@@ -100,3 +102,27 @@ def test_compare_skips_unwritten_entries_without_a_warning():
     ref = np.array([np.nan, 1.0, 2.0], dtype=np.float32)
     result = compare("out", ref, got, 1e-3, 0.0)
     assert not result["ok"] and result["mismatches"] == 1 and result["max_abs"] == float("inf")
+
+
+def test_out_takes_a_bare_array_for_a_single_output_op_and_refuses_unknown_names():
+    op = llmcupy.ops["softmax_forward"]
+    x = np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)
+    out = np.empty((4, 100), np.float32)
+    assert op(x, version=5, out=out) is out
+    np.testing.assert_allclose(out, op.reference(x), atol=1e-6)
+    with pytest.raises(OpError, match=r"softmax_forward has no output 'y'; outputs: out"):
+        op(x, version=5, out={"y": out})
+    with pytest.raises(OpError, match=r"out\['out'\] must be an array, got list"):
+        op(x, version=5, out=[out])
+    several = llmcupy.ops["matmul_backward"]
+    with pytest.raises(OpError, match=r"3 outputs: give out= as a dict by name \(dinp, dweight, dbias\)"):
+        several(*[None] * 6, out=out)
+
+
+def test_inputs_are_checked_and_named_before_outputs_are_allocated_from_them():
+    op = llmcupy.ops["softmax_forward"]
+    x = np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)
+    with pytest.raises(OpError, match=r"softmax_forward: input 'inp' is not C-contiguous"):
+        op(np.asfortranarray(x), version=5)
+    with pytest.raises(OpError, match=r"softmax_forward: input 'inp' is empty \(shape \(0, 100\)\)"):
+        op(np.zeros((0, 100), np.float32), version=5)

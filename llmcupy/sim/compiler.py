@@ -481,6 +481,23 @@ def cache_dir() -> Path:
     return Path(root) / "sim"
 
 
+def ensure_cache_dir(path: Path) -> Path:
+    """Creates the compile cache folder; when LLMCUPY_CACHE_DIR put it somewhere unusable, a ValueError
+    naming the variable (a setting to change, not a failure of the emulator)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable", str(path))
+    except OSError as exc:
+        setting = os.environ.get("LLMCUPY_CACHE_DIR")
+        if not setting:
+            raise
+        raise ValueError(f"LLMCUPY_CACHE_DIR={setting!r} is not valid: cannot use {path} for the emulator's "
+                         f"compiled kernels ({exc.strerror or exc}); give a folder that can be created and "
+                         "written, or unset it (default ~/.cache/llmcupy)") from None
+    return path
+
+
 def translate_options(options) -> tuple[list[str], list[Path]]:
     """Maps NVRTC options onto g++: -I, -D and -std carry over; GPU-only options are dropped."""
     flags, include_dirs = [], []
@@ -605,8 +622,7 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     for p in _included_files(code, include_dirs, set()):
         digest.update(p.read_bytes())
     key = digest.hexdigest()[:24]
-    out_dir = cache_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = ensure_cache_dir(cache_dir())
     lib = out_dir / f"{Path(safe_name).stem}-{key}{'-asan' if asan else ''}{'-check' if instrument else ''}.so"
     if lib.exists():
         return lib

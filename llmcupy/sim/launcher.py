@@ -192,17 +192,74 @@ class _LaunchResult(ctypes.Structure):
 HAZARDS = ("divergent_barriers", "barrier_after_exit", "exited_lane_reads")
 
 
+# -- the emulator's environment variables ------------------------------------------------------
+#
+# Read when first needed (never at import, so a bad value cannot break `import llmcupy`), each
+# checked with a message naming the variable and its valid values: a ValueError from the Python API,
+# one line and exit 2 from the CLIs, which call check_environment() before anything runs.
+
+STACK_KB_MAX = 1024 * 1024   # 1 GiB per fiber: far past any kernel's need; mmap of more fails per thread
+
+
+def _env_number(name: str, default, convert, valid, what: str):
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = convert(text.strip())
+    except ValueError:
+        value = None
+    if value is None or value != value or not valid(value):   # (value != value: NaN)
+        raise ValueError(f"{name}={text!r} is not valid: give {what}")
+    return value
+
+
+def _env_seconds(text: str) -> float:
+    return 0.0 if text == "" else float(text)   # empty: no limit, as before
+
+
+def env_timeout() -> float:
+    """LLMCUPY_SIM_TIMEOUT: the watchdog's seconds per launch (default 120, 0 or empty: off)."""
+    return _env_number("LLMCUPY_SIM_TIMEOUT", 120.0, _env_seconds, lambda v: 0 <= v < float("inf"),
+                       "a number of seconds >= 0 (0: no time limit)")
+
+
+def env_workers() -> int:
+    """LLMCUPY_SIM_WORKERS: the worker threads a launch may use (default: the CPU count)."""
+    return _env_number("LLMCUPY_SIM_WORKERS", os.cpu_count() or 1, int, lambda v: v >= 1,
+                       "a whole number of worker threads >= 1")
+
+
+def env_stack_kb() -> int | None:
+    """LLMCUPY_SIM_STACK_KB (read by the emulator's C++ at its first launch): a fiber stack's KiB."""
+    return _env_number("LLMCUPY_SIM_STACK_KB", None, int, lambda v: 1 <= v <= STACK_KB_MAX,
+                       f"a whole number of KiB from 1 to {STACK_KB_MAX} (the emulator uses at least 16; "
+                       "default 64)")
+
+
+def check_environment() -> None:
+    """Every emulator variable checked at once (the CLIs call it at start-up); raises ValueError."""
+    env_timeout()
+    env_workers()
+    env_stack_kb()
+    parse_check(os.environ.get("LLMCUPY_SIM_CHECK", ""), "LLMCUPY_SIM_CHECK")
+    from .compiler import cache_dir, ensure_cache_dir
+
+    ensure_cache_dir(cache_dir())
+
+
 @dataclass
 class _Settings:
     order: str = "forward"
     seed: int = 0
-    workers: int = field(default_factory=lambda: int(os.environ.get("LLMCUPY_SIM_WORKERS", os.cpu_count() or 1)))
+    workers: int | None = None    # None: from LLMCUPY_SIM_WORKERS at the first launch
     poison: bool = True
-    timeout: float = field(default_factory=lambda: float(os.environ.get("LLMCUPY_SIM_TIMEOUT", "120") or 0))
+    timeout: float | None = None  # None: from LLMCUPY_SIM_TIMEOUT at the first launch
     check: int | None = None   # sanitizer bits; None: from LLMCUPY_SIM_CHECK at the first launch
 
 
 _settings = _Settings()
+_stack_kb_checked = False
 _counters = {k: 0 for k in HAZARDS}
 _counters_lock = threading.Lock()
 _launches = 0
@@ -229,6 +286,18 @@ def settings(order: str | None = None, seed: int | None = None, workers: int | N
         yield _settings
     finally:
         _settings = saved
+
+
+def _resolved_timeout() -> float:
+    if _settings.timeout is None:
+        _settings.timeout = env_timeout()
+    return _settings.timeout
+
+
+def _resolved_workers() -> int:
+    if _settings.workers is None:
+        _settings.workers = env_workers()
+    return _settings.workers
 
 
 def check_bits() -> int:
@@ -448,7 +517,10 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
     ``args`` are already checked: NumPy arrays (passed by address), ``None`` (a null pointer) or
     NumPy scalars (passed by their bytes).
     """
-    global _launches
+    global _launches, _stack_kb_checked
+    if not _stack_kb_checked:
+        env_stack_kb()   # the C++ reads it at its first launch: a negative value wraps to a huge stack
+        _stack_kb_checked = True
     keep = []  # keeps every argument's storage alive during the call
     addresses = (ctypes.c_void_p * max(1, len(args)))()
     for i, a in enumerate(args):
@@ -466,11 +538,11 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
         cfg.block[i] = block[i]
     cfg.shared_mem = shared_mem
     cfg.order = ORDERS[_settings.order]
-    cfg.workers = max(1, _settings.workers)
+    cfg.workers = max(1, _resolved_workers())
     cfg.seed = _settings.seed
     cfg.poison = int(_settings.poison)
     cfg.stack_bytes = stack_bytes
-    cfg.timeout_ms = int(round(_settings.timeout * 1000))
+    cfg.timeout_ms = int(round(_resolved_timeout() * 1000))
     check = _settings.check if _settings.check is not None else check_bits()
     if _metrics.enabled():  # inside sim.metrics.collect(): the memory-traffic observer too
         check |= CHECK_METRICS
