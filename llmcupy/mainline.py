@@ -132,7 +132,7 @@ class Run:
         self.mainline = bool(group.collective or self.micro_steps > 1 or args.zero_stage or args.grad_clip
                              or args.weight_decay_2d or args.checkpoint_every or args.resume_latest
                              or args.warmup_iters or args.final_lr_frac != 1.0)
-        if self.mainline and (args.save_every or args.resume):
+        if self.mainline and (args.save_every or args.save_path is not None or args.resume):
             raise RunError("--save-every/--resume write one process's state file; with the mainline controls "
                            "use -o DIR -n N and -y 1")
         if self.mainline and args.cuda_graph:

@@ -38,6 +38,7 @@ DEFAULT_TRAIN = "data/tinyshakespeare/tiny_shakespeare_train.bin"
 DEFAULT_VAL = "data/tinyshakespeare/tiny_shakespeare_val.bin"
 DEFAULT_MODEL = "gpt2_124M.bin"
 DEFAULT_TOKENIZER = "gpt2_tokenizer.bin"
+DEFAULT_SAVE_PATH = "llmcupy_train_state.npz"
 EOT = 50256
 
 
@@ -88,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="capture the training step (forward, backward, AdamW) once as a CUDA graph and replay it "
                         "every step; same results (in the emulator: the same step code, run eagerly)")
     r.add_argument("--save-every", type=int, default=0, help="save the training state every N steps")
-    r.add_argument("--save-path", default="llmcupy_train_state.npz", help="where --save-every writes")
+    r.add_argument("--save-path", default=None,
+                   help=f"where --save-every writes (default {DEFAULT_SAVE_PATH}); given without --save-every, "
+                        "the state after the last step is saved there once, at the end")
     r.add_argument("--resume", default=None,
                    help="resume from a training state written by --save-every (it holds the model: -e/--init "
                         "are not needed, and must agree with it if given)")
@@ -261,6 +264,36 @@ def check_loss(loss: float, step: int, what: str, kept: str | None = None) -> No
         raise FloatingPointError(f"{what} loss is {loss} at step {step}; stopping ({where})")
 
 
+def resolve_save_path(args) -> None:
+    """--save-path alone saves once, at the end (a user who names a file expects it written);
+    --save-every without it writes to the default path."""
+    if args.save_every < 0:
+        raise SystemExit(f"error: --save-every must not be negative (got {args.save_every})")
+    args.save_at_end = args.save_path is not None and not args.save_every
+    if args.save_path is None and args.save_every:
+        args.save_path = DEFAULT_SAVE_PATH
+    if args.benchmark and args.save_path is not None:
+        raise SystemExit("error: --benchmark saves no training state; drop --save-every/--save-path")
+
+
+def check_outputs(args, run) -> None:
+    """Every file the run will write must be writable before any work is done (exit 2 naming the
+    flag and the user's path), not after the model is allocated or the first steps are trained."""
+    from .fileio import output_path_problem
+
+    resolve_save_path(args)
+    if args.save_path is not None:   # written by atomic_write, which makes missing folders
+        problem = output_path_problem(args.save_path, makes_folders=True)
+        if problem:
+            raise SystemExit(f"error: --save-path {args.save_path}: {problem}")
+    if args.log and not args.benchmark:   # the log is opened after the model is allocated
+        problem = output_path_problem(args.log)
+        if problem:
+            # in folder mode (-o DIR) the user named the folder, which mainline has made already
+            named = run.out_dir if getattr(run, "out_dir", None) else args.log
+            raise SystemExit(f"error: -o {named}: {problem}")
+
+
 def train(args) -> int:
     """One run of the trainer; TF32 (``--tf32``) is on for this run only and restored on return."""
     with contextlib.ExitStack() as scope:
@@ -288,6 +321,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     run = mainline.setup(args)   # processes, -d/-x/-o...; ranks other than 0 print nothing
     if args.steps is not None and args.steps < 0:
         raise SystemExit(f"error: --steps must not be negative (got {args.steps})")
+    check_outputs(args, run)
     kernels = kernel_choice(args)
     cfg, params, source = load_model(args, state)
     if T > cfg.max_seq_len:
@@ -367,7 +401,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     if args.benchmark:
         return benchmark(model, train_loader, args, run)
 
-    if args.save_every:
+    if args.save_path is not None:
         remove_stale_temporaries(args.save_path)
     resumed = state is not None or run.resumed
     logger = Logger(args.log, resume_step=start_step if resumed else None)
@@ -393,6 +427,8 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             if args.sample_every > 0 and ((step > 0 and step % args.sample_every == 0) or last):
                 generate(model, rng, tokenizer, args.gen_len)
             if last:
+                if args.save_at_end:
+                    save_state(model, train_loader, rng, step, args.save_path)
                 break
             t0 = time.perf_counter()
             x, y = train_loader.next_batch()

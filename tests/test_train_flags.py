@@ -1,0 +1,97 @@
+"""The trainer refuses bad or contradictory flags up front (exit 2, one line naming the flag or file),
+before the model is allocated or a step is trained, and does what the flags it accepts say.
+
+* output locations (``--save-path``, ``-o``) are checked at start-up;
+* ``--save-path P`` without ``--save-every`` saves the final state to P.
+
+Every run here is in-process (``llmcupy.train.main``) on a d1/d2 model with tiny random token files.
+"""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr, redirect_stdout
+
+import numpy as np
+import pytest
+
+from llmcupy import checkpoint as ckpt
+from llmcupy.data import write_tokens
+
+
+def _train(argv):
+    """(exit code, stdout, stderr) of an in-process trainer run; argparse's exits give their code."""
+    from llmcupy import train
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            rc = train.main([str(a) for a in argv])
+        except SystemExit as exc:
+            rc = exc.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tokens")
+    rng = np.random.default_rng(3)
+    write_tokens(d / "train.bin", rng.integers(0, 50257, 400))
+    write_tokens(d / "val.bin", rng.integers(0, 50257, 100))
+    return ["-i", d / "train.bin", "-j", d / "val.bin"]
+
+
+def tiny(data, steps=1):
+    """Steps of d1 at B=1, T=16, without validation or samples: a fraction of a second each."""
+    return ["--init", "d1", "-b", 1, "-t", 16, "-v", 0, "-s", 0, "--steps", steps] + data
+
+
+def refused_before_work(rc, out, err, *needles):
+    """Exit 2, the needles in the one-line error, and nothing allocated or trained."""
+    assert rc == 2, out + err
+    assert all(n in err for n in needles), err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "allocated" not in out and "step    1" not in out, out
+
+
+# -- output locations ----------------------------------------------------------------------------
+
+
+def test_unwritable_output_locations_are_refused_at_start_up(data, tmp_path):
+    missing = tmp_path / "no_such_dir" / "log.txt"
+    refused_before_work(*_train(tiny(data) + ["-o", missing]),
+                        f"-o {missing}: the folder {missing.parent} does not exist")
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    refused_before_work(*_train(tiny(data) + ["--save-every", 1, "--save-path", not_a_folder / "st.npz"]),
+                        f"--save-path {not_a_folder / 'st.npz'}: {not_a_folder} is not a folder")
+    refused_before_work(*_train(tiny(data) + ["--save-every", 1, "--save-path", tmp_path]),
+                        f"--save-path {tmp_path}: is a folder")
+    # a folder nobody can create files in (root may write anywhere else, not in /proc)
+    refused_before_work(*_train(tiny(data) + ["--save-every", 1, "--save-path", "/proc/st.npz"]),
+                        "--save-path /proc/st.npz: cannot create a file in /proc")
+    assert not list(tmp_path.glob("**/.llmcupy-write-check*"))   # the probe leaves nothing behind
+
+
+def test_missing_folders_of_the_save_path_are_made(data, tmp_path):
+    state = tmp_path / "a" / "b" / "st.npz"
+    rc, out, err = _train(tiny(data) + ["--save-every", 1, "--save-path", state])
+    assert rc == 0, err
+    assert ckpt.load_training_state(state).step == 1
+
+
+# -- --save-path without --save-every ------------------------------------------------------------
+
+
+def test_save_path_alone_saves_the_final_state(data, tmp_path):
+    state = tmp_path / "final.npz"
+    rc, out, err = _train(tiny(data, steps=2) + ["--save-path", state])
+    assert rc == 0, err
+    assert out.count("saved the training state") == 1 and f"at step 2 to {state}" in out
+    s = ckpt.load_training_state(state)
+    assert s.step == 2 and s.m is not None and s.v is not None
+
+
+def test_benchmark_refuses_to_save(data, tmp_path):
+    refused_before_work(*_train(tiny(data) + ["--benchmark", "--save-path", tmp_path / "s.npz"]),
+                        "--benchmark saves no training state")
