@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 EXIT_INTERNAL = 1
@@ -39,3 +40,19 @@ def fail(exc: BaseException, code: int = EXIT_BAD_INPUT) -> int:
     """Prints ``error: <message>`` and returns ``code``."""
     print(f"error: {message(exc)}", file=sys.stderr)
     return code
+
+
+class OneValue(argparse.Action):
+    """A flag that may be repeated with the same value but not changed by a later occurrence or by
+    an alias (-x for --steps): argparse would keep the last value silently."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "_given_flags", None)
+        if given is None:
+            given = {}
+            setattr(namespace, "_given_flags", given)
+        if self.dest in given and given[self.dest][1] != values:
+            flag, value = given[self.dest]
+            parser.error(f"{flag} {value} and {option_string} {values} contradict each other; give one")
+        given[self.dest] = (option_string, values)
+        setattr(namespace, self.dest, values)

@@ -40,6 +40,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from . import distributed as dist
+from ._cli import OneValue
 from .config import param_shapes
 from .fileio import atomic_write
 from .runtime import backend as _backend
@@ -57,7 +58,9 @@ class RunError(dist.DistError):
 
 def add_arguments(parser) -> None:
     g = parser.add_argument_group("llm.c mainline's controls (the README's section on several GPUs)")
-    g.add_argument("-x", dest="steps", type=int, default=None, help="max steps (same as --steps; -1: one epoch)")
+    # an alias of --steps (the same dest): giving both with different values is refused
+    g.add_argument("-x", dest="steps", type=int, default=None, action=OneValue,
+                   help="max steps (same as --steps; -1: one epoch)")
     g.add_argument("-d", dest="total_batch_size", type=int, default=-1,
                    help="total batch size in tokens per step (gradient accumulation; -1: B*T*ranks)")
     g.add_argument("-u", dest="warmup_iters", type=int, default=0, help="learning-rate warm-up steps")

@@ -25,6 +25,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import distributed, mainline
 from . import ops as ops_registry
+from ._cli import OneValue
 from .config import GPT2Config, PRESETS, init_params
 from .fileio import FileFormatError
 from .model import GPT2, STEP_OPS, KernelChoice, ModelError
@@ -78,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--bpe", default=None, metavar="FILE",
                    help="gpt2.tiktoken BPE rank file for the samples' decoder offline (or $LLMCUPY_GPT2_BPE)")
     r = p.add_argument_group("run")
-    r.add_argument("--steps", type=int, default=None, help="train steps (default: one epoch of the train data)")
+    r.add_argument("--steps", type=int, default=None, action=OneValue,
+                   help="train steps (default: one epoch of the train data); -x is the same flag")
     r.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (llm.c: 0)")
     r.add_argument("--tf32", type=int, choices=(0, 1), default=1, help="TF32 for cuBLAS on sm_80+ (llm.c: on)")
     r.add_argument("--backend", choices=_backend.CHOICES, default=None)
@@ -97,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "are not needed, and must agree with it if given)")
     k = p.add_argument_group("kernel versions (python -m llmcupy.kernel --list shows them)")
     for op in STEP_OPS:
-        k.add_argument(kernel_flag(op), dest=f"kernel_{op}", type=int, metavar="N", help=f"{op} version")
+        k.add_argument(kernel_flag(op), dest=f"kernel_{op}", type=int, metavar="N", action=OneValue,
+                       help=f"{op} version")
     k.add_argument("--fused", action="store_true",
                    help="use every fusion (fused residual + LayerNorm, matmul with GELU epilogue, flash attention) "
                         "at its default version unless chosen above")
@@ -117,10 +120,13 @@ def kernel_choice(args) -> KernelChoice:
     choice = KernelChoice()
     if getattr(args, "kernel_defaults", "catalogue") == "measured":
         choice.use_measured(_backend.device_name())   # flags below override what it sets
+    # op -> (the flag that chose it, version, block size): a second flag may repeat a choice, not change it
+    chosen = {}
     for op in STEP_OPS:
         n = getattr(args, f"kernel_{op}")
         if n is not None:
             choice.set(op, n)
+            chosen[op] = (f"{kernel_flag(op)} {n}", n, None)
     for spec in args.kernel:
         if "=" not in spec:
             raise ops_registry.OpError(f"--kernel {spec!r}: expected OP=N or OP=N:BLOCK")
@@ -134,9 +140,21 @@ def kernel_choice(args) -> KernelChoice:
             number, block = int(value), (int(block) if block else None)
         except ValueError:
             raise ops_registry.OpError(f"--kernel {spec!r}: N and BLOCK must be integers") from None
+        if op in chosen:
+            flag, previous, previous_block = chosen[op]
+            if previous != number or (block is not None and previous_block is not None and block != previous_block):
+                raise ops_registry.OpError(f"{flag} and --kernel {spec} choose {op} differently; give one")
+            block = block if block is not None else previous_block
         choice.set(op, number, block)   # outside the try: its OpError (a ValueError) says what is wrong
+        chosen[op] = (f"--kernel {spec}", number, block)
     if getattr(args, "fused", False):
         choice.select_fusions()
+    for op, (flag, _, _) in chosen.items():
+        fusion = choice.replaced_by(op)
+        if fusion is not None:   # the version chosen would never run
+            by = chosen[fusion][0] if fusion in chosen else "--fused"
+            raise ops_registry.OpError(f"{flag} chooses a version of {op}, but {fusion} ({by}) runs instead of "
+                                       f"{op}; drop one of them")
     return choice
 
 

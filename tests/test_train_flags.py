@@ -10,6 +10,7 @@ Every run here is in-process (``llmcupy.train.main``) on a d1/d2 model with tiny
 from __future__ import annotations
 
 import io
+import re
 from contextlib import redirect_stderr, redirect_stdout
 
 import numpy as np
@@ -95,3 +96,36 @@ def test_save_path_alone_saves_the_final_state(data, tmp_path):
 def test_benchmark_refuses_to_save(data, tmp_path):
     refused_before_work(*_train(tiny(data) + ["--benchmark", "--save-path", tmp_path / "s.npz"]),
                         "--benchmark saves no training state")
+
+
+# -- contradictory kernel and step flags -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags,needles", [
+    (["--fused", "--attention-forward-kernel", 1],
+     ["--attention-forward-kernel 1 chooses a version of attention_forward", "flash_attention_forward (--fused)"]),
+    (["--kernel", "flash_attention_forward=1", "--kernel", "attention_backward=7"],
+     ["--kernel attention_backward=7", "flash_attention_forward (--kernel flash_attention_forward=1) runs instead"]),
+    (["--layernorm-forward-kernel", 3, "--kernel", "layernorm_forward=4"],
+     ["--layernorm-forward-kernel 3 and --kernel layernorm_forward=4 choose layernorm_forward differently"]),
+    (["--kernel", "layernorm_forward=3", "--kernel", "layernorm_forward=4"],
+     ["--kernel layernorm_forward=3 and --kernel layernorm_forward=4"]),
+    (["--kernel", "layernorm_forward=3:256", "--kernel", "layernorm_forward=3:512"],
+     ["--kernel layernorm_forward=3:256 and --kernel layernorm_forward=3:512"]),
+], ids=["fused-vs-replaced", "fusion-flag-vs-replaced", "flag-vs-kernel", "kernel-twice", "two-block-sizes"])
+def test_contradictory_kernel_choices_are_refused(data, flags, needles):
+    refused_before_work(*_train(tiny(data) + flags), *needles)
+
+
+def test_steps_and_its_alias_x_must_agree(data):
+    rc, out, err = _train(tiny(data) + ["-x", 3])          # tiny() gives --steps 1
+    assert rc == 2 and "--steps 1 and -x 3 contradict each other; give one" in err, err
+    rc, out, err = _train(tiny(data) + ["--matmul-kernel", 2, "--matmul-kernel", 3])
+    assert rc == 2 and "--matmul-kernel 2 and --matmul-kernel 3 contradict" in err, err
+
+
+def test_repeating_the_same_choice_is_accepted(data):
+    rc, out, err = _train(tiny(data) + ["-x", 1, "--layernorm-forward-kernel", 3, "--layernorm-forward-kernel", 3,
+                                        "--kernel", "layernorm_forward=3:256", "--kernel", "layernorm_forward=3"])
+    assert rc == 0, err
+    assert re.search(r"^  layernorm_forward +3 ", out, re.M) and "step    1/1" in out, out
