@@ -312,6 +312,34 @@ def check_outputs(args, run) -> None:
             raise SystemExit(f"error: -o {named}: {problem}")
 
 
+def check_attention_shape(kernels: KernelChoice, cfg: GPT2Config, B: int, T: int) -> None:
+    """A T the chosen attention_forward version cannot run (version 4, the default, needs a multiple
+    of 4) is refused before anything is allocated, with the versions that run it instead."""
+    if not kernels.uses("attention_forward"):
+        return
+    op = ops_registry.get("attention_forward")
+    # the versions' requires() read the shapes only: a broadcast zero stands in for the (B, T, 3C) input
+    shaped = {"inp": np.broadcast_to(np.float32(0), (B, T, 3 * cfg.channels)), "NH": cfg.num_heads}
+
+    def problem(number):
+        version = op.versions[number]
+        if version.requires is None:
+            return None
+        try:
+            return version.requires(shaped, None)
+        except Exception:   # a check this stand-in cannot answer: the launch checks again
+            return None
+
+    chosen = kernels.version("attention_forward")
+    why = problem(chosen)
+    if why is None:
+        return
+    others = [str(n) for n, v in op.versions.items() if n != chosen and v.available and problem(n) is None]
+    instead = f"--attention-forward-kernel {' or '.join(others)}, " if others else ""
+    raise SystemExit(f"error: attention_forward version {chosen}: {why}; change -t to suit it, or use "
+                     f"{instead}or flash attention (--fused)")
+
+
 def train(args) -> int:
     """One run of the trainer; TF32 (``--tf32``) is on for this run only and restored on return."""
     with contextlib.ExitStack() as scope:
@@ -344,6 +372,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     cfg, params, source = load_model(args, state)
     if T > cfg.max_seq_len:
         raise SystemExit(f"error: -t {T} is larger than the model's context (max_seq_len = {cfg.max_seq_len})")
+    check_attention_shape(kernels, cfg, B, T)
     tf32 = scope.enter_context(blas.tf32(bool(args.tf32)))  # scoped: a later test or run starts with it off
 
     from .data import DataLoader
@@ -351,10 +380,18 @@ def _train(args, scope: contextlib.ExitStack) -> int:
 
     # every token file is scanned once here: an id outside the vocabulary is named by file and offset
     V = cfg.vocab_size
-    train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=V, **run.loader_kwargs(train=True))
+    try:
+        train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=V, **run.loader_kwargs(train=True))
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{exc}; prepare Tiny Shakespeare (python -m llmcupy.data tinyshakespeare) "
+                                "or give your token files with -i") from None
     validate = not args.benchmark and args.val_every > 0
-    val_loader = (DataLoader(args.val_data, B, T, shuffle=False, vocab_size=V, **run.loader_kwargs(train=False))
-                  if validate else None)
+    try:
+        val_loader = (DataLoader(args.val_data, B, T, shuffle=False, vocab_size=V, **run.loader_kwargs(train=False))
+                      if validate else None)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{exc} (the validation data); give it with -j, or train without validation: "
+                                "-v 0") from None
     train_num_batches = args.steps if args.steps is not None else train_loader.num_tokens // run.tokens_per_step
     val_num_batches = 0 if val_loader is None else min(val_loader.num_tokens // (B * T * run.world),
                                                        args.val_max_steps)

@@ -129,3 +129,23 @@ def test_repeating_the_same_choice_is_accepted(data):
                                         "--kernel", "layernorm_forward=3:256", "--kernel", "layernorm_forward=3"])
     assert rc == 0, err
     assert re.search(r"^  layernorm_forward +3 ", out, re.M) and "step    1/1" in out, out
+
+
+# -- errors that say what works instead ------------------------------------------------------------
+
+
+def test_missing_default_data_says_how_to_get_it(data, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                  # no data/tinyshakespeare here
+    rc, out, err = _train(["--init", "d1", "-b", 1, "-t", 16, "-x", 1])
+    refused_before_work(rc, out, err, "no token files match 'data/tinyshakespeare/tiny_shakespeare_train.bin'",
+                        "python -m llmcupy.data tinyshakespeare", "-i")
+    rc, out, err = _train(["--init", "d1", "-b", 1, "-t", 16, "-x", 1, "-i", data[1]])
+    refused_before_work(rc, out, err, "tiny_shakespeare_val.bin' (the validation data); give it with -j", "-v 0")
+
+
+def test_a_seq_len_the_attention_version_refuses_names_what_runs_it(data):
+    argv = ["--init", "d1", "-b", 1, "-t", 13, "-v", 0, "-s", 0, "--steps", 1] + data
+    refused_before_work(*_train(argv), "attention_forward version 4: T = 13 must be a multiple of 4",
+                        "--attention-forward-kernel 1 or 2 or 3", "--fused")
+    rc, out, err = _train(argv + ["--attention-forward-kernel", 3])
+    assert rc == 0 and "step    1/1" in out, err
