@@ -146,6 +146,11 @@ def kernel_choice(args) -> KernelChoice:
                 raise ops_registry.OpError(f"{flag} and --kernel {spec} choose {op} differently; give one")
             block = block if block is not None else previous_block
         choice.set(op, number, block)   # outside the try: its OpError (a ValueError) says what is wrong
+        if block is not None:   # checked here, before anything is allocated, not at the op's first launch
+            sizes = ops_registry.get(op).versions[choice.version(op)].block_sizes
+            if sizes and block not in sizes:
+                raise ops_registry.OpError(f"--kernel {spec}: {op} version {number} runs at block sizes "
+                                           f"{', '.join(map(str, sizes))}, not {block}")
         chosen[op] = (f"--kernel {spec}", number, block)
     if getattr(args, "fused", False):
         choice.select_fusions()
@@ -367,6 +372,8 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     run = mainline.setup(args)   # processes, -d/-x/-o...; ranks other than 0 print nothing
     if args.steps is not None and args.steps < 0:
         raise SystemExit(f"error: --steps must not be negative (got {args.steps})")
+    if not math.isfinite(args.lr) or args.lr < 0:
+        raise SystemExit(f"error: -l/--lr must be a finite number >= 0 (got {args.lr:g})")
     check_outputs(args, run)
     kernels = kernel_choice(args)
     cfg, params, source = load_model(args, state)
@@ -398,6 +405,10 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     # a tokenizer the user named must load before any work is done
     tokenizer = None if args.sample_every <= 0 or args.benchmark else load_tokenizer(args)
 
+    if args.sample_every > 0 and not args.benchmark and args.gen_len > T:
+        # generate() fills one row of the B x T batch, as llm.c does: T tokens, the start token included
+        print(f"note: -g {args.gen_len} is longer than -t {T}: each sample stops at {T} tokens (the start "
+              f"token and {T - 1} generated)")
     model = GPT2(cfg, params, kernels)
     run.sync_params(model)
     run.start(train_num_batches)
@@ -510,6 +521,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     finally:
         logger.close()
     if timed_steps:
+        # llm.c's FP32 trainer averages over every step, the first included (mainline leaves it out)
         print(f"total average iteration time: {total_ms / timed_steps:f} ms")
     if _backend.is_sim():
         print("(times are the CPU emulator's, not a GPU's)")

@@ -2,7 +2,11 @@
 before the model is allocated or a step is trained, and does what the flags it accepts say.
 
 * output locations (``--save-path``, ``-o``) are checked at start-up;
-* ``--save-path P`` without ``--save-every`` saves the final state to P.
+* ``--save-path P`` without ``--save-every`` saves the final state to P;
+* contradictory kernel or step flags are refused, identical repeats pass;
+* missing data and a T the attention version refuses say what works instead;
+* a negative learning rate and a block size the version does not run are refused before allocation;
+  a sample longer than T is announced; ``sample -n`` must not be negative.
 
 Every run here is in-process (``llmcupy.train.main``) on a d1/d2 model with tiny random token files.
 """
@@ -149,3 +153,32 @@ def test_a_seq_len_the_attention_version_refuses_names_what_runs_it(data):
                         "--attention-forward-kernel 1 or 2 or 3", "--fused")
     rc, out, err = _train(argv + ["--attention-forward-kernel", 3])
     assert rc == 0 and "step    1/1" in out, err
+
+
+# -- smaller checks -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["-l", -1], "-l/--lr must be a finite number >= 0 (got -1)"),
+    (["-l", "nan"], "-l/--lr must be a finite number >= 0"),
+    (["--kernel", "layernorm_forward=3:7"],
+     "--kernel layernorm_forward=3:7: layernorm_forward version 3 runs at block sizes 32, 64"),
+], ids=["negative-lr", "nan-lr", "bad-block"])
+def test_bad_values_are_refused_before_allocation(data, flags, needle):
+    refused_before_work(*_train(tiny(data) + flags), needle)
+
+
+def test_a_sample_longer_than_the_context_is_announced_once(data):
+    argv = ["--init", "d1", "-b", 1, "-t", 16, "-v", 0, "-s", 1, "-g", 300, "--steps", 1] + data
+    rc, out, err = _train(argv)
+    assert rc == 0, err
+    assert out.count("note: -g 300 is longer than -t 16: each sample stops at 16 tokens") == 1, out
+
+
+def test_sample_refuses_a_negative_token_count(capsys):
+    from llmcupy import sample
+
+    with pytest.raises(SystemExit) as exc:
+        sample.main(["--init", "d1", "-n", "-3"])
+    assert exc.value.code == 2
+    assert "-n/--num-tokens must not be negative (got -3)" in capsys.readouterr().err
