@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 EXIT_INTERNAL = 1
@@ -45,32 +46,17 @@ class BadPath(ValueError):
     """An output path a CLI cannot write (the message names the flag and the path)."""
 
 
-def _probe_folder(folder: str, flag: str, path) -> None:
-    """Creates and removes a scratch file in ``folder``: the one test that matches what the write will
-    meet (permissions, a read-only or pseudo file system such as /proc, root included)."""
-    import os
-    import tempfile
-
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".llmcupy-probe.", dir=folder)
-    except OSError as exc:
-        raise BadPath(f"{flag} {path}: cannot write in {folder or '.'} ({exc.strerror or exc})") from None
-    os.close(fd)
-    os.unlink(probe)
-
-
 def check_output_file(path, flag: str) -> None:
     """At start-up, before any work: ``path`` can be written as a file (its folder exists and takes
-    files; it is not a folder). Raises :class:`BadPath`. An existing file is left as it is."""
+    files; it is not a folder; see :func:`llmcupy.fileio.output_path_problem`). Raises
+    :class:`BadPath` naming the flag and the path. An existing file is left as it is."""
     import os
 
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise BadPath(f"{flag} {path} is a folder; give a file")
-    folder = os.path.dirname(path) or "."
-    if not os.path.isdir(folder):
-        raise BadPath(f"{flag} {path}: no folder {folder}")
-    _probe_folder(folder, flag, path)
+    from .fileio import output_path_problem
+
+    problem = output_path_problem(path)
+    if problem is not None:
+        raise BadPath(f"{flag} {os.fspath(path)}: {problem}")
 
 
 def check_output_folder(path, flag: str) -> None:
@@ -85,4 +71,24 @@ def check_output_folder(path, flag: str) -> None:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
         raise BadPath(f"{flag} {path}: cannot create the folder ({exc.strerror or exc})") from None
-    _probe_folder(path, flag, path)
+    from .fileio import output_path_problem
+
+    problem = output_path_problem(os.path.join(path, "new-file"))  # the folder takes a new file
+    if problem is not None:
+        raise BadPath(f"{flag} {path}: {problem}")
+
+
+class OneValue(argparse.Action):
+    """A flag that may be repeated with the same value but not changed by a later occurrence or by
+    an alias (-x for --steps): argparse would keep the last value silently."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "_given_flags", None)
+        if given is None:
+            given = {}
+            setattr(namespace, "_given_flags", given)
+        if self.dest in given and given[self.dest][1] != values:
+            flag, value = given[self.dest]
+            parser.error(f"{flag} {value} and {option_string} {values} contradict each other; give one")
+        given[self.dest] = (option_string, values)
+        setattr(namespace, self.dest, values)

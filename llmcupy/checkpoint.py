@@ -392,11 +392,32 @@ def load_training_state(path) -> TrainingState:
             continue
         if a.dtype != np.float32 or a.shape != (n,):
             raise CheckpointError(f"{path}: {name} is {a.dtype}{list(a.shape)}; the model needs float32[{n}]")
+    step = _checked_step(path, what, meta, arrays)
     try:
-        return TrainingState(config=config, params=arrays["params"], step=int(meta["step"]),
+        return TrainingState(config=config, params=arrays["params"], step=step,
                              m=arrays.get("adam_m"), v=arrays.get("adam_v"),
                              loaders=_decode(meta.get("loaders") or {}, arrays),
                              rng=_decode(meta.get("rng"), arrays),
                              extra=_decode(meta.get("extra") or {}, arrays))
     except KeyError as e:
         raise CheckpointError(f"{path}: corrupt {what}: missing {e}") from e
+
+
+def _checked_step(path, what: str, meta: dict, arrays: dict) -> int:
+    """The state's step, checked against its AdamW moments: resuming past step 0 without both
+    moments would restart AdamW from zero moments silently (or fail inside the update)."""
+    if "step" not in meta:
+        raise CheckpointError(f"{path}: corrupt {what}: no step in its metadata")
+    step = meta["step"]
+    # JSON gives int, float, bool, str...: only a whole number >= 0 is a step count (bool is an int)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"{path}: corrupt {what}: step {step!r} in its metadata is not a "
+                              "non-negative whole number")
+    missing = [name for name in ("adam_m", "adam_v") if name not in arrays]
+    if len(missing) == 1:
+        raise CheckpointError(f"{path}: corrupt {what}: it has {'adam_v' if missing == ['adam_m'] else 'adam_m'} "
+                              f"but no {missing[0]} (AdamW needs both moments)")
+    if missing and step > 0:
+        raise CheckpointError(f"{path}: corrupt {what}: it is at step {step} but has no AdamW moments "
+                              "(adam_m, adam_v); only a state at step 0 may leave them out")
+    return step

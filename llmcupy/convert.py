@@ -20,13 +20,16 @@ What changes on the way (as llm.c's exporter does it):
 Keys may carry the ``transformer.`` prefix of ``GPT2LMHeadModel`` checkpoints; the causal-mask
 buffers (``attn.bias``, ``attn.masked_bias``) are ignored and an ``lm_head.weight`` must equal wte
 (the LM head is tied). The number of heads is not in the weights: ``--num-heads``, else
-``n_head`` from a ``config.json`` beside the weights, else C / 64 (GPT-2's head size).
+``n_head`` from a ``config.json`` beside the weights, else C / 64 (GPT-2's head size; the CLI says
+so). Without ``-o`` the CLI writes ``gpt2_124M.bin`` unless that file exists (``-o gpt2_124M.bin``
+replaces it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import warnings
@@ -38,6 +41,7 @@ from .checkpoint import write_model
 from .config import GPT2Config, num_parameters, split_params
 from .fileio import FileFormatError
 
+DEFAULT_OUT = "gpt2_124M.bin"
 HEAD_SIZE = 64
 _IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 # llm.c tensor -> (Hugging Face per-layer key, transposed?)
@@ -204,6 +208,14 @@ def read_any(path, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray
     return hf_to_llmc(load_safetensors(path), num_heads=num_heads)
 
 
+def _heads_were_guessed(path: Path) -> bool:
+    """True for a safetensors input without a config.json naming n_head: hf_to_llmc took C / 64."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    llmcupy_file = head == b"PK\x03\x04" or (len(head) == 4 and int(np.frombuffer(head, "<i4")[0]) == 20240326)
+    return not llmcupy_file and _num_heads_from_config(path) is None
+
+
 def main(argv=None) -> int:
     from ._cli import fail
 
@@ -214,16 +226,25 @@ def main(argv=None) -> int:
     parser.add_argument("weights", help="model.safetensors (e.g. data/gpt2/model.safetensors from python -m "
                         "llmcupy.download gpt2), a training state .npz, or an llm.c model .bin")
     parser.add_argument("-o", "--out", default=None,
-                        help="output llm.c model file (default gpt2_124M.bin when --safetensors is not given)")
+                        help="output llm.c model file (default gpt2_124M.bin when --safetensors is not given; an "
+                             "existing one is replaced only when named with -o)")
     parser.add_argument("--safetensors", default=None, metavar="OUT",
                         help="also (or only) write a Hugging Face GPT-2 export here, with config.json beside it")
     parser.add_argument("--num-heads", type=int, help="attention heads (default: config.json beside the weights, else C/64)")
     parser.add_argument("--bf16", action="store_true", help="write bf16 parameters (version 5) instead of fp32 (version 3)")
     args = parser.parse_args(argv)
     if args.out is None and args.safetensors is None:
-        args.out = "gpt2_124M.bin"
+        args.out = DEFAULT_OUT
+        # an existing model is replaced only when the user names it: -o says "this file"
+        if os.path.exists(args.out):
+            print(f"error: {args.out} exists; pass -o {args.out} to replace it, or -o another file",
+                  file=sys.stderr)
+            return 2
     try:
         c, flat = read_any(args.weights, args.num_heads)
+        if args.num_heads is None and _heads_were_guessed(Path(args.weights)):
+            print(f"note: no config.json beside {args.weights} gives the number of heads; guessed "
+                  f"NH = C/{HEAD_SIZE} = {c.num_heads} (GPT-2's head size); pass --num-heads N if it differs")
         if args.safetensors:
             write_safetensors(args.safetensors, c, flat)
             print(f"wrote {args.safetensors} (and config.json beside it): Hugging Face GPT-2 tensors")

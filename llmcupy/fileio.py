@@ -130,3 +130,31 @@ def atomic_write(path):
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def output_path_problem(path, *, makes_folders: bool = False) -> str | None:
+    """Why ``path`` cannot be written, or None when it can: checked at start-up, so that a run does
+    not compute for hours and then fail at its first write (naming a temporary file the user never
+    chose). ``makes_folders``: the writer creates missing parent folders (:func:`atomic_write` does),
+    so the nearest existing one must take a new file; otherwise the parent itself must exist."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        return "it is a folder; give a file name"
+    folder = os.path.dirname(target)
+    if makes_folders:
+        while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)
+    if not os.path.exists(folder):
+        return f"the folder {folder} does not exist"
+    if not os.path.isdir(folder):
+        return f"{folder} is not a folder"
+    # a real probe: os.access answers yes to root everywhere, /proc and read-only mounts included
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".llmcupy-write-check.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"cannot create a file in {folder} ({exc.strerror or exc})"
+    if os.path.exists(target) and not makes_folders and not os.access(target, os.W_OK):
+        return "the file exists and is not writable"   # atomic_write replaces the file: only the folder counts
+    return None

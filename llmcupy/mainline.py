@@ -40,6 +40,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from . import distributed as dist
+from ._cli import OneValue
 from .config import param_shapes
 from .fileio import atomic_write
 from .runtime import backend as _backend
@@ -57,7 +58,9 @@ class RunError(dist.DistError):
 
 def add_arguments(parser) -> None:
     g = parser.add_argument_group("llm.c mainline's controls (the README's section on several GPUs)")
-    g.add_argument("-x", dest="steps", type=int, default=None, help="max steps (same as --steps; -1: one epoch)")
+    # an alias of --steps (the same dest): giving both with different values is refused
+    g.add_argument("-x", dest="steps", type=int, default=None, action=OneValue,
+                   help="max steps (same as --steps; -1: one epoch)")
     g.add_argument("-d", dest="total_batch_size", type=int, default=-1,
                    help="total batch size in tokens per step (gradient accumulation; -1: B*T*ranks)")
     g.add_argument("-u", dest="warmup_iters", type=int, default=0, help="learning-rate warm-up steps")
@@ -132,7 +135,7 @@ class Run:
         self.mainline = bool(group.collective or self.micro_steps > 1 or args.zero_stage or args.grad_clip
                              or args.weight_decay_2d or args.checkpoint_every or args.resume_latest
                              or args.warmup_iters or args.final_lr_frac != 1.0)
-        if self.mainline and (args.save_every or args.resume):
+        if self.mainline and (args.save_every or args.save_path is not None or args.resume):
             raise RunError("--save-every/--resume write one process's state file; with the mainline controls "
                            "use -o DIR -n N and -y 1")
         if self.mainline and args.cuda_graph:

@@ -118,6 +118,13 @@ class KernelChoice:
             return op in self.versions
         return not any(op in replaced and self.uses(fusion) for fusion, replaced in _REPLACED_BY.items())
 
+    def replaced_by(self, op: str) -> str | None:
+        """The selected fusion that runs instead of ``op``, or None when the step runs ``op`` itself."""
+        for fusion, replaced in _REPLACED_BY.items():
+            if op in replaced and self.uses(fusion):
+                return fusion
+        return None
+
     @property
     def flash(self) -> bool:
         return "flash_attention_forward" in self.versions or "flash_attention_backward" in self.versions

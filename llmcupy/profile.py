@@ -354,7 +354,9 @@ def _batch(args, cfg, B: int, T: int):
     from .data import DataLoader
 
     try:
-        loader = DataLoader(args.train_data, B, T, shuffle=True)
+        # every file is scanned for ids outside the vocabulary, as the trainer does: the error names
+        # the file and offset before the model is allocated (the model's own check sees one batch)
+        loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=cfg.vocab_size)
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{exc}; prepare the data (python -m llmcupy.data tinyshakespeare) and give its "
                                 "train file with -i, or profile on --random-data") from None

@@ -45,6 +45,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bpe", default=None, help="gpt2.tiktoken file for offline tokenisation")
     ap.add_argument("--backend", choices=_backend.CHOICES, default=None)
     args = ap.parse_args(argv)
+    if args.num_tokens < 0:
+        ap.error(f"-n/--num-tokens must not be negative (got {args.num_tokens})")
+    if args.seq_len is not None and args.seq_len < 1:
+        ap.error(f"-t/--seq-len must be positive (got {args.seq_len})")
     try:
         if args.backend:
             _backend.set_backend(args.backend)

@@ -38,14 +38,30 @@ def _run(argv: list[str], env: dict) -> dict:
     return {"seconds": seconds, "returncode": proc.returncode, "tail": (proc.stdout + proc.stderr)[-2000:]}
 
 
-def measure(train_flags: list[str], run=_run) -> dict:
+def measure(train_flags: list[str], run=None) -> dict:
     """Cold then warm wall-clock seconds of one benchmark step of ``python -m llmcupy.train``."""
+    run = run or _run
     argv = TRAIN + list(train_flags)
     with tempfile.TemporaryDirectory(prefix="llmcupy-startup-") as cache:
         env = dict(os.environ, CUPY_CACHE_DIR=os.path.join(cache, "cupy"), LLMCUPY_CACHE_DIR=os.path.join(cache, "sim"))
         cold = run(argv, env)
-        warm = run(argv, env)
+        # a run that failed measured no start: the warm run would only fail again
+        warm = run(argv, env) if cold["returncode"] == 0 else None
     return {"command": shlex.join(argv[1:]), "cold": cold, "warm": warm}
+
+
+def check_train_flags(train_flags: list[str]) -> int | None:
+    """The trainer's parser on the flags, here, once: a typo is one usage message and exit 2, not two
+    failed runs (each printing its usage). Returns the exit code of a refusal, or None."""
+    from .train import build_parser
+
+    parser = build_parser()
+    parser.prog = "python -m llmcupy.startup (trainer flags)"
+    try:
+        parser.parse_args(TRAIN[3:] + list(train_flags))
+    except SystemExit as exc:   # argparse has printed the usage and the error
+        return exc.code
+    return None
 
 
 def main(argv=None) -> int:
@@ -60,13 +76,22 @@ def main(argv=None) -> int:
         backend = _backend.get_backend()
     except _backend.BackendError as exc:
         return _cli.fail(exc)
+    refused = check_train_flags(train_flags)
+    if refused is not None:
+        return refused
     result = measure(train_flags)
     for what in ("cold", "warm"):
         r = result[what]
+        if r is None:
+            continue
         print(f"{what} start: {r['seconds']:.2f} s (exit {r['returncode']})")
         if r["returncode"] != 0:
+            # the trainer's own error (a missing model, a shape a version refuses...): its exit code,
+            # and no record, since a failed run measured no start time
             print(r["tail"], file=sys.stderr)
-    ok = result["cold"]["returncode"] == 0 and result["warm"]["returncode"] == 0
+            print(f"error: the {what} run of the trainer failed (exit {r['returncode']}); nothing recorded",
+                  file=sys.stderr)
+            return r["returncode"]
     now = bench._utc_now()
     record = {"schema": "llmcupy.startup/1", "backend": backend, "device": _backend.device_name(),
               "date": now.isoformat(), **bench.git_commit(), "versions": bench._software_versions(), **result,
@@ -78,7 +103,7 @@ def main(argv=None) -> int:
     path = out / f"startup-{bench._slug(record['device'])}-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {path}")
-    return 0 if ok else 1
+    return 0
 
 
 if __name__ == "__main__":

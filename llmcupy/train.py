@@ -25,6 +25,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import distributed, mainline
 from . import ops as ops_registry
+from ._cli import OneValue
 from .config import GPT2Config, PRESETS, init_params
 from .fileio import FileFormatError
 from .model import GPT2, STEP_OPS, KernelChoice, ModelError
@@ -38,6 +39,7 @@ DEFAULT_TRAIN = "data/tinyshakespeare/tiny_shakespeare_train.bin"
 DEFAULT_VAL = "data/tinyshakespeare/tiny_shakespeare_val.bin"
 DEFAULT_MODEL = "gpt2_124M.bin"
 DEFAULT_TOKENIZER = "gpt2_tokenizer.bin"
+DEFAULT_SAVE_PATH = "llmcupy_train_state.npz"
 EOT = 50256
 
 
@@ -77,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--bpe", default=None, metavar="FILE",
                    help="gpt2.tiktoken BPE rank file for the samples' decoder offline (or $LLMCUPY_GPT2_BPE)")
     r = p.add_argument_group("run")
-    r.add_argument("--steps", type=int, default=None, help="train steps (default: one epoch of the train data)")
+    r.add_argument("--steps", type=int, default=None, action=OneValue,
+                   help="train steps (default: one epoch of the train data); -x is the same flag")
     r.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (llm.c: 0)")
     r.add_argument("--tf32", type=int, choices=(0, 1), default=1, help="TF32 for cuBLAS on sm_80+ (llm.c: on)")
     r.add_argument("--backend", choices=_backend.CHOICES, default=None)
@@ -88,13 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="capture the training step (forward, backward, AdamW) once as a CUDA graph and replay it "
                         "every step; same results (in the emulator: the same step code, run eagerly)")
     r.add_argument("--save-every", type=int, default=0, help="save the training state every N steps")
-    r.add_argument("--save-path", default="llmcupy_train_state.npz", help="where --save-every writes")
+    r.add_argument("--save-path", default=None,
+                   help=f"where --save-every writes (default {DEFAULT_SAVE_PATH}); given without --save-every, "
+                        "the state after the last step is saved there once, at the end")
     r.add_argument("--resume", default=None,
                    help="resume from a training state written by --save-every (it holds the model: -e/--init "
                         "are not needed, and must agree with it if given)")
     k = p.add_argument_group("kernel versions (python -m llmcupy.kernel --list shows them)")
     for op in STEP_OPS:
-        k.add_argument(kernel_flag(op), dest=f"kernel_{op}", type=int, metavar="N", help=f"{op} version")
+        k.add_argument(kernel_flag(op), dest=f"kernel_{op}", type=int, metavar="N", action=OneValue,
+                       help=f"{op} version")
     k.add_argument("--fused", action="store_true",
                    help="use every fusion (fused residual + LayerNorm, matmul with GELU epilogue, flash attention) "
                         "at its default version unless chosen above")
@@ -114,10 +120,13 @@ def kernel_choice(args) -> KernelChoice:
     choice = KernelChoice()
     if getattr(args, "kernel_defaults", "catalogue") == "measured":
         choice.use_measured(_backend.device_name())   # flags below override what it sets
+    # op -> (the flag that chose it, version, block size): a second flag may repeat a choice, not change it
+    chosen = {}
     for op in STEP_OPS:
         n = getattr(args, f"kernel_{op}")
         if n is not None:
             choice.set(op, n)
+            chosen[op] = (f"{kernel_flag(op)} {n}", n, None)
     for spec in args.kernel:
         if "=" not in spec:
             raise ops_registry.OpError(f"--kernel {spec!r}: expected OP=N or OP=N:BLOCK")
@@ -131,9 +140,26 @@ def kernel_choice(args) -> KernelChoice:
             number, block = int(value), (int(block) if block else None)
         except ValueError:
             raise ops_registry.OpError(f"--kernel {spec!r}: N and BLOCK must be integers") from None
+        if op in chosen:
+            flag, previous, previous_block = chosen[op]
+            if previous != number or (block is not None and previous_block is not None and block != previous_block):
+                raise ops_registry.OpError(f"{flag} and --kernel {spec} choose {op} differently; give one")
+            block = block if block is not None else previous_block
         choice.set(op, number, block)   # outside the try: its OpError (a ValueError) says what is wrong
+        if block is not None:   # checked here, before anything is allocated, not at the op's first launch
+            sizes = ops_registry.get(op).versions[choice.version(op)].block_sizes
+            if sizes and block not in sizes:
+                raise ops_registry.OpError(f"--kernel {spec}: {op} version {number} runs at block sizes "
+                                           f"{', '.join(map(str, sizes))}, not {block}")
+        chosen[op] = (f"--kernel {spec}", number, block)
     if getattr(args, "fused", False):
         choice.select_fusions()
+    for op, (flag, _, _) in chosen.items():
+        fusion = choice.replaced_by(op)
+        if fusion is not None:   # the version chosen would never run
+            by = chosen[fusion][0] if fusion in chosen else "--fused"
+            raise ops_registry.OpError(f"{flag} chooses a version of {op}, but {fusion} ({by}) runs instead of "
+                                       f"{op}; drop one of them")
     return choice
 
 
@@ -261,6 +287,64 @@ def check_loss(loss: float, step: int, what: str, kept: str | None = None) -> No
         raise FloatingPointError(f"{what} loss is {loss} at step {step}; stopping ({where})")
 
 
+def resolve_save_path(args) -> None:
+    """--save-path alone saves once, at the end (a user who names a file expects it written);
+    --save-every without it writes to the default path."""
+    if args.save_every < 0:
+        raise SystemExit(f"error: --save-every must not be negative (got {args.save_every})")
+    args.save_at_end = args.save_path is not None and not args.save_every
+    if args.save_path is None and args.save_every:
+        args.save_path = DEFAULT_SAVE_PATH
+    if args.benchmark and args.save_path is not None:
+        raise SystemExit("error: --benchmark saves no training state; drop --save-every/--save-path")
+
+
+def check_outputs(args, run) -> None:
+    """Every file the run will write must be writable before any work is done (exit 2 naming the
+    flag and the user's path), not after the model is allocated or the first steps are trained."""
+    from .fileio import output_path_problem
+
+    resolve_save_path(args)
+    if args.save_path is not None:   # written by atomic_write, which makes missing folders
+        problem = output_path_problem(args.save_path, makes_folders=True)
+        if problem:
+            raise SystemExit(f"error: --save-path {args.save_path}: {problem}")
+    if args.log and not args.benchmark:   # the log is opened after the model is allocated
+        problem = output_path_problem(args.log)
+        if problem:
+            # in folder mode (-o DIR) the user named the folder, which mainline has made already
+            named = run.out_dir if getattr(run, "out_dir", None) else args.log
+            raise SystemExit(f"error: -o {named}: {problem}")
+
+
+def check_attention_shape(kernels: KernelChoice, cfg: GPT2Config, B: int, T: int) -> None:
+    """A T the chosen attention_forward version cannot run (version 4, the default, needs a multiple
+    of 4) is refused before anything is allocated, with the versions that run it instead."""
+    if not kernels.uses("attention_forward"):
+        return
+    op = ops_registry.get("attention_forward")
+    # the versions' requires() read the shapes only: a broadcast zero stands in for the (B, T, 3C) input
+    shaped = {"inp": np.broadcast_to(np.float32(0), (B, T, 3 * cfg.channels)), "NH": cfg.num_heads}
+
+    def problem(number):
+        version = op.versions[number]
+        if version.requires is None:
+            return None
+        try:
+            return version.requires(shaped, None)
+        except Exception:   # a check this stand-in cannot answer: the launch checks again
+            return None
+
+    chosen = kernels.version("attention_forward")
+    why = problem(chosen)
+    if why is None:
+        return
+    others = [str(n) for n, v in op.versions.items() if n != chosen and v.available and problem(n) is None]
+    instead = f"--attention-forward-kernel {' or '.join(others)}, " if others else ""
+    raise SystemExit(f"error: attention_forward version {chosen}: {why}; change -t to suit it, or use "
+                     f"{instead}or flash attention (--fused)")
+
+
 def train(args) -> int:
     """One run of the trainer; TF32 (``--tf32``) is on for this run only and restored on return."""
     with contextlib.ExitStack() as scope:
@@ -288,10 +372,14 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     run = mainline.setup(args)   # processes, -d/-x/-o...; ranks other than 0 print nothing
     if args.steps is not None and args.steps < 0:
         raise SystemExit(f"error: --steps must not be negative (got {args.steps})")
+    if not math.isfinite(args.lr) or args.lr < 0:
+        raise SystemExit(f"error: -l/--lr must be a finite number >= 0 (got {args.lr:g})")
+    check_outputs(args, run)
     kernels = kernel_choice(args)
     cfg, params, source = load_model(args, state)
     if T > cfg.max_seq_len:
         raise SystemExit(f"error: -t {T} is larger than the model's context (max_seq_len = {cfg.max_seq_len})")
+    check_attention_shape(kernels, cfg, B, T)
     tf32 = scope.enter_context(blas.tf32(bool(args.tf32)))  # scoped: a later test or run starts with it off
 
     from .data import DataLoader
@@ -299,16 +387,28 @@ def _train(args, scope: contextlib.ExitStack) -> int:
 
     # every token file is scanned once here: an id outside the vocabulary is named by file and offset
     V = cfg.vocab_size
-    train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=V, **run.loader_kwargs(train=True))
+    try:
+        train_loader = DataLoader(args.train_data, B, T, shuffle=True, vocab_size=V, **run.loader_kwargs(train=True))
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{exc}; prepare Tiny Shakespeare (python -m llmcupy.data tinyshakespeare) "
+                                "or give your token files with -i") from None
     validate = not args.benchmark and args.val_every > 0
-    val_loader = (DataLoader(args.val_data, B, T, shuffle=False, vocab_size=V, **run.loader_kwargs(train=False))
-                  if validate else None)
+    try:
+        val_loader = (DataLoader(args.val_data, B, T, shuffle=False, vocab_size=V, **run.loader_kwargs(train=False))
+                      if validate else None)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{exc} (the validation data); give it with -j, or train without validation: "
+                                "-v 0") from None
     train_num_batches = args.steps if args.steps is not None else train_loader.num_tokens // run.tokens_per_step
     val_num_batches = 0 if val_loader is None else min(val_loader.num_tokens // (B * T * run.world),
                                                        args.val_max_steps)
     # a tokenizer the user named must load before any work is done
     tokenizer = None if args.sample_every <= 0 or args.benchmark else load_tokenizer(args)
 
+    if args.sample_every > 0 and not args.benchmark and args.gen_len > T:
+        # generate() fills one row of the B x T batch, as llm.c does: T tokens, the start token included
+        print(f"note: -g {args.gen_len} is longer than -t {T}: each sample stops at {T} tokens (the start "
+              f"token and {T - 1} generated)")
     model = GPT2(cfg, params, kernels)
     run.sync_params(model)
     run.start(train_num_batches)
@@ -367,7 +467,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     if args.benchmark:
         return benchmark(model, train_loader, args, run)
 
-    if args.save_every:
+    if args.save_path is not None:
         remove_stale_temporaries(args.save_path)
     resumed = state is not None or run.resumed
     logger = Logger(args.log, resume_step=start_step if resumed else None)
@@ -393,6 +493,8 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             if args.sample_every > 0 and ((step > 0 and step % args.sample_every == 0) or last):
                 generate(model, rng, tokenizer, args.gen_len)
             if last:
+                if args.save_at_end:
+                    save_state(model, train_loader, rng, step, args.save_path)
                 break
             t0 = time.perf_counter()
             x, y = train_loader.next_batch()
@@ -419,6 +521,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     finally:
         logger.close()
     if timed_steps:
+        # llm.c's FP32 trainer averages over every step, the first included (mainline leaves it out)
         print(f"total average iteration time: {total_ms / timed_steps:f} ms")
     if _backend.is_sim():
         print("(times are the CPU emulator's, not a GPU's)")

@@ -370,7 +370,7 @@ def test_help_is_wrapped():
 @pytest.mark.parametrize("args,message", [
     (["--out", "/proc/zz"], "error: --out /proc/zz: cannot create the folder"),
     (["--plot", "x.bogus"], "error: --plot x.bogus: matplotlib cannot write .bogus files; use one of "),
-    (["--plot", "/no/such/folder/x.png"], "error: --plot /no/such/folder/x.png: no folder /no/such/folder"),
+    (["--plot", "/no/such/folder/x.png"], "error: --plot /no/such/folder/x.png: the folder /no/such/folder does not exist"),
 ])
 def test_bad_output_paths_are_refused_before_the_run(monkeypatch, capsys, args, message):
     def must_not_run(*a, **k):

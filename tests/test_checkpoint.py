@@ -308,6 +308,32 @@ def test_training_state_roundtrip(tmp_path):
     assert r.m is None and r.v is None and r.loaders == {} and r.rng is None
 
 
+def _check_step_and_moments(tmp_path, path):
+    """A state past step 0 needs both AdamW moments, and its step must be a count: resuming
+    without them restarted AdamW from zero silently or failed inside the update."""
+    import json
+
+    def rewrite(name, drop=(), **meta_changes):
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in z.files if k not in drop}
+        meta = json.loads(arrays["meta"].tobytes())
+        meta.update(meta_changes)
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        np.savez(tmp_path / name, **arrays)
+        return tmp_path / name
+
+    with pytest.raises(CheckpointError, match=r"nom\.npz: corrupt .* has adam_v but no adam_m"):
+        ck.load_training_state(rewrite("nom.npz", drop=("adam_m",)))
+    with pytest.raises(CheckpointError, match=r"nov\.npz: corrupt .* has adam_m but no adam_v"):
+        ck.load_training_state(rewrite("nov.npz", drop=("adam_v",)))
+    with pytest.raises(CheckpointError, match=r"none\.npz: corrupt .* at step 42 but has no AdamW moments"):
+        ck.load_training_state(rewrite("none.npz", drop=("adam_m", "adam_v")))
+    assert ck.load_training_state(rewrite("fresh.npz", drop=("adam_m", "adam_v"), step=0)).m is None
+    for bad in (-1, 2.5, "3", True, None):
+        with pytest.raises(CheckpointError, match=r"step\.npz: corrupt .* step .* is not a non-negative whole number"):
+            ck.load_training_state(rewrite("step.npz", step=bad))
+
+
 def test_training_state_errors(tmp_path, monkeypatch):
     import json
 
@@ -350,6 +376,7 @@ def test_training_state_errors(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match=r"cfg\.npz: bad model config"):
         ck.load_training_state(rewrite("cfg.npz", config={"channels": 7, "num_heads": 2}))
     np.savez(tmp_path / "nometa.npz", params=state.params)
+    _check_step_and_moments(tmp_path, path)
     with pytest.raises(CheckpointError, match=r"nometa\.npz: not a llmcupy training-state file: no 'meta' member"):
         ck.load_training_state(tmp_path / "nometa.npz")
     np.savez(tmp_path / "badjson.npz", params=state.params, meta=np.frombuffer(b"{not json", np.uint8))

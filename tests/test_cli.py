@@ -87,9 +87,9 @@ def test_all_with_a_block_size_skips_the_versions_that_do_not_offer_it():
 
 
 @pytest.mark.parametrize("where,message", [
-    ("/proc/x.json", "--json /proc/x.json: cannot write in /proc"),
-    ("{tmp}", "--json {tmp} is a folder; give a file"),
-    ("{tmp}/no/such/r.json", "--json {tmp}/no/such/r.json: no folder {tmp}/no/such"),
+    ("/proc/x.json", "--json /proc/x.json: cannot create a file in /proc"),
+    ("{tmp}", "--json {tmp}: it is a folder; give a file name"),
+    ("{tmp}/no/such/r.json", "--json {tmp}/no/such/r.json: the folder {tmp}/no/such does not exist"),
 ])
 def test_an_unwritable_json_path_is_refused_before_anything_runs(tmp_path, where, message):
     where, message = where.format(tmp=tmp_path), message.format(tmp=tmp_path)

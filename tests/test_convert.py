@@ -117,6 +117,25 @@ def test_cli(tmp_path, capsys):
     assert ck.read_model_header(out16)[1] == 5
 
 
+def test_cli_names_a_guessed_head_count_and_keeps_an_existing_default_output(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "model.safetensors"
+    save_file(hf_tensors(), str(src))
+    # no config.json: NH = C / 64, said with the flag that overrides it
+    assert cv.main([str(src)]) == 0
+    printed = capsys.readouterr().out
+    assert f"guessed NH = C/64 = {C // 64}" in printed and "--num-heads N" in printed, printed
+    made = (tmp_path / "gpt2_124M.bin").read_bytes()
+    # the default output exists: refused (nothing written) unless named with -o
+    assert cv.main([str(src), "--num-heads", str(NH)]) == 2
+    err = capsys.readouterr().err
+    assert "gpt2_124M.bin exists; pass -o gpt2_124M.bin to replace it" in err, err
+    assert (tmp_path / "gpt2_124M.bin").read_bytes() == made
+    assert cv.main([str(src), "-o", "gpt2_124M.bin", "--num-heads", str(NH)]) == 0
+    assert "guessed" not in capsys.readouterr().out
+    assert ck.read_model_header(tmp_path / "gpt2_124M.bin")[0].num_heads == NH
+
+
 def test_errors(tmp_path, capsys):
     t = hf_tensors(buffers=False)
     missing = dict(t)

@@ -351,7 +351,8 @@ def test_hung_rank_times_out_by_name_and_resume_is_bit_for_bit(data, tmp_path):
         assert (a["adam_m"] == b["adam_m"]).all() and (a["adam_v"] == b["adam_v"]).all()
 
     # another world size under ZeRO-1: refused with the reason
-    rc, out, err = _one(common + ["-o", ck, "-y", "1", "-x", "6"])
+    i = common.index("-x")   # a second -x with another value would be refused as a contradiction
+    rc, out, err = _one(common[:i] + ["-x", "6"] + common[i + 2:] + ["-o", ck, "-y", "1"])
     assert rc == 2 and "written by 2 rank(s); this run has 1" in err and "ZeRO-1 shard" in err
 
 

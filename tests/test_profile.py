@@ -114,6 +114,19 @@ def test_errors(capsys, tmp_path):
     assert (p.steps, p.warmup, p.json) == (1, 1, None)
 
 
+def test_token_ids_outside_the_vocabulary_are_refused_naming_the_file(capsys, tmp_path):
+    # as the trainer does: every token file is scanned, before the model is allocated. An id past the
+    # first batch is caught too (the model's own check would only ever see the batch it is given).
+    tokens = np.zeros(4 * 8 + 1, dtype=np.int64)
+    tokens[-1] = 65000
+    write_tokens(tmp_path / "allbad.bin", tokens)
+    rc = profile.main(["--init", "d2", "-b", "1", "-t", "8", "-i", str(tmp_path / "allbad.bin")])
+    captured = capsys.readouterr()
+    assert rc == 2, captured.out
+    assert "allbad.bin: token id 65000" in captured.err and "outside the model's vocabulary" in captured.err
+    assert "profiling" not in captured.out
+
+
 def test_gpu_summary_relates_to_the_bounds():
     """The GPU arithmetic (GB/s, TFLOP/s, fraction of bound) on made-up records, no device needed."""
     recs = [

@@ -188,6 +188,28 @@ def test_startup_runs_cold_then_warm_with_the_same_fresh_caches(tmp_path, monkey
     assert "cold start: 5.00 s" in capsys.readouterr().out
 
 
+def test_startup_refuses_bad_trainer_flags_once_and_records_no_failed_run(tmp_path, monkeypatch, capsys):
+    from llmcupy import startup
+
+    runs = []
+
+    def failing(argv, env):
+        runs.append(argv)
+        return {"seconds": 0.5, "returncode": 2, "tail": "error: no model file 'gpt2_124M.bin'"}
+
+    monkeypatch.setattr(startup, "_run", failing)
+    # a flag the trainer does not have: refused here, once, before any run
+    assert startup.main(["--out", str(tmp_path), "--bogus-flag"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("usage:") == 1 and "unrecognized arguments: --bogus-flag" in err, err
+    assert runs == []
+    # a failure only the trainer finds: one run (no warm run after a failed cold one), its exit code
+    assert startup.main(["--out", str(tmp_path), "-b", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(runs) == 1 and "no model file" in err and "nothing recorded" in err, err
+    assert not list(tmp_path.iterdir())
+
+
 def test_profiler_events_bracket_the_launches_only(monkeypatch):
     # the start event is recorded at the op's first kernel/cuBLAS launch, the end event after its
     # last, so host work before the first launch (argument checks, grid sizing) is not the op's
