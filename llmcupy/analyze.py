@@ -322,11 +322,13 @@ def analyze_version(op, number: int, sizes: dict | None = None, block_size: int 
         out["skipped"] = problem
         return out
     arrays = _copy_to_backend(inputs)
-    from .harness import _run_counting_gemms
+    from .runtime import blas
 
     with metrics.collect() as launches:
         # cuBLAS calls run in NumPy here: no launch to count or model, so the version's total is partial
-        got, library_calls = _run_counting_gemms(op, number, arrays, bs)
+        with blas.recorded_gemms() as gemms:
+            got = op.run(number, arrays, bs)
+        library_calls = len(gemms)
     out["library_calls"] = library_calls
     op_sizes = op.sizes_of(arrays) if op.sizes_of else {}
     out["ideal_bytes"], out["ideal_source"] = ideal_bytes(op, arrays, got, op_sizes)

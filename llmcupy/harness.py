@@ -79,7 +79,8 @@ def sweep(op, number: int, sizes: dict | None = None, block_size: int | None = N
                 continue
         arrays = _copy_to_backend(inputs)
         try:
-            got, gemms = _run_counting_gemms(op, number, arrays, bs)
+            with blas.recorded_gemms() as gemms:
+                got = op.run(number, arrays, bs)
         except DeviceLimitError as exc:
             # e.g. a register-hungry kernel at 1024 threads on a GPU with fewer registers per block:
             # this device cannot run the block size at all, which is not a wrong result
@@ -110,20 +111,6 @@ def sweep(op, number: int, sizes: dict | None = None, block_size: int | None = N
         result["skipped"] = f"no block size of the sweep can run at these sizes: {reasons[0]}{more}"
         result["ok"] = None
     return result
-
-
-def _run_counting_gemms(op, number: int, arrays: dict, block_size):
-    """``op.run(...)`` and how many cuBLAS GEMMs (``blas.gemm``) it made."""
-    previous = blas.RECORD
-    calls: list = []
-    blas.RECORD = calls
-    try:
-        got = op.run(number, arrays, block_size)
-    finally:
-        blas.RECORD = previous
-        if previous is not None:
-            previous.extend(calls)   # a test recording the GEMMs still sees them
-    return got, len(calls)
 
 
 def _default_sizes(op) -> dict:

@@ -182,8 +182,23 @@ def tf32(enabled: bool):
 
 # -- entry points --------------------------------------------------------------------------------
 
-# Test hook: every gemm call appends (GemmCall, bias is not None) here when not None.
+# Every gemm call appends (GemmCall, bias is not None) here when not None (tests set it; recorded_gemms()).
 RECORD: list | None = None
+
+
+@contextlib.contextmanager
+def recorded_gemms():
+    """``with recorded_gemms() as calls:`` the GEMMs made inside, as RECORD entries; an outer recording
+    (a test's) still receives them."""
+    global RECORD
+    previous, calls = RECORD, []
+    RECORD = calls
+    try:
+        yield calls
+    finally:
+        RECORD = previous
+        if previous is not None:
+            previous.extend(calls)
 
 
 def gemm(a, b, out, *, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
