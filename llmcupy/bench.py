@@ -165,6 +165,11 @@ def _sweep_and_analyze(op_name: str, number: int, small: bool, seed: int, repeat
     return raw
 
 
+def _tolerance_record(tolerance):
+    """[atol, rtol], or a growing tolerance's formula (each check records the atol it was held to)."""
+    return list(tolerance) if isinstance(tolerance, tuple) else str(tolerance)
+
+
 def _block_entry(b: dict) -> dict:
     """A harness block entry in the record's vocabulary (ok, errors, ms, gbs/tflops, fraction_of_bound)."""
     out = {"block_size": b.get("block_size"), "ok": b.get("ok")}
@@ -277,9 +282,9 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
         op = registry.get(name)
         record["ops"][name] = {"summary": op.summary, "default_version": op.default_version,
                                "bound": None if op.bound is None else op.bound.kind,
-                               "tolerance": {k: list(v) for k, v in op.tolerance.items()}}
+                               "tolerance": {k: _tolerance_record(v) for k, v in op.tolerance.items()}}
         if tf32 and op.tf32_tolerance:
-            record["ops"][name]["tf32_tolerance"] = {k: list(v) for k, v in op.tf32_tolerance.items()}
+            record["ops"][name]["tf32_tolerance"] = {k: _tolerance_record(v) for k, v in op.tf32_tolerance.items()}
 
     def write(line: str):
         if log is not None:

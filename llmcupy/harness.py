@@ -90,7 +90,7 @@ def sweep(op, number: int, sizes: dict | None = None, block_size: int | None = N
         # TF32 (blas.tf32(True), as the trainer runs) changes only what cuBLAS computes: a version that
         # called it is held to the op's TF32 tolerance, a hand-written FP32 kernel still to the FP32 one
         tf32 = bool(gemms) and blas.tf32_enabled()
-        checks = check_outputs(op, ref, got, tf32=tf32)
+        checks = check_outputs(op, ref, got, tf32=tf32, inputs=inputs)
         if tf32:
             entry["tolerance"] = "tf32"
         entry["checks"] = checks

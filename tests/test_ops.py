@@ -67,7 +67,7 @@ def _run_version(name, number, shape_index):
             arrays = _fresh(inputs)
             with sim.settings(order=order, seed=17):
                 got = op.run(number, arrays, block_size)
-            for result in check_outputs(op, ref, got):
+            for result in check_outputs(op, ref, got, inputs=inputs):
                 assert result["ok"], f"{name} v{number} block {block_size} order {order}: {result}"
             ran += 1
     return ran

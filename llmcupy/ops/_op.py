@@ -435,6 +435,28 @@ class Bound:
     baseline: Callable | None = None
 
 
+@dataclass(frozen=True)
+class GrowingTolerance:
+    """A tolerance for an error that is the sum of ``size`` independent rounding errors of random sign
+    (a reduction over rounded terms, as a TF32 dot product): its standard deviation grows as
+    sqrt(size), so a fixed atol is either loose at small sizes or exceeded at large ones.
+
+    At the sizes of a run (``Op.sizes_of`` of its inputs): atol = sigmas * per_term * sqrt(sizes[size]),
+    with ``per_term`` the standard deviation of one term's error, and a fixed rtol for the rest
+    (FP32 accumulation, a bias added after the sum)."""
+
+    size: str          # the key of Op.sizes_of that is the reduction's length
+    per_term: float    # standard deviation of one term's error
+    sigmas: float      # how far in the tail: 8 leaves ~1e-15 per element, nothing at 1e8 outputs
+    rtol: float
+
+    def at(self, sizes: dict) -> tuple:
+        return (self.sigmas * self.per_term * float(sizes[self.size]) ** 0.5, self.rtol)
+
+    def __str__(self) -> str:
+        return f"{self.sigmas:g} * {self.per_term:.3g} * sqrt({self.size}) + {self.rtol:g}*|ref|"
+
+
 @dataclass
 class Op:
     name: str
@@ -450,7 +472,8 @@ class Op:
     sizes: dict                      # the spec's benchmark sizes
     sim_sizes: dict                  # the emulator's default (small) sizes
     test_shapes: list                # awkward shapes the tests run every version at
-    tolerance: dict                  # output -> (atol, rtol): |ref - out| <= atol + rtol * |ref|
+    tolerance: dict                  # output -> (atol, rtol): |ref - out| <= atol + rtol * |ref|,
+                                     # or a GrowingTolerance (atol that grows with a reduction's length)
     tolerance_note: str = ""         # why these tolerances
     # output -> (atol, rtol) for a run whose FP32 GEMMs went through cuBLAS with TF32 on (blas.tf32(True),
     # as the trainer and `bench --trainer-shapes` run them): TF32 rounds each GEMM input to a 10-bit mantissa,
@@ -850,12 +873,19 @@ def compare(name: str, ref: np.ndarray, got: np.ndarray, atol: float, rtol: floa
     return result
 
 
-def check_outputs(op: Op, ref: dict, got: dict, tf32: bool = False) -> list:
+def check_outputs(op: Op, ref: dict, got: dict, tf32: bool = False, inputs: dict | None = None) -> list:
     """Each output against the reference at the op's tolerance; ``tf32``: the run's GEMMs used TF32, so
-    the outputs ``op.tf32_tolerance`` names are held to that instead."""
+    the outputs ``op.tf32_tolerance`` names are held to that instead. ``inputs`` (the run's arrays) size
+    a ``GrowingTolerance``."""
     results = []
     for name in op.outputs:
-        atol, rtol = op.tf32_tolerance.get(name, op.tolerance[name]) if tf32 else op.tolerance[name]
+        tolerance = op.tf32_tolerance.get(name, op.tolerance[name]) if tf32 else op.tolerance[name]
+        if isinstance(tolerance, GrowingTolerance):
+            if inputs is None:
+                raise TypeError(f"check_outputs: {op.name}'s tolerance of {name} grows with its sizes; "
+                                "pass the run's inputs")
+            tolerance = tolerance.at(op.sizes_of(inputs))
+        atol, rtol = tolerance
         results.append(compare(name, ref[name], _backend.to_numpy(got[name]), atol, rtol))
     return results
 

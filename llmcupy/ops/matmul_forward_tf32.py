@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, Op, Version, kernel_of
+from ._op import Bound, GrowingTolerance, Op, Version, kernel_of
 from . import matmul_forward as _mm
 
 SOURCE = "matmul_forward_tf32.cu"
@@ -69,14 +69,19 @@ OP = Op(
         {"B": 3, "T": 47, "C": 52, "OC": 260, "has_bias": 0},   # float4 slabs, partial last slab, no bias
         {"B": 1, "T": 128, "C": 96, "OC": 128},                 # one whole block tile, six slabs
     ],
-    tolerance={"out": (1e-2, 2.0 ** -10)},
+    tolerance={"out": GrowingTolerance("C", per_term=2.0 ** -10 / 108 ** 0.5, sigmas=8,
+                                       rtol=float(np.finfo(np.float32).eps))},
     tolerance_note=(
-        "TF32 keeps 10 mantissa bits: rounding each input to nearest errs by <= 2^-11 relative, a product of "
-        "two by <= ~2^-10 (|products| <= 1 for inputs in [-1, 1]). The errors have random signs, so a length-C "
-        "sum errs by ~sqrt(C) * 2^-11 * E|product| ~ 0.6e-3 at C = 96 and 1.7e-3 at the spec's C = 768 (one "
-        "standard deviation); 1e-2 absolute is > 5 sigma at C = 768 and the relative term covers the bias-sized "
-        "outputs. llm.c validates its TF32 paths at 1e-1. tests/test_matmul_forward_tf32.py also checks the "
-        "kernel against a NumPy TF32 emulation at 1e-4, which shows the rounding is the hardware's."
+        "TF32 keeps 10 mantissa bits: rounding an input x in [2^e, 2^(e+1)) to nearest errs by a uniform amount "
+        "in +-2^(e-11), so E[(relative error)^2] = 2^-20 / 24 over the mantissa. A product a*b of inputs uniform in "
+        "[-1, 1] (E[a^2 b^2] = 1/9) carries two such errors: one term errs with standard deviation "
+        "2^-10 / sqrt(108) = 9.4e-5. The C terms' errors are independent with random signs, so the output errs "
+        "with standard deviation 9.4e-5 * sqrt(C): 2.6e-3 at the spec's C = 768, where a NumPy emulation of TF32 "
+        "rounding measures 2.4e-3. A fixed atol cannot fit every C (the old 1e-2 was 4 sigma at C = 768, and the "
+        "spec's 1e8 outputs reach 5.7 sigma), so atol is 8 sigma at the run's C (2.1e-2 at C = 768, 6e-3 at "
+        "C = 64); one FP32 epsilon relative covers the FP32 accumulation and the bias. llm.c validates its "
+        "TF32 paths at 1e-1. tests/test_matmul_forward_tf32.py also checks the kernel against the NumPy TF32 "
+        "emulation at 1e-4, which shows the rounding is the hardware's."
     ),
     sizes_of=lambda a: {"BT": _mm._dims(a)[0], "C": _mm._dims(a)[1], "OC": _mm._dims(a)[2]},
     bound=Bound("flops", flops=lambda s: 2 * s["BT"] * s["C"] * s["OC"], baseline=_mm._baseline),
