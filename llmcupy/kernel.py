@@ -5,13 +5,15 @@
     python -m llmcupy.kernel softmax_forward 5 --block-size 256 --B 4 --T 512
     python -m llmcupy.kernel softmax_forward --all       # every version of one op
     python -m llmcupy.kernel --all --json results.json   # the whole catalogue
+    python -m llmcupy.kernel --all --T 64                # ... with T = 64 in every op that has a T
     python -m llmcupy.kernel softmax_forward --all --analyze   # memory-traffic metrics + roofline model
-    python -m llmcupy.kernel --compile-report [OP]       # NVRTC registers/spills per kernel and arch
+    python -m llmcupy.kernel --compile-report [OP] [--arch sm_80 ...]   # NVRTC registers/spills per kernel
     python -m llmcupy.kernel softmax_forward --all --sanitize          # racecheck, memcheck, initcheck
     python -m llmcupy.kernel --all --sanitize race,memory              # (emulator only)
 
 Exit status: 0 all passed, 1 a version failed, 2 bad usage (unknown op or version, bad size; for one
-version: unavailable here, or the sizes refused by every block size; no C++ compiler or NVRTC).
+version: unavailable here, or the sizes refused by every block size; no C++ compiler or NVRTC; a
+version and --all together).
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m llmcupy.kernel",
         description="Validate (and on a GPU, time) numbered kernel versions against their NumPy reference.",
-        epilog="Sizes: any of the op's size names as flags, e.g. --B 4 --T 64 --C 768 (see --list).",
+        epilog="Sizes: any of the op's size names as flags, e.g. --B 4 --T 64 --C 768 (see --list); with --all "
+               "and no op, each op takes the sizes it has.",
+        # no abbreviations: a size flag such as --c 768 must not be read as --compile-report
+        allow_abbrev=False,
     )
     p.add_argument("op", nargs="?", help="op name (see --list)")
     p.add_argument("version", nargs="?", help="version number")
@@ -46,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
                         "race,memory,init); a version with findings FAILs and its reports are printed")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--compile-report", action="store_true", help="NVRTC compile of kernels_cu (no GPU needed)")
-    p.add_argument("--arch", type=int, nargs="+", default=[75, 80, 90], help="archs for --compile-report")
+    p.add_argument("--arch", type=_arch, nargs="+", default=None, metavar="ARCH",
+                   help="compute capabilities for --compile-report: 80, sm_80 or 8.0 (default: 75 80 90)")
     p.add_argument("--analyze", action="store_true",
                    help="emulator: memory-traffic metrics per launch and source line, occupancy and a roofline "
                         "model of the time on --gpu (see llmcupy/analyze.py)")
@@ -57,29 +63,77 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_sizes(op, extra: list[str]) -> dict:
-    """Turns leftover '--B 4 --T 64' into {'B': 4, 'T': 64}, checking the names against the op."""
-    names = {k.lower(): k for k in op.sizes}
-    sizes, i = {}, 0
-    while i < len(extra):
-        flag = extra[i]
-        key, value = flag.lstrip("-"), None
-        if "=" in key:
-            key, value = key.split("=", 1)
-        elif i + 1 < len(extra):
-            value = extra[i + 1]
-            i += 1
+def _arch(text: str) -> int:
+    from .nvrtc import parse_arch
+
+    try:
+        return parse_arch(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _split_size_flags(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[tuple]]:
+    """Separates the size flags (``--B 4``, ``--T=64``: any ``--NAME`` the parser does not define) from the
+    rest before argparse sees them, as (flag, name, value) with value None when missing: otherwise
+    ``--all --B 3`` would hand ``3`` to the positional OP."""
+    known = {s for a in parser._actions for s in a.option_strings}
+    rest, sizes, i = [], [], 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":                       # everything after is positional
+            rest += argv[i:]
+            break
+        name = token[2:].split("=", 1)[0]
+        if token.startswith("--") and name and token.split("=", 1)[0] not in known:
+            if "=" in token:
+                value = token.split("=", 1)[1]
+            elif i + 1 < len(argv):
+                value = argv[i + 1]
+                i += 1
+            else:
+                value = None
+            sizes.append((token.split("=", 1)[0], name, value))
+        else:
+            rest.append(token)
         i += 1
-        if not flag.startswith("--") or key.lower() not in names:
+    return rest, sizes
+
+
+def _parse_sizes(op, flags: list[tuple]) -> dict:
+    """(flag, name, value) triples -> {'B': 4, 'T': 64}, checking the names against the op's sizes."""
+    names = {k.lower(): k for k in op.sizes}
+    sizes = {}
+    for flag, name, value in flags:
+        if name.lower() not in names:
             raise OpError(f"unknown option {flag!r} for {op.name}; its sizes are {', '.join('--' + k for k in op.sizes)}")
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            raise OpError(f"{flag} needs a positive integer, got {value!r}") from None
-        if number < 1:
-            raise OpError(f"{flag} needs a positive integer, got {number}")
-        sizes[names[key.lower()]] = number
+        sizes[names[name.lower()]] = _positive(flag, value)
     return sizes
+
+
+def _positive(flag: str, value) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise OpError(f"{flag} needs a positive integer, got {value!r}") from None
+    if number < 1:
+        raise OpError(f"{flag} needs a positive integer, got {number}")
+    return number
+
+
+def _catalogue_sizes(flags: list[tuple]) -> dict:
+    """``--all`` without an op: {op: its sizes}, each op taking the size flags it has (``--T 64`` sets T
+    wherever there is one); a name that no op has is a typo."""
+    every = {k.lower(): k for name in ops_registry.names() for k in ops_registry.get(name).sizes}
+    for flag, name, value in flags:
+        if name.lower() not in every:
+            raise OpError(f"unknown option {flag!r}; the ops' sizes are {', '.join('--' + k for k in sorted(set(every.values())))}")
+        _positive(flag, value)
+    by_op = {}
+    for op_name in ops_registry.names():
+        op = ops_registry.get(op_name)
+        has = {k.lower() for k in op.sizes}
+        by_op[op_name] = _parse_sizes(op, [f for f in flags if f[1].lower() in has])
+    return by_op
 
 
 def list_catalogue() -> str:
@@ -113,16 +167,22 @@ def _run_one(op_name: str, number: int, sizes: dict, args) -> dict:
     if args.backend:
         _backend.set_backend(args.backend)
     op = ops_registry.get(op_name)
-    if (args.order or args.sanitize) and _backend.is_sim():
-        from . import sim
+    if not _backend.is_sim():
+        return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+    from . import sim
+    from .sim.launcher import check_bits, check_names
 
+    # --sanitize, else LLMCUPY_SIM_CHECK: the record says which checks ran, so "no findings" means something
+    with sim.settings(order=args.order, check=args.sanitize or None):
+        checks = check_names(check_bits())
         try:
-            with sim.settings(order=args.order, check=args.sanitize):
-                return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+            result = harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
         except sim.SimSanitizerError as exc:
-            return {"op": op_name, "version": number, "ok": False, "error": str(exc),
-                    "sanitizer": [dict(vars(r), check=r.check) for r in exc.reports]}
-    return harness.sweep(op, number, sizes, args.block_size, args.seed, repeat=args.repeat)
+            result = {"op": op_name, "version": number, "ok": False, "error": str(exc),
+                      "sanitizer": [dict(vars(r), check=r.check) for r in exc.reports]}
+    if checks:
+        result["sanitizers"] = checks
+    return result
 
 
 def _run_and_analyze(op_name: str, number: int, sizes: dict, args) -> dict:
@@ -163,7 +223,9 @@ def isolation(versions: int, backend: str) -> str | None:
 
 
 def main(argv=None) -> int:
-    args, extra = _parser().parse_known_args(argv)
+    parser = _parser()
+    rest, size_flags = _split_size_flags(parser, list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(rest)
     try:
         if args.json:
             from ._cli import check_output_file
@@ -172,13 +234,16 @@ def main(argv=None) -> int:
         if args.backend:
             _backend.set_backend(args.backend)
         if args.compile_report:
+            if size_flags:
+                raise OpError(f"--compile-report takes no sizes (got {size_flags[0][0]}): it compiles, it does "
+                              "not run")
             from . import nvrtc
 
             files = None
             if args.op:
                 files = [ops_registry.get(args.op).source]
             try:
-                rows = nvrtc.compile_report(files=files, archs=tuple(args.arch))
+                rows = nvrtc.compile_report(files=files, archs=tuple(args.arch or nvrtc.DEFAULT_ARCHS))
             except nvrtc.NvrtcNotFound as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
@@ -205,10 +270,14 @@ def main(argv=None) -> int:
             _parser().print_usage(sys.stderr)
             print("give an op and a version, --all, or --list", file=sys.stderr)
             return 2
+        if args.arch and not args.compile_report:
+            raise OpError("--arch is for --compile-report (the NVRTC compile check)")
         if args.op:
             op = ops_registry.get(args.op)
-            sizes = _parse_sizes(op, extra)
-            if args.version is not None and not args.all:
+            sizes = _parse_sizes(op, size_flags)
+            if args.version is not None and args.all:
+                raise OpError(f"give a version of {op.name} or --all, not both (got {args.version} and --all)")
+            if args.version is not None:
                 version = op.version(args.version)  # unknown version: exit 2 with the choices
                 if args.block_size is not None:
                     harness.block_sizes_for(version, args.block_size)  # not in the sweep: exit 2
@@ -218,9 +287,8 @@ def main(argv=None) -> int:
             else:
                 raise OpError(f"give a version of {op.name} (one of {', '.join(map(str, sorted(op.versions)))}) or --all")
         else:
-            if extra:
-                raise OpError(f"unknown option(s) {' '.join(extra)}")
-            plan = [(n, v, {}) for n in ops_registry.names() for v in sorted(ops_registry.get(n).versions)]
+            sizes_of_op = _catalogue_sizes(size_flags)
+            plan = [(n, v, sizes_of_op[n]) for n in ops_registry.names() for v in sorted(ops_registry.get(n).versions)]
         if args.block_size is not None and len(plan) > 1:
             # versions without it are skipped; a block size no version offers is a typo
             offered = {bs for name, n, _ in plan for bs in ops_registry.get(name).versions[n].block_sizes}
@@ -259,6 +327,8 @@ def main(argv=None) -> int:
             print(f"{op_name} version {number}: ERROR {result['error']}\nFAIL")
         else:
             print(harness.format_sweep(result))
+            if result.get("sanitizers") and result.get("ok") is not None:
+                print(f"  sanitizers: {', '.join(result['sanitizers'])}: no findings")
             if result.get("analysis"):
                 from . import analyze
 

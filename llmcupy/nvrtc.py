@@ -576,6 +576,14 @@ def describe_setup() -> str:
     return f"NVRTC {major}.{minor} from {nv.path}\nheaders:\n{incs}"
 
 
+def parse_arch(text) -> int:
+    """A compute capability as users write it: ``80``, ``sm_80``, ``compute_80`` or ``8.0`` -> 80."""
+    norm = str(text).strip().lower().removeprefix("sm_").removeprefix("compute_").replace(".", "")
+    if not norm.isdigit() or int(norm) < 10:
+        raise ValueError(f"{text!r} is not a compute capability (e.g. 80, sm_80 or 8.0)")
+    return int(norm)
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -592,8 +600,10 @@ def main(argv=None) -> int:
     # `--arch 80 softmax_forward`: --arch is greedy, so non-numbers after it are files.
     archs, files = [], list(args.files)
     for a in args.arch:
-        norm = a.lower().removeprefix("sm_").removeprefix("compute_").replace(".", "")
-        (archs.append(int(norm)) if norm.isdigit() else files.append(a))
+        try:
+            archs.append(parse_arch(a))
+        except ValueError:
+            files.append(a)
     if not archs:
         ap.error("--arch needs at least one compute capability, e.g. --arch 80")
     try:

@@ -59,6 +59,12 @@ def test_all_versions_of_one_op():
     (("softmax_forward", "2", "--block-size", "48"), "block size 48 is not"),
     (("softmax_forward",), "give a version of softmax_forward"),
     (("softmax_forward", "--all", "--block-size", "48"), "--block-size 48 is in no version's sweep"),
+    (("softmax_forward", "5", "--all"), "give a version of softmax_forward or --all, not both"),
+    (("--all", "--Q", "3"), "unknown option '--Q'; the ops' sizes are --B, "),
+    (("--all", "--T", "x"), "--T needs a positive integer, got 'x'"),
+    (("softmax_forward", "4", "--arch", "80"), "--arch is for --compile-report"),
+    (("--compile-report", "--B", "3"), "--compile-report takes no sizes (got --B)"),
+    (("softmax_forward", "4", "--arch", "sm_8x"), "'sm_8x' is not a compute capability"),
 ])
 def test_bad_usage_exits_2_with_the_choices(args, message):
     rc, out, err = run(*args)
@@ -73,9 +79,25 @@ def test_compile_report_without_a_gpu():
         nvrtc.find_nvrtc()
     except Exception as exc:  # noqa: BLE001 - NVRTC comes with the test extra; say why if it is missing
         pytest.skip(f"NVRTC not installed: {exc}")
-    rc, out, err = run("--compile-report", "softmax_forward", "--arch", "80")
+    rc, out, err = run("--compile-report", "softmax_forward", "--arch", "sm_80")
     assert rc == 0, out + err
     assert "softmax_forward_kernel7" in out and "sm_80" in out and "1/1 compilations ok" in out
+
+
+def test_size_flags_are_taken_out_before_the_positionals():
+    # `--all --B 3` used to hand "3" to OP; with --all and no op, each op takes the sizes it has
+    from llmcupy import kernel
+
+    rest, flags = kernel._split_size_flags(kernel._parser(), ["--all", "--T", "3", "--V=77", "--json", "r.json"])
+    assert rest == ["--all", "--json", "r.json"]
+    assert flags == [("--T", "T", "3"), ("--V", "V", "77")]
+    by_op = kernel._catalogue_sizes(flags)
+    assert by_op["softmax_forward"] == {"T": 3, "V": 77}
+    assert by_op["gelu_forward"] == {"T": 3} and by_op["adamw"] == {}
+    # lower case as the single-op path accepts it, and no abbreviation of --compile-report
+    rest, flags = kernel._split_size_flags(kernel._parser(), ["softmax_forward", "2", "--c", "5"])
+    assert rest == ["softmax_forward", "2"] and flags == [("--c", "c", "5")]
+    assert kernel._catalogue_sizes(flags)["matmul_forward"] == {"C": 5}
 
 
 def test_all_with_a_block_size_skips_the_versions_that_do_not_offer_it():

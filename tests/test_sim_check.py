@@ -5,6 +5,7 @@ report can be checked for the exact source lines and threads; the fixed kernel m
 """
 
 import ctypes
+import json
 import textwrap
 
 import numpy as np
@@ -641,11 +642,19 @@ def test_cp_async_copies_are_checked_and_count_as_writes(order, no_hazards):
     assert reports[0].line == line_of(code, "COPY") and reports[0].thread[0] >= 16
 
 
-def test_kernel_cli_sanitize(capsys):
+def test_kernel_cli_sanitize(capsys, tmp_path):
     from llmcupy import kernel as cli
 
-    assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", "--block-size", "64"]) == 0
-    assert "PASS" in capsys.readouterr().out
+    path = tmp_path / "r.json"
+    assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", "--block-size", "64",
+                     "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "sanitizers: racecheck, memcheck, initcheck: no findings" in out
+    assert json.loads(path.read_text())[0]["sanitizers"] == ["racecheck", "memcheck", "initcheck"]
+    assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", "race", "--block-size", "64"]) == 0
+    assert "sanitizers: racecheck: no findings" in capsys.readouterr().out
+    assert cli.main(["softmax_forward", "4", "--backend", "sim", "--block-size", "64", "--json", str(path)]) == 0
+    assert "sanitizers" not in capsys.readouterr().out and "sanitizers" not in json.loads(path.read_text())[0]
     assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", "rase"]) == 2
     assert "unknown sanitizer 'rase'" in capsys.readouterr().err
 

@@ -101,6 +101,11 @@ def parse_check(value, source: str = "check") -> int:
     return bits
 
 
+def check_names(bits: int) -> list[str]:
+    """The sanitizers a check mask turns on, as the tools call them: racecheck, memcheck, initcheck."""
+    return [f"{name}check" if name != "memory" else "memcheck" for name, bit in CHECKS.items() if bits & bit]
+
+
 @dataclass
 class SanitizerReport:
     """One finding. ``kind``: RAW, WAR, WAW (racecheck), OOB (memcheck), UNINIT (initcheck).
