@@ -6,6 +6,7 @@
 #   bash bench/gpu_session.sh wheels   # HERE, before the first call (needs PyPI): the packages the
 #                                      # GPU image lacks, as Python 3.12 wheels in .whl/ (git-ignored)
 #   bash bench/gpu_session.sh check    # install; pytest -m gpu; kernel --all --json
+#   bash bench/gpu_session.sh catalogue  # kernel --all --json alone (if check's was cut short)
 #   bash bench/gpu_session.sh bench    # bench sweep of every version at the ops' sizes
 #   bash bench/gpu_session.sh step     # the step's ops at the trainer's shapes (for the defaults);
 #                                      # profile and start-up times of GPT-2 124M
@@ -15,18 +16,34 @@
 # has CuPy, cuda-bindings and the CUDA libraries but not nvmath-python, whose cuBLAS / cuBLASLt
 # bindings the cuda backend calls (llmcupy/runtime/blas.py); the wheels install under /tmp/site.
 # Each stage has its own time limit, so a slow or hung stage costs its limit, not the whole call,
-# and what finished before it still comes back. Run from the project's root.
+# and what finished before it still comes back. A stage's limit is also cut to what is left of the
+# call's budget (CALL_BUDGET: 570 s of the device call's 600), less the 20 s a stage may take after
+# its SIGINT, so the last stage of a call is stopped by its own timeout (logs, summaries and JSON
+# written) rather than by the device call's. Run from the project's root.
 set -uo pipefail
 OUT=${OUT:-/tmp/llmcupy_gpu_session}; mkdir -p "$OUT/results"
 export PYTHONUNBUFFERED=1 LLMCUPY_BACKEND=${LLMCUPY_BACKEND:-cuda}
 PY=${PYTHON:-python3}
+CALL_BUDGET=${CALL_BUDGET:-570}   # seconds of the device call (600 s at most) the stages may use
+KILL_AFTER=20                     # a stage's SIGKILL comes this long after its SIGINT
 
 stage() {  # stage NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, say how it ended
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
+  # the limit, cut to what is left of the call's budget ($SECONDS: time since this script started)
+  local left=$((CALL_BUDGET - SECONDS - KILL_AFTER))
+  if ((left < limit)); then
+    if ((left < 10)); then
+      echo "$name: skipped, $((CALL_BUDGET - SECONDS)) s left of the call's budget of $CALL_BUDGET s" |
+        tee -a "$OUT/stages.txt"
+      return
+    fi
+    echo "$name: limit cut from $limit s to the $left s left of the call's budget" | tee -a "$OUT/stages.txt"
+    limit=$left
+  fi
   # SIGINT first: Python stops as at Ctrl-C (pytest still writes its summary and junit file; kernel
-  # and bench have saved each version as they went), then SIGKILL 20 s later if it is still running
-  timeout --signal=INT --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  # and bench have saved each version as they went), then SIGKILL later if it is still running
+  timeout --signal=INT --kill-after=$KILL_AFTER "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   echo "$name: exit $rc after $((SECONDS - t0)) s (limit $limit s; log $name.log)" | tee -a "$OUT/stages.txt"
   tail -n 4 "$OUT/$name.log"
@@ -96,8 +113,18 @@ case "${1:-}" in
     # the seed is logged, and SHUFFLE=SEED repeats an order
     seed=${SHUFFLE:-$RANDOM}
     echo "pytest -m gpu in the order of --shuffle $seed" | tee -a "$OUT/stages.txt"
-    stage pytest_gpu 300 $PY -m pytest -m gpu --shuffle "$seed" -q -rs --durations=15 -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"
+    # How check fits the call: install (limit 60 s), pytest_gpu (420 s: a cold NVRTC cache and the
+    # trainer tests) and catalogue (220 s) have 700 s of limits, more than the call's budget of 570 s.
+    # The limits are ceilings, not estimates: stage cuts the catalogue's to what pytest leaves, usually
+    # all 220 s; if pytest runs into its limit, about 50 s (none if install ran into its own too).
+    # kernel --all rewrites its --json after every version, so what ran comes back, and
+    # `bash bench/gpu_session.sh catalogue` (a call of its own) then runs it whole.
+    stage pytest_gpu 420 $PY -m pytest -m gpu --shuffle "$seed" -q -rs --durations=15 -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"
     stage catalogue 220 $PY -m llmcupy.kernel --all --json "$OUT/results/catalogue.json"
+    ;;
+  catalogue)
+    install
+    stage catalogue 480 $PY -m llmcupy.kernel --all --json "$OUT/results/catalogue.json"
     ;;
   bench)
     install
@@ -119,7 +146,7 @@ write_tokens(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8 * 4 * 10
     stage side_by_side 560 env OUT="$OUT/results" bash .shared/gpu/side_by_side.sh
     ;;
   *)
-    echo "usage: bash bench/gpu_session.sh wheels|check|bench|step|side" >&2
+    echo "usage: bash bench/gpu_session.sh wheels|check|catalogue|bench|step|side" >&2
     exit 2
     ;;
 esac

@@ -6,17 +6,21 @@ CLI::
 
 * ``tinyshakespeare``: the raw corpus (char-rnn's ``input.txt``) -> ``DIR/tinyshakespeare.txt``
   (default ``DIR`` = ``data/tinyshakespeare``), sha256-checked.
-* ``gpt2``: Hugging Face's ``openai-community/gpt2`` ``model.safetensors`` (GPT-2 124M, ~548 MB)
-  -> ``DIR/model.safetensors`` (default ``data/gpt2``); convert it with ``python -m llmcupy.convert``.
+* ``gpt2``: Hugging Face's ``openai-community/gpt2`` ``model.safetensors`` (GPT-2 124M,
+  548,105,171 bytes) at the pinned revision ``607a30d783dfa663caf39e06633721c8d4cfcd7e``, sha256-checked
+  against that revision's LFS hash -> ``DIR/model.safetensors`` (default ``data/gpt2``); convert it
+  with ``python -m llmcupy.convert``.
 
 Files stream to a temporary file beside the destination with a tqdm progress bar, are checked
-(length against Content-Length, sha256 where known) and only then renamed into place; a failed or
-interrupted download leaves no partial file. A present file is kept (re-checked when its hash is
-known) unless ``--force``.
+(length against Content-Length, sha256) and only then renamed into place; a failed or interrupted
+download, or one with the wrong sha256 (a mirror's HTML error page, a truncated or different copy),
+leaves no file and keeps a file already there. A present file is kept if its sha256 matches (hashing
+the ~548 MB weights takes a second or two) and downloaded again if not; ``--force`` always downloads.
 
 Mirrors and tests: ``--base-url URL`` or the environment variable ``LLMCUPY_DOWNLOAD_BASE`` replace
 every file's public URL by ``URL/<last path component of the public URL>`` (``input.txt``,
-``model.safetensors``), e.g. a folder served with ``python -m http.server``.
+``model.safetensors``), e.g. a folder served with ``python -m http.server``; a mirror's files must
+have the same sha256 as the public ones.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class RemoteFile:
         return urllib.parse.urlsplit(self.url).path.rsplit("/", 1)[-1]
 
 
+GPT2_REVISION = "607a30d783dfa663caf39e06633721c8d4cfcd7e"   # openai-community/gpt2 on Hugging Face
+
 SOURCES: dict[str, tuple[RemoteFile, ...]] = {
     "tinyshakespeare": (
         RemoteFile("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
@@ -61,8 +67,11 @@ SOURCES: dict[str, tuple[RemoteFile, ...]] = {
                    "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),
     ),
     "gpt2": (
-        RemoteFile("https://huggingface.co/openai-community/gpt2/resolve/main/model.safetensors",
-                   "model.safetensors"),
+        # pinned to one revision of the repository ("main" could move), checked against the sha256
+        # of that revision's LFS object (548,105,171 bytes)
+        RemoteFile(f"https://huggingface.co/openai-community/gpt2/resolve/{GPT2_REVISION}/model.safetensors",
+                   "model.safetensors",
+                   "248dfc3911869ec493c76e65bf2fcf7f615828b0254c12b473182f0f81d3a707"),
     ),
 }
 DEFAULT_OUT = {"tinyshakespeare": os.path.join("data", "tinyshakespeare"), "gpt2": os.path.join("data", "gpt2")}
@@ -142,6 +151,8 @@ def download(name: str, out_dir=None, *, base_url: str | None = None, progress: 
                 log(f"{dest} already present (not checked: no known sha256; --force downloads again)")
                 paths.append(dest)
                 continue
+            # hashing the GPT-2 weights (~548 MB) takes a second or two: say so before it starts
+            log(f"{dest} is present: checking its sha256 ({dest.stat().st_size / 1e6:.1f} MB) ...")
             if sha256_of(dest) == remote.sha256:
                 log(f"{dest} already present, sha256 ok")
                 paths.append(dest)

@@ -19,7 +19,6 @@ spends about a second per step of B*T = 128 tokens.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shutil
@@ -28,7 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +35,8 @@ import pytest
 from llmcupy import distributed
 from llmcupy.data import DataLoader, write_tokens
 from llmcupy.schedule import LRSchedule, ScheduleError
+
+from _helpers import run_train
 
 REPO = Path(__file__).resolve().parents[1]
 STEP = re.compile(r"^step +(\d+)/(\d+): train loss ([0-9.]+) \(", re.M)
@@ -90,19 +90,6 @@ def _mpi(n, argv, cwd, timeout=300, ranks=None):
             cmd += ([":"] if i else []) + ["-n", "1", sys.executable, "-m", "llmcupy.train", *a]
     p = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
-
-
-def _one(argv):
-    """One process, in-process."""
-    from llmcupy import train
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            rc = train.main([str(a) for a in argv])
-        except SystemExit as exc:
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,15 +182,15 @@ def test_output_rule_and_bad_combinations(data, tmp_path):
         (["--world-size", "2", "--rank", "0"], "emulator's collectives run over MPI"),
     ]
     for extra, message in cases:
-        rc, out, err = _one(_args(data, "-b", "4", "-x", "1", *extra))
+        rc, out, err = run_train(_args(data, "-b", "4", "-x", "1", *extra))
         assert rc == 2 and re.search(message, err), (extra, err)
     assert log.read_text() == "old"
 
 
 def test_output_folder_holds_the_log_and_checkpoints(data, tmp_path):
     out = tmp_path / "run"
-    rc, stdout, err = _one(_args(data, "-b", "4", "-x", "2", "-n", "1", "-nk", "1", "-o", out, "-u", "1",
-                                 "--grad-clip", "1.0"))
+    rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "2", "-n", "1", "-nk", "1", "-o", out, "-u", "1",
+                                      "--grad-clip", "1.0"))
     assert rc == 0, err
     assert (out / "main.log").read_text().splitlines() == [f"s:{s} trl:{v:.4f}" for s, v in
                                                            enumerate(_losses(stdout))]
@@ -220,7 +207,7 @@ def test_output_folder_holds_the_log_and_checkpoints(data, tmp_path):
 @needs_mpi
 def test_two_ranks_equal_one_process_and_zero1_and_accumulation(data, tmp_path):
     val = ["-v", "2", "-m", "1"]    # validation at steps 0 and 2: each rank its slice, averaged
-    rc, out, err = _one(_args(data, "-b", "4", "-x", "2", *val))
+    rc, out, err = run_train(_args(data, "-b", "4", "-x", "2", *val))
     assert rc == 0, err
     ref = _losses(out)
     assert len(ref) == 2
@@ -231,7 +218,7 @@ def test_two_ranks_equal_one_process_and_zero1_and_accumulation(data, tmp_path):
     rc, out3, err = _mpi(2, _args(data, "-b", "2", "-x", "2", "-z", "1", "--dist-timeout", "120"), tmp_path)
     assert rc == 0, out3[-2000:] + err[-2000:]
     zero1 = _losses(out3)
-    rc, out4, err = _one(_args(data, "-b", "2", "-x", "2", "-d", "128"))
+    rc, out4, err = run_train(_args(data, "-b", "2", "-x", "2", "-d", "128"))
     assert rc == 0, err
     accum = _losses(out4)
     assert "| micro-steps           | 2 " in out4
@@ -352,7 +339,7 @@ def test_hung_rank_times_out_by_name_and_resume_is_bit_for_bit(data, tmp_path):
 
     # another world size under ZeRO-1: refused with the reason
     i = common.index("-x")   # a second -x with another value would be refused as a contradiction
-    rc, out, err = _one(common[:i] + ["-x", "6"] + common[i + 2:] + ["-o", ck, "-y", "1"])
+    rc, out, err = run_train(common[:i] + ["-x", "6"] + common[i + 2:] + ["-o", ck, "-y", "1"])
     assert rc == 2 and "written by 2 rank(s); this run has 1" in err and "ZeRO-1 shard" in err
 
 
@@ -387,18 +374,18 @@ def test_nccl_world_size_1_is_the_collective_path(data, tmp_path):
     gpu = ["--backend", "cuda", "--init", "d2", "-t", "64", "-v", "0", "-s", "0", *data, "-b", "4", "--tf32", "0",
            "--grad-clip", "1.0"]
     nccl1 = ["--world-size", "1", "--rank", "0"]
-    rc, plain, err = _one(gpu + ["-x", "4"])
+    rc, plain, err = run_train(gpu + ["-x", "4"])
     assert rc == 0, err
-    rc, nccl_out, err = _one(gpu + ["-x", "4"] + nccl1)
+    rc, nccl_out, err = run_train(gpu + ["-x", "4"] + nccl1)
     assert rc == 0, err
     assert "| processes             | 1 (NCCL)" in nccl_out
     np.testing.assert_allclose(_losses(nccl_out), _losses(plain), rtol=0, atol=1e-5)
-    rc, z1, err = _one(gpu + ["-x", "4", "-z", "1"] + nccl1)
+    rc, z1, err = run_train(gpu + ["-x", "4", "-z", "1"] + nccl1)
     assert rc == 0, err
     np.testing.assert_allclose(_losses(z1), _losses(plain), rtol=0, atol=1e-5)
     # ms/step with and without NCCL (printed for the record, never asserted)
     for extra in ([], nccl1):
-        rc, out, err = _one(gpu + ["--benchmark", "-x", "20"] + extra)
+        rc, out, err = run_train(gpu + ["--benchmark", "-x", "20"] + extra)
         assert rc == 0, err
         print("NCCL world size 1:" if extra else "no collectives:", out.strip().splitlines()[-1])
 

@@ -1,5 +1,6 @@
 """Downloads against a local HTTP server (no internet needed)."""
 
+import dataclasses
 import functools
 import hashlib
 import http.server
@@ -145,24 +146,69 @@ def test_base_url_resolution(monkeypatch):
     monkeypatch.setenv(dl.BASE_ENV, "http://env-mirror")
     assert dl.resolve_url(remote) == "http://env-mirror/input.txt"
     assert dl.resolve_url(dl.SOURCES["gpt2"][0]) == "http://env-mirror/model.safetensors"
-    assert dl.SOURCES["gpt2"][0].url == "https://huggingface.co/openai-community/gpt2/resolve/main/model.safetensors"
+
+
+GPT2_REVISION = "607a30d783dfa663caf39e06633721c8d4cfcd7e"
+GPT2_SHA256 = "248dfc3911869ec493c76e65bf2fcf7f615828b0254c12b473182f0f81d3a707"  # LFS hash at that revision
+
+
+def test_gpt2_source_is_pinned():
+    [remote] = dl.SOURCES["gpt2"]
+    assert remote.url == (f"https://huggingface.co/openai-community/gpt2/resolve/{GPT2_REVISION}"
+                          "/model.safetensors")
+    assert GPT2_REVISION in remote.url and "/resolve/main/" not in remote.url
+    assert remote.sha256 == GPT2_SHA256
+    assert remote.remote_name == remote.filename == "model.safetensors"  # what a mirror serves
+
+
+def _fake_gpt2(monkeypatch, data: bytes):
+    """The gpt2 source as it is (pinned URL, file names), but expecting ``data``'s own sha256, so
+    that a local server can stand in for Hugging Face without the real 548 MB file."""
+    [remote] = dl.SOURCES["gpt2"]
+    monkeypatch.setitem(dl.SOURCES, "gpt2",
+                        (dataclasses.replace(remote, sha256=hashlib.sha256(data).hexdigest()),))
 
 
 def test_gpt2_via_env_mirror_and_cli(server, tmp_path, monkeypatch, capsys):
     base, root, requests = server
     (root / "model.safetensors").write_bytes(b"fake weights")
+    _fake_gpt2(monkeypatch, b"fake weights")
     monkeypatch.setenv(dl.BASE_ENV, base)
     out = tmp_path / "gpt2"
     assert dl.main(["gpt2", "--out", str(out), "--quiet"]) == 0
     assert (out / "model.safetensors").read_bytes() == b"fake weights"
-    assert dl.main(["gpt2", "--out", str(out), "--quiet"]) == 0  # present: kept, no request
+    capsys.readouterr()
+    assert dl.main(["gpt2", "--out", str(out), "--quiet"]) == 0  # present and checked: kept, no request
     assert requests == ["/model.safetensors"]
-    assert "already present" in capsys.readouterr().out
+    logged = capsys.readouterr().out
+    assert "is present: checking its sha256" in logged and "already present, sha256 ok" in logged
     assert dl.main(["gpt2", "--out", str(out), "--quiet", "--force"]) == 0
     assert len(requests) == 2
     (root / "model.safetensors").unlink()
     assert dl.main(["gpt2", "--out", str(tmp_path / "other"), "--quiet"]) == 2
     assert "HTTP 404" in capsys.readouterr().err
+
+
+def test_gpt2_wrong_file_is_refused(server, tmp_path, monkeypatch, capsys):
+    """A mirror serving anything but the pinned file (here an HTML error page) fails the pinned
+    sha256: nothing is written, and a file already there is kept."""
+    base, root, requests = server
+    page = b"<!DOCTYPE html><html><body>502 Bad Gateway</body></html>"
+    (root / "model.safetensors").write_bytes(page)
+    out = tmp_path / "gpt2"
+    assert dl.main(["gpt2", "--out", str(out), "--quiet", "--base-url", base]) == 2
+    err = capsys.readouterr().err
+    assert "checksum mismatch" in err and GPT2_SHA256 in err and "nothing was written" in err, err
+    assert not out.exists() or not list(out.iterdir())
+    # a present file with the wrong hash is fetched again; the wrong download does not replace it
+    out.mkdir(exist_ok=True)
+    (out / "model.safetensors").write_bytes(b"truncated weights")
+    assert dl.main(["gpt2", "--out", str(out), "--quiet", "--base-url", base]) == 2
+    logged = capsys.readouterr()
+    assert "does not match: downloading again" in logged.out and "checksum mismatch" in logged.err
+    assert [p.name for p in out.iterdir()] == ["model.safetensors"]
+    assert (out / "model.safetensors").read_bytes() == b"truncated weights"
+    assert requests == ["/model.safetensors"] * 2
 
 
 @pytest.fixture

@@ -13,9 +13,7 @@ Every run here is in-process (``llmcupy.train.main``) on a d1/d2 model with tiny
 
 from __future__ import annotations
 
-import io
 import re
-from contextlib import redirect_stderr, redirect_stdout
 
 import numpy as np
 import pytest
@@ -23,18 +21,7 @@ import pytest
 from llmcupy import checkpoint as ckpt
 from llmcupy.data import write_tokens
 
-
-def _train(argv):
-    """(exit code, stdout, stderr) of an in-process trainer run; argparse's exits give their code."""
-    from llmcupy import train
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            rc = train.main([str(a) for a in argv])
-        except SystemExit as exc:
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
+from _helpers import run_train
 
 
 @pytest.fixture(scope="module")
@@ -64,23 +51,23 @@ def refused_before_work(rc, out, err, *needles):
 
 def test_unwritable_output_locations_are_refused_at_start_up(data, tmp_path):
     missing = tmp_path / "no_such_dir" / "log.txt"
-    refused_before_work(*_train(tiny(data) + ["-o", missing]),
+    refused_before_work(*run_train(tiny(data) + ["-o", missing]),
                         f"-o {missing}: the folder {missing.parent} does not exist")
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("x")
-    refused_before_work(*_train(tiny(data) + ["--save-every", 1, "--save-path", not_a_folder / "st.npz"]),
+    refused_before_work(*run_train(tiny(data) + ["--save-every", 1, "--save-path", not_a_folder / "st.npz"]),
                         f"--save-path {not_a_folder / 'st.npz'}: {not_a_folder} is not a folder")
-    refused_before_work(*_train(tiny(data) + ["--save-every", 1, "--save-path", tmp_path]),
+    refused_before_work(*run_train(tiny(data) + ["--save-every", 1, "--save-path", tmp_path]),
                         f"--save-path {tmp_path}: it is a folder")
     # a folder nobody can create files in (root may write anywhere else, not in /proc)
-    refused_before_work(*_train(tiny(data) + ["--save-every", 1, "--save-path", "/proc/st.npz"]),
+    refused_before_work(*run_train(tiny(data) + ["--save-every", 1, "--save-path", "/proc/st.npz"]),
                         "--save-path /proc/st.npz: cannot create a file in /proc")
     assert not list(tmp_path.glob("**/.llmcupy-write-check*"))   # the probe leaves nothing behind
 
 
 def test_missing_folders_of_the_save_path_are_made(data, tmp_path):
     state = tmp_path / "a" / "b" / "st.npz"
-    rc, out, err = _train(tiny(data) + ["--save-every", 1, "--save-path", state])
+    rc, out, err = run_train(tiny(data) + ["--save-every", 1, "--save-path", state])
     assert rc == 0, err
     assert ckpt.load_training_state(state).step == 1
 
@@ -90,7 +77,7 @@ def test_missing_folders_of_the_save_path_are_made(data, tmp_path):
 
 def test_save_path_alone_saves_the_final_state(data, tmp_path):
     state = tmp_path / "final.npz"
-    rc, out, err = _train(tiny(data, steps=2) + ["--save-path", state])
+    rc, out, err = run_train(tiny(data, steps=2) + ["--save-path", state])
     assert rc == 0, err
     assert out.count("saved the training state") == 1 and f"at step 2 to {state}" in out
     s = ckpt.load_training_state(state)
@@ -98,7 +85,7 @@ def test_save_path_alone_saves_the_final_state(data, tmp_path):
 
 
 def test_benchmark_refuses_to_save(data, tmp_path):
-    refused_before_work(*_train(tiny(data) + ["--benchmark", "--save-path", tmp_path / "s.npz"]),
+    refused_before_work(*run_train(tiny(data) + ["--benchmark", "--save-path", tmp_path / "s.npz"]),
                         "--benchmark saves no training state")
 
 
@@ -118,19 +105,19 @@ def test_benchmark_refuses_to_save(data, tmp_path):
      ["--kernel layernorm_forward=3:256 and --kernel layernorm_forward=3:512"]),
 ], ids=["fused-vs-replaced", "fusion-flag-vs-replaced", "flag-vs-kernel", "kernel-twice", "two-block-sizes"])
 def test_contradictory_kernel_choices_are_refused(data, flags, needles):
-    refused_before_work(*_train(tiny(data) + flags), *needles)
+    refused_before_work(*run_train(tiny(data) + flags), *needles)
 
 
 def test_steps_and_its_alias_x_must_agree(data):
-    rc, out, err = _train(tiny(data) + ["-x", 3])          # tiny() gives --steps 1
+    rc, out, err = run_train(tiny(data) + ["-x", 3])          # tiny() gives --steps 1
     assert rc == 2 and "--steps 1 and -x 3 contradict each other; give one" in err, err
-    rc, out, err = _train(tiny(data) + ["--matmul-kernel", 2, "--matmul-kernel", 3])
+    rc, out, err = run_train(tiny(data) + ["--matmul-kernel", 2, "--matmul-kernel", 3])
     assert rc == 2 and "--matmul-kernel 2 and --matmul-kernel 3 contradict" in err, err
 
 
 def test_repeating_the_same_choice_is_accepted(data):
-    rc, out, err = _train(tiny(data) + ["-x", 1, "--layernorm-forward-kernel", 3, "--layernorm-forward-kernel", 3,
-                                        "--kernel", "layernorm_forward=3:256", "--kernel", "layernorm_forward=3"])
+    rc, out, err = run_train(tiny(data) + ["-x", 1, "--layernorm-forward-kernel", 3, "--layernorm-forward-kernel", 3,
+                                           "--kernel", "layernorm_forward=3:256", "--kernel", "layernorm_forward=3"])
     assert rc == 0, err
     assert re.search(r"^  layernorm_forward +3 ", out, re.M) and "step    1/1" in out, out
 
@@ -140,18 +127,18 @@ def test_repeating_the_same_choice_is_accepted(data):
 
 def test_missing_default_data_says_how_to_get_it(data, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                  # no data/tinyshakespeare here
-    rc, out, err = _train(["--init", "d1", "-b", 1, "-t", 16, "-x", 1])
+    rc, out, err = run_train(["--init", "d1", "-b", 1, "-t", 16, "-x", 1])
     refused_before_work(rc, out, err, "no token files match 'data/tinyshakespeare/tiny_shakespeare_train.bin'",
                         "python -m llmcupy.data tinyshakespeare", "-i")
-    rc, out, err = _train(["--init", "d1", "-b", 1, "-t", 16, "-x", 1, "-i", data[1]])
+    rc, out, err = run_train(["--init", "d1", "-b", 1, "-t", 16, "-x", 1, "-i", data[1]])
     refused_before_work(rc, out, err, "tiny_shakespeare_val.bin' (the validation data); give it with -j", "-v 0")
 
 
 def test_a_seq_len_the_attention_version_refuses_names_what_runs_it(data):
     argv = ["--init", "d1", "-b", 1, "-t", 13, "-v", 0, "-s", 0, "--steps", 1] + data
-    refused_before_work(*_train(argv), "attention_forward version 4: T = 13 must be a multiple of 4",
+    refused_before_work(*run_train(argv), "attention_forward version 4: T = 13 must be a multiple of 4",
                         "--attention-forward-kernel 1 or 2 or 3", "--fused")
-    rc, out, err = _train(argv + ["--attention-forward-kernel", 3])
+    rc, out, err = run_train(argv + ["--attention-forward-kernel", 3])
     assert rc == 0 and "step    1/1" in out, err
 
 
@@ -165,12 +152,12 @@ def test_a_seq_len_the_attention_version_refuses_names_what_runs_it(data):
      "--kernel layernorm_forward=3:7: layernorm_forward version 3 runs at block sizes 32, 64"),
 ], ids=["negative-lr", "nan-lr", "bad-block"])
 def test_bad_values_are_refused_before_allocation(data, flags, needle):
-    refused_before_work(*_train(tiny(data) + flags), needle)
+    refused_before_work(*run_train(tiny(data) + flags), needle)
 
 
 def test_a_sample_longer_than_the_context_is_announced_once(data):
     argv = ["--init", "d1", "-b", 1, "-t", 16, "-v", 0, "-s", 1, "-g", 300, "--steps", 1] + data
-    rc, out, err = _train(argv)
+    rc, out, err = run_train(argv)
     assert rc == 0, err
     assert out.count("note: -g 300 is longer than -t 16: each sample stops at 16 tokens") == 1, out
 
