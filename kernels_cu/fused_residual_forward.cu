@@ -33,6 +33,8 @@ version 6: persistent kernel, several warps per token: block (32, y, z) where y 
            over tokens. weight and bias are loaded into shared memory once per block. Each z slot
            has a residual row buffer and separate 32-float buffers for the cross-warp mean and
            variance partials (separate so one barrier per reduction suffices). Two-pass variance.
+           __launch_bounds__(1024): sm_75's compiler otherwise gives it 66 registers, and 1024
+           threads x 66 exceeds a T4's 64K registers per block (the launch would fail there).
 
 Changes from llm.c (ours is correct where theirs relies on luck):
 - v2-v5 guard rows with idx > N there; here idx >= N.
@@ -267,9 +269,9 @@ __global__ void fused_residual_forward_kernel5(float* residual, float* normed, f
 // ----------------------------------------------------------------------------------------------
 // version 6: persistent, y warps per token, z tokens per block, weight/bias staged once per block
 
-__global__ void fused_residual_forward_kernel6(float* residual, float* normed, float* mean, float* rstd,
-                                               const float* inp1, const float* inp2,
-                                               const float* weight, const float* bias, int N, int C) {
+__global__ void __launch_bounds__(1024)
+fused_residual_forward_kernel6(float* residual, float* normed, float* mean, float* rstd, const float* inp1,
+                               const float* inp2, const float* weight, const float* bias, int N, int C) {
     // (2 + blockDim.z) * C floats, then blockDim.z * 32 mean partials and blockDim.z * 32 variance
     // partials
     extern __shared__ float smem[];
