@@ -45,7 +45,7 @@ def test_version_on_gpu_matches_reference(name, number):
                 # than 64 registers on a 64K-register GPU): the catalogue reports it as skipped too;
                 # NVRTC shows which in CI (test_launch_limits)
                 continue
-            for r in check_outputs(op, ref, got):
+            for r in check_outputs(op, ref, got, inputs=inputs):
                 assert r["ok"], f"{name} v{number} block {bs} shape {shape}: {r}"
 
 
