@@ -258,6 +258,49 @@ def test_last_block_reduction_is_ordered_by_its_fence_and_racy_without(order, wo
     assert {(r.prev_line, r.line) for r in reports} == {(line_of(code, "PARTIAL"), line_of(code, "GATHER"))}
 
 
+# Data handed from block 0 to block 1 through a volatile flag instead of an atomic: PTX's volatile
+# accesses are strong, so "write; fence; volatile store" releases and a volatile load that sees the
+# flag acquires. Block 1 reads the data only once it has seen the flag.
+FLAG_HANDOFF = r"""
+extern "C" __global__ void flag_handoff(float* data, int* flag, float* out, int fence, int spin) {
+    if (threadIdx.x != 0) return;
+    if (blockIdx.x == 0) {
+        data[0] = 42.0f;                                          // WRITE
+        if (fence) __threadfence();
+        *(volatile int*)flag = 1;                                 // RAISE
+    } else {
+        int seen = *(volatile int*)flag;
+        while (spin && !seen) seen = *(volatile int*)flag;        // only with blocks on two workers
+        if (seen) out[0] = data[0];                               // READ
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_volatile_flag_after_a_fence_hands_data_to_another_block(order, no_hazards):
+    k, code = kernel(FLAG_HANDOFF, "flag_handoff")
+
+    def run(fence, spin, workers):
+        out = np.zeros(1, np.float32)
+        args = (np.zeros(1, np.float32), np.zeros(1, np.int32), out, np.int32(fence), np.int32(spin))
+        with sim.settings(workers=workers):
+            reports = run_checked(k, (2,), (32,), args, order, check="race")
+        return reports, out[0]
+
+    # one worker runs block 0, then block 1, which finds the flag raised
+    reports, got = run(fence=1, spin=0, workers=1)
+    assert got == 42.0 and reports == [], [r.describe() for r in reports]
+    reports, got = run(fence=0, spin=0, workers=1)   # no fence: the flag publishes nothing
+    assert got == 42.0 and reports, "a handoff without a fence must be reported"
+    assert {(r.prev_line, r.line) for r in reports} == {(line_of(code, "WRITE"), line_of(code, "READ"))}
+    assert all(r.kind == "RAW" and r.between_blocks for r in reports)
+    # two workers: block 1 may spin on the flag while block 0 runs, the pattern's real use
+    for _ in range(3):
+        reports, got = run(fence=1, spin=1, workers=2)
+        assert got == 42.0 and reports == [], [r.describe() for r in reports]
+
+
 ACCUMULATE_THEN_READ = r"""
 extern "C" __global__ void accumulate(float* total, float* copy, int strong) {
     atomicAdd(total, 1.0f);                                      // ADD

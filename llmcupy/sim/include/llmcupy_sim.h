@@ -387,7 +387,8 @@ inline dim3 g_grid_dim, g_block_dim;   // same for every block of a launch (one 
 //   on_atomic_begin(w, addr, flags), on_atomic_end(w, addr, flags)
 //                                 around the memory operation of an atomic (after on_access saw it):
 //                                 an observer may hold a lock between the two, so that what it
-//                                 records per atomic is ordered as the atomics themselves are
+//                                 records per atomic is ordered as the atomics themselves are; also
+//                                 right before a volatile load or store (flags has ACCESS_VOLATILE)
 // on_access runs on the worker's OS thread; blocks run concurrently on several workers, so
 // per-block state belongs in thread_local storage and launch-wide state needs a lock.
 // Rules for observer code, which is compiled into the same instrumented unit:
@@ -2177,15 +2178,19 @@ struct AtomicScope {
 #define LLMCUPY_SIM_SEE(ADDR, N, FLAGS) ((void)0)
 #define LLMCUPY_SIM_ATOMIC_SCOPE(ADDR, FLAGS) ((void)0)
 #endif
-// A volatile access reports ACCESS_VOLATILE (4) beside read/write, then lets the block's other threads run.
+// A volatile access reports ACCESS_VOLATILE (4) beside read/write, then lets the block's other threads
+// run. After that, right before the load or store itself, the observers hear of it as of an atomic:
+// volatile accesses are strong, and a volatile flag can hand data from one block to another.
 #define LLMCUPY_SIM_VOLATILE_HOOK(KIND, N)                                                         \
     LLMCUPY_SIM_NOSAN void __tsan_volatile_##KIND##N(void* p) {                                     \
         LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND | 4u);                                       \
         llmcupy_sim::yield_fiber(0, "a volatile " #KIND);                                           \
+        LLMCUPY_SIM_ATOMIC_SCOPE(p, LLMCUPY_SIM_FLAGS_##KIND | 4u);                                 \
     }                                                                                               \
     LLMCUPY_SIM_NOSAN void __tsan_unaligned_volatile_##KIND##N(void* p) {                           \
         LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND | 4u);                                       \
         llmcupy_sim::yield_fiber(0, "a volatile " #KIND);                                           \
+        LLMCUPY_SIM_ATOMIC_SCOPE(p, LLMCUPY_SIM_FLAGS_##KIND | 4u);                                 \
     }
 #define LLMCUPY_SIM_FLAGS_read 0u
 #define LLMCUPY_SIM_FLAGS_write 1u

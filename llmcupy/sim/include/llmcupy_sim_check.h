@@ -10,9 +10,10 @@
 //               Between blocks (global memory, "Racecheck between blocks" below): two accesses to the
 //               same bytes of a launch's buffer by different blocks, at least one a write, not both
 //               atomic, with no release/acquire chain between them -> RAW / WAR / WAW naming both
-//               blocks. Blocks of a launch are ordered only through atomics: a block's accesses
-//               before a __threadfence() and a later atomic are seen by a block whose atomic on the
-//               same address comes after that one (llm.c's last-block reductions).
+//               blocks. Blocks of a launch are ordered only through atomics and volatile accesses: a
+//               block's accesses before a __threadfence() and a later atomic (or volatile store) are
+//               seen by a block whose atomic (or volatile load) on the same address comes after that
+//               one (llm.c's last-block reductions; a flag handing data over).
 //   memory (2): an access outside every root allocation passed to the launch, the shared arrays
 //               (their registered extents; dynamic: the launch's shared_mem), the thread's own fiber
 //               stack and the library's own image (__device__ / __constant__ variables) -> the
@@ -70,6 +71,7 @@ struct BlockState {
     unsigned clock = 1;                  // advances when the block publishes (a fence, then an atomic)
     bool fenced = false;                 // a device fence since the last publication
     std::vector<std::pair<unsigned, unsigned>> seen;   // vector clock: (block + 1, clock) acquired, sorted
+    uintptr_t pending_acquire = 0;       // a volatile load's address, acquired at the block's next access
 };
 // A pointer, not an object: a thread_local with a constructor is initialised by a compiler-made
 // function that is itself instrumented, and would call the hooks from inside the hooks.
@@ -296,7 +298,8 @@ __attribute__((no_sanitize_thread)) inline void nearest(Worker* w, uintptr_t a, 
 // read the other blocks' partials right after their atomicAdd on the counter (as CUDA's
 // threadFenceReduction sample does), which GPUs honour, so the checker does not report it. The
 // fence is tracked per block, not per thread: the pattern fences in every thread, then
-// __syncthreads, then one thread's atomic.
+// __syncthreads, then one thread's atomic. Volatile accesses are strong too: a fence then a volatile
+// store publishes, and a volatile load acquires (a flag handing data from block to block).
 //
 // Vector clocks, with FastTrack's epochs: every block counts its publications (`clock`); an access
 // is stamped with its block and that block's clock; `seen` holds, per other block, the latest clock
@@ -508,21 +511,46 @@ __attribute__((no_sanitize_thread)) inline bool in_buffers(uintptr_t a) {
 
 __attribute__((no_sanitize_thread)) inline size_t stripe(uintptr_t a) { return (a / kGranule) % kSyncStripes; }
 
-// An atomic on a launch buffer: acquire what was published through its address; after the memory
-// operation, publish this block's accesses if it fenced since it last did. The stripe's lock is held
-// from begin to end, so the clocks follow the order of the atomics themselves.
-__attribute__((no_sanitize_thread)) inline void on_atomic_begin(Worker*, const void* addr, unsigned) {
-    uintptr_t a = uintptr_t(addr);
-    if (!(g_check & CHECK_RACE) || !in_buffers(a)) return;
+__attribute__((no_sanitize_thread)) inline void acquire(BlockState& bs, uintptr_t a) {
+    for (auto& e : g_published[stripe(a)])
+        if (e.first == a) join(bs.seen, e.second);
+}
+
+// A volatile load is strong, like an atomic read (PTX), so it acquires too: data handed over as
+// "write; __threadfence(); volatile flag = 1" in one block and "while (volatile flag == 0); read" in
+// another is ordered. Its hook runs before the load itself, so the acquisition waits for the block's
+// next access, by when the load has happened: acquiring earlier could take a publication whose flag
+// store the load did not see.
+__attribute__((no_sanitize_thread)) inline void acquire_pending(BlockState& bs) {
+    uintptr_t a = bs.pending_acquire;
+    bs.pending_acquire = 0;
     size_t s = stripe(a);
     lock(g_sync_locks[s]);
-    for (auto& e : g_published[s])
-        if (e.first == a) join(tls_block->seen, e.second);
+    acquire(bs, a);
+    unlock(g_sync_locks[s]);
+}
+
+// An atomic on a launch buffer: acquire what was published through its address; after the memory
+// operation, publish this block's accesses if it fenced since it last did. The stripe's lock is held
+// from begin to end, so the clocks follow the order of the atomics themselves. A volatile store
+// (ACCESS_VOLATILE | ACCESS_WRITE, notified just before the store) publishes as an atomic does and
+// acquires nothing (a relaxed store); a volatile load acquires later (acquire_pending).
+__attribute__((no_sanitize_thread)) inline void on_atomic_begin(Worker*, const void* addr, unsigned flags) {
+    uintptr_t a = uintptr_t(addr);
+    if (!(g_check & CHECK_RACE) || !in_buffers(a)) return;
+    if ((flags & ACCESS_VOLATILE) && !(flags & ACCESS_WRITE)) {
+        tls_block->pending_acquire = a;
+        return;
+    }
+    size_t s = stripe(a);
+    lock(g_sync_locks[s]);
+    if (!(flags & ACCESS_VOLATILE)) acquire(*tls_block, a);
 }
 
 __attribute__((no_sanitize_thread)) inline void on_atomic_end(Worker*, const void* addr, unsigned flags) {
     uintptr_t a = uintptr_t(addr);
     if (!(g_check & CHECK_RACE) || !in_buffers(a)) return;
+    if ((flags & ACCESS_VOLATILE) && !(flags & ACCESS_WRITE)) return;
     size_t s = stripe(a);
     BlockState& bs = *tls_block;
     if ((flags & ACCESS_WRITE) && bs.fenced) {
@@ -551,8 +579,9 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
     unsigned bits = g_check & (CHECK_RACE | CHECK_MEMORY | CHECK_INIT);
     if (!bits) return;
     uintptr_t p = uintptr_t(a.addr), end = p + a.size;
-    if (p - uintptr_t(f->stack) < f->stack_size) return;  // the thread's own local memory
     BlockState& bs = *tls_block;
+    if ((bits & CHECK_RACE) && bs.pending_acquire) between::acquire_pending(bs);
+    if (p - uintptr_t(f->stack) < f->stack_size) return;  // the thread's own local memory
     char where[240];
     SharedArea areas[64];
     int na = shared_areas(w, areas, 64);
@@ -625,6 +654,7 @@ __attribute__((no_sanitize_thread)) inline void on_block_begin(Worker* w) {
     bs.clock = 1;
     bs.fenced = false;
     bs.seen.clear();
+    bs.pending_acquire = 0;
     bs.global_used = 0;
     bs.gen.assign(size_t(w->nthreads), 0);
     int nwarps = (w->nthreads + 31) / 32;
