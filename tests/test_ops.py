@@ -126,3 +126,35 @@ def test_inputs_are_checked_and_named_before_outputs_are_allocated_from_them():
         op(np.asfortranarray(x), version=5)
     with pytest.raises(OpError, match=r"softmax_forward: input 'inp' is empty \(shape \(0, 100\)\)"):
         op(np.zeros((0, 100), np.float32), version=5)
+
+
+def test_optional_inputs_may_be_none_or_left_out_and_no_other_may_be_none():
+    # (was an AttributeError from inside the op's validation)
+    with pytest.raises(OpError, match=r"softmax_forward: input 'inp' is None; it needs a value \(inputs: inp\)"):
+        llmcupy.ops["softmax_forward"](None)
+    with pytest.raises(OpError, match=r"softmax_forward: input 'inp' is None"):
+        llmcupy.ops["softmax_forward"].reference(None)
+    with pytest.raises(OpError, match=r"attention_forward: input 'NH' is None"):
+        llmcupy.ops["attention_forward"](np.zeros((1, 4, 24), np.float32), None)
+    rng = np.random.default_rng(0)
+    mm = llmcupy.ops["matmul_forward"]
+    a = mm.make_inputs(rng)
+    ref = mm.reference(a["inp"], a["weight"])          # no bias, left out
+    np.testing.assert_allclose(ref, a["inp"] @ a["weight"].T, atol=1e-4)   # (was NaN: None became an array)
+    for number in mm.versions:
+        np.testing.assert_allclose(mm(a["inp"], a["weight"], version=number), ref, atol=1e-4)
+        np.testing.assert_allclose(mm(a["inp"], a["weight"], None, version=number), ref, atol=1e-4)
+    mb = llmcupy.ops["matmul_backward"]
+    b = {**mb.make_inputs(rng), "dbias": None}
+    assert mb.reference(**b)[2] is None
+    got = mb(**{k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for k, v in b.items()})
+    assert got[2] is None
+    np.testing.assert_allclose(got[1], mb.reference(**b)[1], atol=1e-4)
+    cf = llmcupy.ops["classifier_fused"]
+    c = {**cf.make_inputs(rng), "dlosses": None}       # every dloss = 1/N
+    losses, dlogits = cf.reference(**c)
+    got_losses, got_dlogits = cf(**{k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
+                                    for k, v in c.items()}, version=3)
+    V = c["V"]
+    np.testing.assert_allclose(got_losses, losses, atol=1e-5)
+    np.testing.assert_allclose(got_dlogits[..., :V], dlogits[..., :V], atol=1e-6)

@@ -488,6 +488,9 @@ class Op:
     # inputs a caller may leave out, with the value they then take (a scalar switch such as
     # matmul_backward's overwrite_dinp); they stay in ``inputs``, after the required ones
     input_defaults: dict = field(default_factory=dict)
+    # inputs that may be None (matmul_forward's bias: the LM head has none); an input whose default
+    # is None may be None too. None for any other input is refused by name.
+    optional_inputs: tuple = ()
     _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- discovery ------------------------------------------------------------------------------
@@ -529,7 +532,10 @@ class Op:
 
     def reference(self, *args, **kwargs):
         arrays = self._bind(args, kwargs, numpy=True)
-        out = self.reference_fn(**{k: np.array(v, copy=True) for k, v in arrays.items()})
+        self._check_none(arrays)
+        # copies (some references update in place, as their ops do); None stays None (an absent bias,
+        # not a 0-d object array, which a reference would take for a value)
+        out = self.reference_fn(**{k: None if v is None else np.array(v, copy=True) for k, v in arrays.items()})
         return self._unpack(out)
 
     def make_inputs(self, rng=None, **sizes) -> dict:
@@ -698,6 +704,8 @@ class Op:
         kernel version can be dropped into a PyTorch program.
         """
         arrays = self._bind(args, kwargs, numpy=False)
+        out = self._out_dict(out)
+        self._check_none(arrays)
         torch_in = any(_is_torch(a) for a in arrays.values())
         if torch_in:
             copied = [k for k, a in arrays.items() if _is_torch(a) and not a.is_contiguous()]
@@ -705,7 +713,7 @@ class Op:
             if copied:
                 self._refuse_copied_in_place(copied, arrays)
         self._check_input_layout(arrays)
-        result = self._unpack(self.run(version, arrays, block_size, self._out_dict(out)))
+        result = self._unpack(self.run(version, arrays, block_size, out))
         if torch_in:
             import torch
 
@@ -729,6 +737,14 @@ class Op:
             return out
         raise OpError(f"{self.name} has {len(self.outputs)} outputs: give out= as a dict by name "
                       f"({', '.join(self.outputs)}), got {type(out).__name__}")
+
+    def _check_none(self, arrays: dict) -> None:
+        """Refuses None for an input the op needs: None stands only for an optional one (an absent bias)."""
+        for k, a in arrays.items():
+            if a is None and k not in self.optional_inputs and not (k in self.input_defaults
+                                                                    and self.input_defaults[k] is None):
+                raise OpError(f"{self.name}: input {k!r} is None; it needs a value (inputs: "
+                              f"{', '.join(self.inputs)})")
 
     def _check_input_layout(self, arrays: dict) -> None:
         """The caller's arrays, named, before anything is allocated from them: an output allocated
