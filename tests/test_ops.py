@@ -128,6 +128,32 @@ def test_inputs_are_checked_and_named_before_outputs_are_allocated_from_them():
         op(np.zeros((0, 100), np.float32), version=5)
 
 
+def test_a_bad_call_is_an_op_error_naming_the_problem():
+    op = llmcupy.ops["softmax_forward"]
+    x = np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)
+    with pytest.raises(OpError, match=r"softmax_forward has no version 5.5; versions: 1, 2, 3"):
+        op(x, version=5.5)           # not version 5
+    with pytest.raises(OpError, match=r"softmax_forward version 5: block size 'a' is not a whole number \(its block "
+                                      r"sizes: 32, 64, 128, 256, 512, 1024\)"):
+        op(x, version=5, block_size="a")
+    with pytest.raises(OpError, match=r"block size 100.5 is not a whole number"):
+        op(x, version=5, block_size=100.5)
+    with pytest.raises(OpError, match=r"softmax_forward: out\['out'\] has dtype float64, expected float32"):
+        op(x, version=5, out=np.empty((4, 100), np.float64))
+    np.testing.assert_allclose(op(x, version=5.0, block_size=64.0), op.reference(x), atol=1e-6)
+
+
+def test_ops_mapping_refuses_a_key_that_is_not_a_name_and_has_keys_and_values():
+    with pytest.raises(OpError, match=r"ops are looked up by name \(a str\), got int 0; ops: adamw, "):
+        llmcupy.ops[0]
+    with pytest.raises(OpError, match=r"got slice"):
+        llmcupy.ops[0:2]
+    with pytest.raises(OpError, match=r"unknown op 'softmax'; ops: adamw, "):
+        llmcupy.ops["softmax"]
+    assert llmcupy.ops.keys() == sorted(llmcupy.ops) and len(llmcupy.ops.values()) == len(llmcupy.ops)
+    assert dict(llmcupy.ops)["softmax_forward"] is llmcupy.ops["softmax_forward"]
+
+
 def test_optional_inputs_may_be_none_or_left_out_and_no_other_may_be_none():
     # (was an AttributeError from inside the op's validation)
     with pytest.raises(OpError, match=r"softmax_forward: input 'inp' is None; it needs a value \(inputs: inp\)"):

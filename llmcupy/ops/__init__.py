@@ -34,6 +34,9 @@ def _discover() -> dict[str, Op]:
 
 def get(name: str) -> Op:
     ops = _discover()
+    if not isinstance(name, str):
+        raise OpError(f"ops are looked up by name (a str), got {type(name).__name__} {name!r}; ops: "
+                      f"{', '.join(sorted(ops))}")
     if name not in ops:
         raise OpError(f"unknown op {name!r}; ops: {', '.join(sorted(ops))}")
     return ops[name]
@@ -57,6 +60,12 @@ class _OpsModule(types.ModuleType):
 
     def __len__(self) -> int:
         return len(_discover())
+
+    def keys(self):
+        return names()
+
+    def values(self):
+        return [get(n) for n in names()]
 
     def items(self):
         return [(n, get(n)) for n in names()]

@@ -498,6 +498,8 @@ class Op:
     def version(self, number) -> Version:
         given = number
         try:
+            if isinstance(number, (float, np.floating)) and not float(number).is_integer():
+                raise ValueError(number)   # version=5.5 is no version, not version 5
             number = int(number)
         except (TypeError, ValueError):
             number, given = None, repr(given)   # echo what was typed ("abc"), not None
@@ -644,7 +646,7 @@ class Op:
             else:
                 with _host_checks_cm(host_checks):
                     self.validate_fn(arrays)
-        bs = v.default_block_size if block_size is None else int(block_size)
+        bs = v.default_block_size if block_size is None else _as_block_size(self.name, v, block_size)
         if v.block_sizes and bs not in v.block_sizes:
             raise OpError(
                 f"{self.name} version {v.number}: block size {bs} is not one of {', '.join(map(str, v.block_sizes))}"
@@ -666,6 +668,10 @@ class Op:
                 if name in outputs and like is not None and tuple(outputs[name].shape) != tuple(like.shape):
                     raise OpError(f"{self.name}: out[{name!r}] has shape {tuple(outputs[name].shape)}, "
                                   f"expected {tuple(like.shape)}")
+                if (name in outputs and isinstance(like, _Meta) and outputs[name] is not None
+                        and getattr(outputs[name], "dtype", like.dtype) != like.dtype):
+                    raise OpError(f"{self.name}: out[{name!r}] has dtype {outputs[name].dtype}, expected "
+                                  f"{like.dtype.name}")
                 if name in outputs:
                     continue
                 if not isinstance(like, _Meta):
@@ -804,6 +810,18 @@ class Op:
         if len(self.outputs) == 1:
             return out[self.outputs[0]]
         return tuple(out[k] for k in self.outputs)
+
+
+def _as_block_size(op_name: str, v: Version, block_size) -> int:
+    """A block size as an int, or an OpError echoing what was given when it is not a whole number."""
+    try:
+        if isinstance(block_size, (float, np.floating)) and not float(block_size).is_integer():
+            raise ValueError(block_size)   # 100.5 is no block size, not 100
+        return int(block_size)
+    except (TypeError, ValueError):
+        sweep = f" (its block sizes: {', '.join(map(str, v.block_sizes))})" if v.block_sizes else ""
+        raise OpError(f"{op_name} version {v.number}: block size {block_size!r} is not a whole number"
+                      f"{sweep}") from None
 
 
 def _is_torch(a) -> bool:
