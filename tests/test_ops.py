@@ -184,3 +184,13 @@ def test_optional_inputs_may_be_none_or_left_out_and_no_other_may_be_none():
     V = c["V"]
     np.testing.assert_allclose(got_losses, losses, atol=1e-5)
     np.testing.assert_allclose(got_dlogits[..., :V], dlogits[..., :V], atol=1e-6)
+
+
+def test_an_input_named_out_is_given_by_name_and_out_is_still_the_destination_after_it():
+    op = llmcupy.ops["flash_attention_backward"]        # its inputs: dout, inp, out (the forward's), lse, NH
+    a = op.make_inputs(np.random.default_rng(0))
+    ref = op.reference(**a)
+    np.testing.assert_allclose(op(**a), ref, atol=1e-4)
+    dest = np.empty_like(ref)
+    assert op(a["dout"], a["inp"], a["out"], a["lse"], a["NH"], out=dest) is dest
+    np.testing.assert_allclose(dest, ref, atol=1e-4)

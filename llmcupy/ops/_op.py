@@ -704,11 +704,18 @@ class Op:
         """Runs a version on CuPy arrays (GPU), NumPy arrays (emulator) or PyTorch tensors.
 
         ``out`` gives the output arrays to write, as a dict by output name or, for an op with one
-        output, that array; an unknown name is refused. Inputs must be C-contiguous and non-empty.
+        output, that array; an unknown name, shape or dtype is refused. Inputs must be C-contiguous
+        and non-empty. (flash_attention_backward has an input named ``out``: ``out=`` is that input
+        unless it was given by position.)
 
         PyTorch tensors go through DLPack without a copy and the outputs come back as tensors, so a
         kernel version can be dropped into a PyTorch program.
         """
+        if (out is not None and "out" in self.inputs and "out" not in kwargs
+                and len(args) <= self.inputs.index("out")):
+            # an input named "out" (flash_attention_backward: the forward's output) not given by
+            # position: out= is that input, which the call could not do without
+            kwargs, out = {**kwargs, "out": out}, None
         arrays = self._bind(args, kwargs, numpy=False)
         out = self._out_dict(out)
         self._check_none(arrays)
