@@ -43,12 +43,18 @@ def notify_launch(when: str) -> None:
 
 
 def _dims(value, what: str, kernel: str) -> tuple[int, int, int]:
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, (int, float, np.integer, np.floating)):
         value = (value,)
     try:
-        dims = tuple(int(v) for v in value)
+        whole = all(isinstance(v, (int, np.integer)) for v in value)
     except TypeError:
         raise KernelArgumentError(f"{kernel}: {what} must be an int or a tuple of 1-3 ints, got {value!r}") from None
+    if not whole:
+        # a float such as n / 256 would be truncated to fewer blocks than the data needs (CuPy
+        # refuses it as well)
+        raise KernelArgumentError(f"{kernel}: {what} must be ints, got {value!r}; for a count of blocks "
+                                  "write (n + block - 1) // block")
+    dims = tuple(int(v) for v in value)
     if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
         raise KernelArgumentError(f"{kernel}: {what} must be 1-3 positive ints, got {value!r}")
     return dims + (1,) * (3 - len(dims))
@@ -416,10 +422,24 @@ class RawModule:
             if self._sim_library is None:
                 from ..sim.launcher import SimLibrary
 
-                self._sim_library = SimLibrary(code, names, self.options, self.filename, self.variable_names)
+                try:
+                    self._sim_library = SimLibrary(code, names, self.options, self.filename, self.variable_names)
+                except sim_compiler.SimCompileError:
+                    # a name expression naming no kernel fails the build inside generated code
+                    # (RawKernel(code, "scal")); say which name instead
+                    self._refuse_unknown_expressions(code)
+                    raise
                 _SIM_LIBRARIES[(code, self.options, tuple(names))] = self._sim_library
         else:
             raise ValueError(f"unknown target {self.backend!r}")
+
+    def _refuse_unknown_expressions(self, code: str) -> None:
+        declared = sim_compiler.global_function_names(code)
+        for expr in self.name_expressions:
+            base = expr.strip().lstrip("&").split("<", 1)[0].strip().split("::")[-1]
+            if base not in declared:
+                raise AttributeError(f"no kernel {expr!r} in {self.filename}; kernels: "
+                                     f"{', '.join(declared) or 'none'}")
 
     def compile(self, log_stream=None):
         if self.backend == "cuda":
