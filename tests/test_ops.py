@@ -194,3 +194,15 @@ def test_an_input_named_out_is_given_by_name_and_out_is_still_the_destination_af
     dest = np.empty_like(ref)
     assert op(a["dout"], a["inp"], a["out"], a["lse"], a["NH"], out=dest) is dest
     np.testing.assert_allclose(dest, ref, atol=1e-4)
+
+
+def test_an_op_shows_how_it_is_called_and_explains_itself():
+    op = llmcupy.ops["matmul_forward"]
+    assert repr(op) == ("<llmcupy op matmul_forward(inp, weight, bias=None) -> out: 5 versions, default "
+                        f"{op.default_version}; op.describe() lists them>")
+    assert "-> (dinp, dweight, dbias)" in repr(llmcupy.ops["matmul_backward"])
+    assert "overwrite_dinp=False" in repr(llmcupy.ops["matmul_backward"])
+    doc = type(op).__doc__
+    assert "op.describe()" in doc and "op.reference(" in doc and "OpError" in doc
+    for method in ("describe", "reference", "make_inputs", "source_code", "version", "__call__"):
+        assert getattr(type(op), method).__doc__, method

@@ -5,6 +5,11 @@
     import llmcupy
     op = llmcupy.ops["softmax_forward"]
     sorted(llmcupy.ops)            # every op name
+    "softmax_forward" in llmcupy.ops, len(llmcupy.ops), dict(llmcupy.ops)
+    print(op.describe())           # its versions; help(op) says how to run them
+
+``llmcupy.ops.softmax_forward`` (with a dot) is the op's Python module, whose docstring describes
+the call in detail; the op itself is ``llmcupy.ops["softmax_forward"]`` (the module's ``OP``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ def _discover() -> dict[str, Op]:
 
 
 def get(name: str) -> Op:
+    """The op named ``name``; an OpError listing every op if there is none."""
     ops = _discover()
     if not isinstance(name, str):
         raise OpError(f"ops are looked up by name (a str), got {type(name).__name__} {name!r}; ops: "

@@ -459,6 +459,23 @@ class GrowingTolerance:
 
 @dataclass
 class Op:
+    """One op of the catalogue: a NumPy reference and numbered CUDA kernel versions of one computation.
+
+    Get one with ``llmcupy.ops["softmax_forward"]``; ``repr(op)`` shows how it is called::
+
+        op.describe()                  # its versions, one line each, the default marked *
+        op.inputs, op.outputs          # argument names of op(...), names of what it returns
+        x = llmcupy.xp().asarray(op.make_inputs()["inp"])   # an input of the right shape, on the backend
+        y = op(x, version=5)           # run kernel version 5 (default: op.default_version)
+        y_ref = op.reference(x)        # the NumPy reference
+        op.tolerance                   # output -> (atol, rtol): |ref - out| <= atol + rtol * |ref|
+        op.versions[5].summary         # what version 5 does; op.source_code() is its .cu file
+
+    Arrays are NumPy arrays in the emulator and CuPy arrays on a GPU (``llmcupy.xp()`` is the
+    matching module), or PyTorch tensors. A bad call (unknown version or input, wrong dtype or
+    shape) raises :class:`OpError` naming the op and what is wrong.
+    """
+
     name: str
     summary: str
     source: str                      # kernels_cu/<source>
@@ -493,9 +510,20 @@ class Op:
     optional_inputs: tuple = ()
     _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    def __repr__(self) -> str:
+        # the dataclass's repr lists every field (kilobytes of functions); a notebook shows this
+        args = ", ".join(f"{k}=None" if k in self.input_defaults and self.input_defaults[k] is None
+                         else f"{k}={self.input_defaults[k]!r}" if k in self.input_defaults else k
+                         for k in self.inputs)
+        returns = self.outputs[0] if len(self.outputs) == 1 else f"({', '.join(self.outputs)})"
+        count = f"{len(self.versions)} version{'s' if len(self.versions) != 1 else ''}"
+        return (f"<llmcupy op {self.name}({args}) -> {returns}: {count}, default "
+                f"{self.default_version}; op.describe() lists them>")
+
     # -- discovery ------------------------------------------------------------------------------
 
     def version(self, number) -> Version:
+        """The :class:`Version` numbered ``number``; an OpError listing the versions if there is none."""
         given = number
         try:
             if isinstance(number, (float, np.floating)) and not float(number).is_integer():
@@ -509,6 +537,8 @@ class Op:
         return self.versions[number]
 
     def describe(self) -> str:
+        """The op's summary and its versions, one line each: ``*`` marks the default, and unavailable
+        or nondeterministic versions say so."""
         lines = [f"{self.name}: {self.summary} (kernels_cu/{self.source})"]
         for n in sorted(self.versions):
             v = self.versions[n]
@@ -520,19 +550,25 @@ class Op:
         return "\n".join(lines)
 
     def source_code(self) -> str:
+        """The text of the op's kernel file, ``kernels_cu/<op.source>`` (a header describing every
+        version, then the kernels)."""
         from ..runtime.module import kernels_dir
 
         return (kernels_dir() / self.source).read_text()
 
     def module(self):
+        """The kernel file compiled for the current backend, a :class:`llmcupy.RawModule` (cached)."""
         return load_kernel_file(self.source)
 
     def kernel(self, name: str):
+        """The kernel ``name`` of the op's file, ready to launch as ``k(grid, block, args)``."""
         return self.module().get_function(name)
 
     # -- running --------------------------------------------------------------------------------
 
     def reference(self, *args, **kwargs):
+        """The NumPy reference on the same arguments as ``op(...)``, as op(...) returns them (one
+        array, or a tuple in the order of ``op.outputs``); inputs may be NumPy or CuPy arrays."""
         arrays = self._bind(args, kwargs, numpy=True)
         self._check_none(arrays)
         # copies (some references update in place, as their ops do); None stays None (an absent bias,
@@ -541,6 +577,10 @@ class Op:
         return self._unpack(out)
 
     def make_inputs(self, rng=None, **sizes) -> dict:
+        """Inputs by name, as NumPy arrays drawn as llm.c's test harness draws them (``rng``: a
+        ``np.random.Generator``, seed 0 by default), at the emulator's small ``sim_sizes`` or, on a GPU,
+        the benchmark's ``sizes``; keyword sizes (``B=2, T=64``...) override them. Pass them to the op
+        as ``op(**inputs)`` (moved to the GPU first on cuda: ``llmcupy.runtime.asarray``)."""
         rng = rng if rng is not None else np.random.default_rng(0)
         merged = dict(self.sim_sizes if _backend.is_sim() else self.sizes)
         merged.update({k: v for k, v in sizes.items() if v is not None})
@@ -702,6 +742,11 @@ class Op:
     def __call__(self, *args, version: int | None = None, block_size: int | None = None, out=None,
                  **kwargs):
         """Runs a version on CuPy arrays (GPU), NumPy arrays (emulator) or PyTorch tensors.
+
+        The inputs are ``op.inputs``, by position or by name. ``version``: a number of
+        ``op.versions`` (default ``op.default_version``); ``block_size``: one of that version's
+        ``block_sizes`` (default its ``default_block_size``). Returns the output array, or for an op
+        with several outputs a tuple in the order of ``op.outputs``.
 
         ``out`` gives the output arrays to write, as a dict by output name or, for an op with one
         output, that array; an unknown name, shape or dtype is refused. Inputs must be C-contiguous

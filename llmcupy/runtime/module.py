@@ -190,7 +190,7 @@ class RawKernel:
     """One kernel, called as ``kernel(grid, block, args, shared_mem=0)``.
 
     Built by :meth:`RawModule.get_function`, or directly with ``cupy.RawKernel``'s signature:
-    ``llmcupy.RawKernel(code, name, options=())``.
+    ``llmcupy.RawKernel(code, name, options=())``. ``repr(kernel)`` shows its C signature.
     """
 
     def __init__(self, module, name: str, options=(), backend: str = "nvrtc", *, translate_cucomplex: bool = False,
@@ -335,6 +335,16 @@ class RawKernel:
                         self.module._sim_library.stack_bytes)
 
     def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None):
+        """Launches the kernel: ``grid`` and ``block`` are ints or tuples of 1-3 ints (blocks, and
+        threads per block: at most 1024), ``args`` a tuple with one entry per kernel parameter,
+        ``shared_mem`` the bytes of dynamic shared memory.
+
+        Each argument is checked against the kernel's C signature: a pointer takes a C-contiguous
+        array of its element type (``float*``: float32; a CuPy array on ``cuda``, a NumPy array in
+        the emulator), a scalar the NumPy scalar of its C type (``int``: ``np.int32(n)``, ``float``:
+        ``np.float32(a)``; a Python int or float is refused, CuPy would pass it as 64 bits). A
+        mismatch raises ``KernelArgumentError`` naming the kernel, the argument and its C type.
+        """
         if _Trusted.depth:
             return self._launch_trusted(grid, block, args, shared_mem, stream)
         LAUNCHES[0] += 1
@@ -372,9 +382,23 @@ class RawKernel:
 
 
 class RawModule:
-    """Compiles CUDA C source for the current backend (``cupy.RawModule``'s signature).
+    """Compiles CUDA C source for the current backend (``cupy.RawModule``'s signature)::
 
-    ``target`` overrides the backend (``"cuda"`` or ``"sim"``) for this module only.
+        mod = llmcupy.RawModule(code=r'''
+        __global__ void scale(float* y, const float* x, float a, int n) {
+            int i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < n) y[i] = a * x[i];
+        }''')
+        k = mod.get_function("scale")
+        k(((n + 255) // 256,), (256,), (y, x, np.float32(2.0), np.int32(n)))
+
+    On ``cuda`` CuPy compiles it with NVRTC; in the emulator g++ builds it, and a compile error
+    raises ``llmcupy.sim.SimCompileError`` with the compiler's messages. Template kernels are named
+    with ``name_expressions=["k<float>"]``. ``target`` overrides the backend (``"cuda"`` or
+    ``"sim"``) for this module only. In the emulator a plain launch does not check accesses to global
+    memory (an overrun may corrupt the Python process's own memory): ``with
+    llmcupy.sim.settings(check="all"):`` runs the launches inside under racecheck, memcheck and
+    initcheck, which stop a bad access and name its line.
     """
 
     def __init__(self, *, code: str | None = None, path: str | None = None, options=(), backend: str = "nvrtc",
@@ -483,6 +507,8 @@ class RawModule:
         return mem.array(dtype, shape)
 
     def get_function(self, name: str) -> RawKernel:
+        """The kernel ``name`` (a ``__global__`` function of the source, or one of the name
+        expressions), ready to launch; an AttributeError lists the kernels if there is none."""
         kernel = self._functions.get(name)
         if kernel is None:
             if self.backend == "sim" and name not in self.kernel_names:
