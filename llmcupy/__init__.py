@@ -1,4 +1,26 @@
-"""llmcupy: llm.c's CUDA kernel catalogue and FP32 GPT-2 trainer, driven from Python."""
+"""llmcupy: llm.c's CUDA kernel catalogue and FP32 GPT-2 trainer, driven from Python.
+
+Kernels run on an NVIDIA GPU through CuPy (backend ``cuda``) or, without one, in a CPU emulator of
+CUDA C (backend ``sim``); ``get_backend()`` says which, ``set_backend("sim")`` or the environment
+variable ``LLMCUPY_BACKEND`` chooses. ``xp()`` is the matching array module (cupy or numpy)::
+
+    import numpy as np
+    import llmcupy
+
+    op = llmcupy.ops["softmax_forward"]          # the catalogue: sorted(llmcupy.ops) lists the ops
+    print(op.describe())                         # its kernel versions; help(op) for the rest
+    x = llmcupy.xp().random.randn(64, 1000).astype(np.float32)
+    y = op(x, version=5)                         # run kernel version 5
+    err = abs(llmcupy.to_numpy(y) - op.reference(x)).max()
+
+    mod = llmcupy.RawModule(code=cuda_source)    # your own kernels, as cupy.RawModule
+    k = mod.get_function("scale")
+    k((blocks,), (threads,), (out, x, np.float32(2.0), np.int32(n)))
+
+Bad calls raise ``llmcupy.ops.OpError`` (an op) or ``KernelArgumentError`` (a kernel's arguments
+against its C signature), naming what is wrong. The trainer is ``python -m llmcupy.train``; the
+kernel CLI ``python -m llmcupy.kernel``.
+"""
 
 from .runtime import (BackendError, KernelArgumentError, RawKernel, RawModule, get_backend, set_backend, to_numpy,
                       xp)

@@ -95,3 +95,26 @@ def test_train_and_plot(tmp_path, monkeypatch):
     assert "s:0" in log and any(w.startswith("trl:") for w in log) and any(w.startswith("tel:") for w in log)
     assert images_of(nb) == 1
     assert (tmp_path / "work" / "train_d2_loss.png").stat().st_size > 5_000
+
+
+@pytest.mark.parametrize("op_name", ["matmul_forward_tf32", "flash_attention_backward", "classifier_fused"])
+def test_explore_kernels_checks_every_version_of_any_op(op_name, tmp_path, monkeypatch, capsys):
+    """LLMCUPY_OP explores another op: the version check handles a tolerance that grows with the sizes
+    (matmul_forward_tf32), an input named ``out`` (flash_attention_backward) and several outputs. Its
+    setup and version-check cells run here in-process (the whole notebook runs in test_explore_kernels)."""
+    monkeypatch.setenv("LLMCUPY_OP", op_name)
+    monkeypatch.setenv("LLMCUPY_NB_WORKDIR", str(tmp_path / "work"))
+    monkeypatch.chdir(EXAMPLES)
+    cells = [c.source for c in nbformat.read(EXAMPLES / "explore_kernels.ipynb", as_version=4).cells
+             if c.cell_type == "code"]
+    setup = next(c for c in cells if "OP_NAME = " in c)
+    check = next(c for c in cells if "op.reference(" in c)
+    namespace = {}
+    exec(compile(setup, "setup cell", "exec"), namespace)
+    exec(compile(check, "version-check cell", "exec"), namespace)
+    out = capsys.readouterr().out
+    op = namespace["op"]
+    for n, v in op.versions.items():
+        if v.available:
+            assert re.search(rf"^v{n} \(block \d+\): ", out, re.M), out
+    assert "PASS" in out and "FAIL" not in out, out

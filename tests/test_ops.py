@@ -126,3 +126,83 @@ def test_inputs_are_checked_and_named_before_outputs_are_allocated_from_them():
         op(np.asfortranarray(x), version=5)
     with pytest.raises(OpError, match=r"softmax_forward: input 'inp' is empty \(shape \(0, 100\)\)"):
         op(np.zeros((0, 100), np.float32), version=5)
+
+
+def test_a_bad_call_is_an_op_error_naming_the_problem():
+    op = llmcupy.ops["softmax_forward"]
+    x = np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)
+    with pytest.raises(OpError, match=r"softmax_forward has no version 5.5; versions: 1, 2, 3"):
+        op(x, version=5.5)           # not version 5
+    with pytest.raises(OpError, match=r"softmax_forward version 5: block size 'a' is not a whole number \(its block "
+                                      r"sizes: 32, 64, 128, 256, 512, 1024\)"):
+        op(x, version=5, block_size="a")
+    with pytest.raises(OpError, match=r"block size 100.5 is not a whole number"):
+        op(x, version=5, block_size=100.5)
+    with pytest.raises(OpError, match=r"softmax_forward: out\['out'\] has dtype float64, expected float32"):
+        op(x, version=5, out=np.empty((4, 100), np.float64))
+    np.testing.assert_allclose(op(x, version=5.0, block_size=64.0), op.reference(x), atol=1e-6)
+
+
+def test_ops_mapping_refuses_a_key_that_is_not_a_name_and_has_keys_and_values():
+    with pytest.raises(OpError, match=r"ops are looked up by name \(a str\), got int 0; ops: adamw, "):
+        llmcupy.ops[0]
+    with pytest.raises(OpError, match=r"got slice"):
+        llmcupy.ops[0:2]
+    with pytest.raises(OpError, match=r"unknown op 'softmax'; ops: adamw, "):
+        llmcupy.ops["softmax"]
+    assert llmcupy.ops.keys() == sorted(llmcupy.ops) and len(llmcupy.ops.values()) == len(llmcupy.ops)
+    assert dict(llmcupy.ops)["softmax_forward"] is llmcupy.ops["softmax_forward"]
+
+
+def test_optional_inputs_may_be_none_or_left_out_and_no_other_may_be_none():
+    # (was an AttributeError from inside the op's validation)
+    with pytest.raises(OpError, match=r"softmax_forward: input 'inp' is None; it needs a value \(inputs: inp\)"):
+        llmcupy.ops["softmax_forward"](None)
+    with pytest.raises(OpError, match=r"softmax_forward: input 'inp' is None"):
+        llmcupy.ops["softmax_forward"].reference(None)
+    with pytest.raises(OpError, match=r"attention_forward: input 'NH' is None"):
+        llmcupy.ops["attention_forward"](np.zeros((1, 4, 24), np.float32), None)
+    rng = np.random.default_rng(0)
+    mm = llmcupy.ops["matmul_forward"]
+    a = mm.make_inputs(rng)
+    ref = mm.reference(a["inp"], a["weight"])          # no bias, left out
+    np.testing.assert_allclose(ref, a["inp"] @ a["weight"].T, atol=1e-4)   # (was NaN: None became an array)
+    for number in mm.versions:
+        np.testing.assert_allclose(mm(a["inp"], a["weight"], version=number), ref, atol=1e-4)
+        np.testing.assert_allclose(mm(a["inp"], a["weight"], None, version=number), ref, atol=1e-4)
+    mb = llmcupy.ops["matmul_backward"]
+    b = {**mb.make_inputs(rng), "dbias": None}
+    assert mb.reference(**b)[2] is None
+    got = mb(**{k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for k, v in b.items()})
+    assert got[2] is None
+    np.testing.assert_allclose(got[1], mb.reference(**b)[1], atol=1e-4)
+    cf = llmcupy.ops["classifier_fused"]
+    c = {**cf.make_inputs(rng), "dlosses": None}       # every dloss = 1/N
+    losses, dlogits = cf.reference(**c)
+    got_losses, got_dlogits = cf(**{k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v
+                                    for k, v in c.items()}, version=3)
+    V = c["V"]
+    np.testing.assert_allclose(got_losses, losses, atol=1e-5)
+    np.testing.assert_allclose(got_dlogits[..., :V], dlogits[..., :V], atol=1e-6)
+
+
+def test_an_input_named_out_is_given_by_name_and_out_is_still_the_destination_after_it():
+    op = llmcupy.ops["flash_attention_backward"]        # its inputs: dout, inp, out (the forward's), lse, NH
+    a = op.make_inputs(np.random.default_rng(0))
+    ref = op.reference(**a)
+    np.testing.assert_allclose(op(**a), ref, atol=1e-4)
+    dest = np.empty_like(ref)
+    assert op(a["dout"], a["inp"], a["out"], a["lse"], a["NH"], out=dest) is dest
+    np.testing.assert_allclose(dest, ref, atol=1e-4)
+
+
+def test_an_op_shows_how_it_is_called_and_explains_itself():
+    op = llmcupy.ops["matmul_forward"]
+    assert repr(op) == ("<llmcupy op matmul_forward(inp, weight, bias=None) -> out: 5 versions, default "
+                        f"{op.default_version}; op.describe() lists them>")
+    assert "-> (dinp, dweight, dbias)" in repr(llmcupy.ops["matmul_backward"])
+    assert "overwrite_dinp=False" in repr(llmcupy.ops["matmul_backward"])
+    doc = type(op).__doc__
+    assert "op.describe()" in doc and "op.reference(" in doc and "OpError" in doc
+    for method in ("describe", "reference", "make_inputs", "source_code", "version", "__call__"):
+        assert getattr(type(op), method).__doc__, method

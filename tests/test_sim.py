@@ -271,6 +271,24 @@ def test_argument_checks_name_kernel_and_argument():
         k((1,), (64,), (out,))
     with pytest.raises(llmcupy.KernelArgumentError, match="exceeds CUDA's limit of 1024"):
         k((1,), (2048,), (out, np.int32(4)))
+    # (out) is out, not a tuple: it would be taken element by element, "64 were given"
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"exit_then_barrier: args must be a tuple of its 2 "
+                       r"argument\(s\) \(float\* out, int n\), got ndarray; a single argument is written \(x,\)"):
+        k((1,), (64,), out)
+    # n / 64 is a float: truncated, it would launch too few blocks
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"exit_then_barrier: grid must be ints, got \(1.5,\); "
+                       r"for a count of blocks write \(n \+ block - 1\) // block"):
+        k((96 / 64,), (64,), (out, np.int32(4)))
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"block must be ints"):
+        k(1, 64.0, (out, np.int32(4)))
+
+
+def test_a_kernel_name_that_is_not_in_the_source_is_named():
+    code = "__global__ void scale(float* y, int n) { if (threadIdx.x < n) y[threadIdx.x] *= 2.0f; }\n"
+    with pytest.raises(AttributeError, match=r"no kernel 'scal' in kernel.cu; kernels: scale"):
+        llmcupy.RawKernel(code, "scal", target="sim")      # (was g++'s error in generated code)
+    with pytest.raises(AttributeError, match=r"no kernel 'scal' in kernel.cu; kernels: scale"):
+        module(code).get_function("scal")
 
 
 def test_vector_pointer_alignment_is_checked():

@@ -5,6 +5,11 @@
     import llmcupy
     op = llmcupy.ops["softmax_forward"]
     sorted(llmcupy.ops)            # every op name
+    "softmax_forward" in llmcupy.ops, len(llmcupy.ops), dict(llmcupy.ops)
+    print(op.describe())           # its versions; help(op) says how to run them
+
+``llmcupy.ops.softmax_forward`` (with a dot) is the op's Python module, whose docstring describes
+the call in detail; the op itself is ``llmcupy.ops["softmax_forward"]`` (the module's ``OP``).
 """
 
 from __future__ import annotations
@@ -33,7 +38,11 @@ def _discover() -> dict[str, Op]:
 
 
 def get(name: str) -> Op:
+    """The op named ``name``; an OpError listing every op if there is none."""
     ops = _discover()
+    if not isinstance(name, str):
+        raise OpError(f"ops are looked up by name (a str), got {type(name).__name__} {name!r}; ops: "
+                      f"{', '.join(sorted(ops))}")
     if name not in ops:
         raise OpError(f"unknown op {name!r}; ops: {', '.join(sorted(ops))}")
     return ops[name]
@@ -57,6 +66,12 @@ class _OpsModule(types.ModuleType):
 
     def __len__(self) -> int:
         return len(_discover())
+
+    def keys(self):
+        return names()
+
+    def values(self):
+        return [get(n) for n in names()]
 
     def items(self):
         return [(n, get(n)) for n in names()]

@@ -459,6 +459,23 @@ class GrowingTolerance:
 
 @dataclass
 class Op:
+    """One op of the catalogue: a NumPy reference and numbered CUDA kernel versions of one computation.
+
+    Get one with ``llmcupy.ops["softmax_forward"]``; ``repr(op)`` shows how it is called::
+
+        op.describe()                  # its versions, one line each, the default marked *
+        op.inputs, op.outputs          # argument names of op(...), names of what it returns
+        x = llmcupy.xp().asarray(op.make_inputs()["inp"])   # an input of the right shape, on the backend
+        y = op(x, version=5)           # run kernel version 5 (default: op.default_version)
+        y_ref = op.reference(x)        # the NumPy reference
+        op.tolerance                   # output -> (atol, rtol): |ref - out| <= atol + rtol * |ref|
+        op.versions[5].summary         # what version 5 does; op.source_code() is its .cu file
+
+    Arrays are NumPy arrays in the emulator and CuPy arrays on a GPU (``llmcupy.xp()`` is the
+    matching module), or PyTorch tensors. A bad call (unknown version or input, wrong dtype or
+    shape) raises :class:`OpError` naming the op and what is wrong.
+    """
+
     name: str
     summary: str
     source: str                      # kernels_cu/<source>
@@ -488,13 +505,29 @@ class Op:
     # inputs a caller may leave out, with the value they then take (a scalar switch such as
     # matmul_backward's overwrite_dinp); they stay in ``inputs``, after the required ones
     input_defaults: dict = field(default_factory=dict)
+    # inputs that may be None (matmul_forward's bias: the LM head has none); an input whose default
+    # is None may be None too. None for any other input is refused by name.
+    optional_inputs: tuple = ()
     _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        # the dataclass's repr lists every field (kilobytes of functions); a notebook shows this
+        args = ", ".join(f"{k}=None" if k in self.input_defaults and self.input_defaults[k] is None
+                         else f"{k}={self.input_defaults[k]!r}" if k in self.input_defaults else k
+                         for k in self.inputs)
+        returns = self.outputs[0] if len(self.outputs) == 1 else f"({', '.join(self.outputs)})"
+        count = f"{len(self.versions)} version{'s' if len(self.versions) != 1 else ''}"
+        return (f"<llmcupy op {self.name}({args}) -> {returns}: {count}, default "
+                f"{self.default_version}; op.describe() lists them>")
 
     # -- discovery ------------------------------------------------------------------------------
 
     def version(self, number) -> Version:
+        """The :class:`Version` numbered ``number``; an OpError listing the versions if there is none."""
         given = number
         try:
+            if isinstance(number, (float, np.floating)) and not float(number).is_integer():
+                raise ValueError(number)   # version=5.5 is no version, not version 5
             number = int(number)
         except (TypeError, ValueError):
             number, given = None, repr(given)   # echo what was typed ("abc"), not None
@@ -504,6 +537,8 @@ class Op:
         return self.versions[number]
 
     def describe(self) -> str:
+        """The op's summary and its versions, one line each: ``*`` marks the default, and unavailable
+        or nondeterministic versions say so."""
         lines = [f"{self.name}: {self.summary} (kernels_cu/{self.source})"]
         for n in sorted(self.versions):
             v = self.versions[n]
@@ -515,24 +550,37 @@ class Op:
         return "\n".join(lines)
 
     def source_code(self) -> str:
+        """The text of the op's kernel file, ``kernels_cu/<op.source>`` (a header describing every
+        version, then the kernels)."""
         from ..runtime.module import kernels_dir
 
         return (kernels_dir() / self.source).read_text()
 
     def module(self):
+        """The kernel file compiled for the current backend, a :class:`llmcupy.RawModule` (cached)."""
         return load_kernel_file(self.source)
 
     def kernel(self, name: str):
+        """The kernel ``name`` of the op's file, ready to launch as ``k(grid, block, args)``."""
         return self.module().get_function(name)
 
     # -- running --------------------------------------------------------------------------------
 
     def reference(self, *args, **kwargs):
+        """The NumPy reference on the same arguments as ``op(...)``, as op(...) returns them (one
+        array, or a tuple in the order of ``op.outputs``); inputs may be NumPy or CuPy arrays."""
         arrays = self._bind(args, kwargs, numpy=True)
-        out = self.reference_fn(**{k: np.array(v, copy=True) for k, v in arrays.items()})
+        self._check_none(arrays)
+        # copies (some references update in place, as their ops do); None stays None (an absent bias,
+        # not a 0-d object array, which a reference would take for a value)
+        out = self.reference_fn(**{k: None if v is None else np.array(v, copy=True) for k, v in arrays.items()})
         return self._unpack(out)
 
     def make_inputs(self, rng=None, **sizes) -> dict:
+        """Inputs by name, as NumPy arrays drawn as llm.c's test harness draws them (``rng``: a
+        ``np.random.Generator``, seed 0 by default), at the emulator's small ``sim_sizes`` or, on a GPU,
+        the benchmark's ``sizes``; keyword sizes (``B=2, T=64``...) override them. Pass them to the op
+        as ``op(**inputs)`` (moved to the GPU first on cuda: ``llmcupy.runtime.asarray``)."""
         rng = rng if rng is not None else np.random.default_rng(0)
         merged = dict(self.sim_sizes if _backend.is_sim() else self.sizes)
         merged.update({k: v for k, v in sizes.items() if v is not None})
@@ -638,7 +686,7 @@ class Op:
             else:
                 with _host_checks_cm(host_checks):
                     self.validate_fn(arrays)
-        bs = v.default_block_size if block_size is None else int(block_size)
+        bs = v.default_block_size if block_size is None else _as_block_size(self.name, v, block_size)
         if v.block_sizes and bs not in v.block_sizes:
             raise OpError(
                 f"{self.name} version {v.number}: block size {bs} is not one of {', '.join(map(str, v.block_sizes))}"
@@ -660,6 +708,10 @@ class Op:
                 if name in outputs and like is not None and tuple(outputs[name].shape) != tuple(like.shape):
                     raise OpError(f"{self.name}: out[{name!r}] has shape {tuple(outputs[name].shape)}, "
                                   f"expected {tuple(like.shape)}")
+                if (name in outputs and isinstance(like, _Meta) and outputs[name] is not None
+                        and getattr(outputs[name], "dtype", like.dtype) != like.dtype):
+                    raise OpError(f"{self.name}: out[{name!r}] has dtype {outputs[name].dtype}, expected "
+                                  f"{like.dtype.name}")
                 if name in outputs:
                     continue
                 if not isinstance(like, _Meta):
@@ -691,13 +743,27 @@ class Op:
                  **kwargs):
         """Runs a version on CuPy arrays (GPU), NumPy arrays (emulator) or PyTorch tensors.
 
+        The inputs are ``op.inputs``, by position or by name. ``version``: a number of
+        ``op.versions`` (default ``op.default_version``); ``block_size``: one of that version's
+        ``block_sizes`` (default its ``default_block_size``). Returns the output array, or for an op
+        with several outputs a tuple in the order of ``op.outputs``.
+
         ``out`` gives the output arrays to write, as a dict by output name or, for an op with one
-        output, that array; an unknown name is refused. Inputs must be C-contiguous and non-empty.
+        output, that array; an unknown name, shape or dtype is refused. Inputs must be C-contiguous
+        and non-empty. (flash_attention_backward has an input named ``out``: ``out=`` is that input
+        unless it was given by position.)
 
         PyTorch tensors go through DLPack without a copy and the outputs come back as tensors, so a
         kernel version can be dropped into a PyTorch program.
         """
+        if (out is not None and "out" in self.inputs and "out" not in kwargs
+                and len(args) <= self.inputs.index("out")):
+            # an input named "out" (flash_attention_backward: the forward's output) not given by
+            # position: out= is that input, which the call could not do without
+            kwargs, out = {**kwargs, "out": out}, None
         arrays = self._bind(args, kwargs, numpy=False)
+        out = self._out_dict(out)
+        self._check_none(arrays)
         torch_in = any(_is_torch(a) for a in arrays.values())
         if torch_in:
             copied = [k for k, a in arrays.items() if _is_torch(a) and not a.is_contiguous()]
@@ -705,7 +771,7 @@ class Op:
             if copied:
                 self._refuse_copied_in_place(copied, arrays)
         self._check_input_layout(arrays)
-        result = self._unpack(self.run(version, arrays, block_size, self._out_dict(out)))
+        result = self._unpack(self.run(version, arrays, block_size, out))
         if torch_in:
             import torch
 
@@ -729,6 +795,14 @@ class Op:
             return out
         raise OpError(f"{self.name} has {len(self.outputs)} outputs: give out= as a dict by name "
                       f"({', '.join(self.outputs)}), got {type(out).__name__}")
+
+    def _check_none(self, arrays: dict) -> None:
+        """Refuses None for an input the op needs: None stands only for an optional one (an absent bias)."""
+        for k, a in arrays.items():
+            if a is None and k not in self.optional_inputs and not (k in self.input_defaults
+                                                                    and self.input_defaults[k] is None):
+                raise OpError(f"{self.name}: input {k!r} is None; it needs a value (inputs: "
+                              f"{', '.join(self.inputs)})")
 
     def _check_input_layout(self, arrays: dict) -> None:
         """The caller's arrays, named, before anything is allocated from them: an output allocated
@@ -788,6 +862,18 @@ class Op:
         if len(self.outputs) == 1:
             return out[self.outputs[0]]
         return tuple(out[k] for k in self.outputs)
+
+
+def _as_block_size(op_name: str, v: Version, block_size) -> int:
+    """A block size as an int, or an OpError echoing what was given when it is not a whole number."""
+    try:
+        if isinstance(block_size, (float, np.floating)) and not float(block_size).is_integer():
+            raise ValueError(block_size)   # 100.5 is no block size, not 100
+        return int(block_size)
+    except (TypeError, ValueError):
+        sweep = f" (its block sizes: {', '.join(map(str, v.block_sizes))})" if v.block_sizes else ""
+        raise OpError(f"{op_name} version {v.number}: block size {block_size!r} is not a whole number"
+                      f"{sweep}") from None
 
 
 def _is_torch(a) -> bool:

@@ -160,6 +160,7 @@ OP = Op(
     summary="fused softmax + cross-entropy loss + dlogits written in place over the logits (padded rows)",
     source=SOURCE,
     inputs=("logits", "targets", "dlosses", "V"),
+    optional_inputs=("dlosses",),    # None: every dloss = 1/N
     outputs=("losses", "dlogits"),
     versions={
         1: Version(1, "warp per row: cg::reduce max then sum, strided gradient pass (needs dlosses)",

@@ -150,6 +150,7 @@ OP = Op(
     source=SOURCE,
     inputs=("dinp", "dweight", "dbias", "dout", "inp", "weight", "overwrite_dinp"),
     input_defaults={"overwrite_dinp": False},
+    optional_inputs=("dbias",),      # None: no bias gradient
     outputs=("dinp", "dweight", "dbias"),
     versions={
         1: Version(1, "two cuBLAS SGEMMs (runtime.blas, beta = 1) + bias: block per channel, double sums, tree",

@@ -1,7 +1,7 @@
 """matmul_forward: the dense layer out = inp @ weight^T + bias (bias optional: the LM head has none).
 
 Call path: ``op(inp, weight, bias, version=N)`` with inp (B, T, C) or (N, C), weight (OC, C) and
-bias (OC,) or None; returns out with inp's leading dimensions and OC columns.
+bias (OC,) or None (left out, it is None); returns out with inp's leading dimensions and OC columns.
 
 Block sizes are llm.c's "sqrt block sizes": a block size s here means an s x s block (s*s threads).
 Versions 1 and 2 sweep s in {4, 8, 16, 32} (16 to 1024 threads); version 4 always runs 16 x 16;
@@ -134,6 +134,7 @@ OP = Op(
     summary="dense layer out = inp @ weight^T + bias (bias optional)",
     source=SOURCE,
     inputs=("inp", "weight", "bias"),
+    input_defaults={"bias": None},   # op(inp, weight): no bias
     outputs=("out",),
     versions={
         1: Version(1, "naive: one thread per output, s x s blocks, dot product from global memory",

@@ -50,6 +50,7 @@ OP = Op(
     summary="dense layer out = inp @ weight^T + bias on TF32 tensor cores (sm_80+)",
     source=SOURCE,
     inputs=("inp", "weight", "bias"),
+    input_defaults={"bias": None},   # op(inp, weight): no bias
     outputs=("out",),
     versions={
         1: Version(1, "wmma m16n16k8 TF32 fragments (4x2 per warp, 64x32 warp tiles), matmul_forward v5's "

@@ -62,6 +62,7 @@ OP = Op(
     summary="MLP up-projection with GELU: pre = inp @ weight^T + bias, out = gelu(pre)",
     source=SOURCE,
     inputs=("inp", "weight", "bias"),
+    input_defaults={"bias": None},   # op(inp, weight): no bias
     outputs=("pre", "out"),
     versions={
         1: Version(1, "unfused: matmul_forward v5, then gelu_forward v1 (two launches)", _launch_v1,

@@ -43,12 +43,18 @@ def notify_launch(when: str) -> None:
 
 
 def _dims(value, what: str, kernel: str) -> tuple[int, int, int]:
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, (int, float, np.integer, np.floating)):
         value = (value,)
     try:
-        dims = tuple(int(v) for v in value)
+        whole = all(isinstance(v, (int, np.integer)) for v in value)
     except TypeError:
         raise KernelArgumentError(f"{kernel}: {what} must be an int or a tuple of 1-3 ints, got {value!r}") from None
+    if not whole:
+        # a float such as n / 256 would be truncated to fewer blocks than the data needs (CuPy
+        # refuses it as well)
+        raise KernelArgumentError(f"{kernel}: {what} must be ints, got {value!r}; for a count of blocks "
+                                  "write (n + block - 1) // block")
+    dims = tuple(int(v) for v in value)
     if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
         raise KernelArgumentError(f"{kernel}: {what} must be 1-3 positive ints, got {value!r}")
     return dims + (1,) * (3 - len(dims))
@@ -184,7 +190,7 @@ class RawKernel:
     """One kernel, called as ``kernel(grid, block, args, shared_mem=0)``.
 
     Built by :meth:`RawModule.get_function`, or directly with ``cupy.RawKernel``'s signature:
-    ``llmcupy.RawKernel(code, name, options=())``.
+    ``llmcupy.RawKernel(code, name, options=())``. ``repr(kernel)`` shows its C signature.
     """
 
     def __init__(self, module, name: str, options=(), backend: str = "nvrtc", *, translate_cucomplex: bool = False,
@@ -329,6 +335,16 @@ class RawKernel:
                         self.module._sim_library.stack_bytes)
 
     def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None):
+        """Launches the kernel: ``grid`` and ``block`` are ints or tuples of 1-3 ints (blocks, and
+        threads per block: at most 1024), ``args`` a tuple with one entry per kernel parameter,
+        ``shared_mem`` the bytes of dynamic shared memory.
+
+        Each argument is checked against the kernel's C signature: a pointer takes a C-contiguous
+        array of its element type (``float*``: float32; a CuPy array on ``cuda``, a NumPy array in
+        the emulator), a scalar the NumPy scalar of its C type (``int``: ``np.int32(n)``, ``float``:
+        ``np.float32(a)``; a Python int or float is refused, CuPy would pass it as 64 bits). A
+        mismatch raises ``KernelArgumentError`` naming the kernel, the argument and its C type.
+        """
         if _Trusted.depth:
             return self._launch_trusted(grid, block, args, shared_mem, stream)
         LAUNCHES[0] += 1
@@ -366,9 +382,23 @@ class RawKernel:
 
 
 class RawModule:
-    """Compiles CUDA C source for the current backend (``cupy.RawModule``'s signature).
+    """Compiles CUDA C source for the current backend (``cupy.RawModule``'s signature)::
 
-    ``target`` overrides the backend (``"cuda"`` or ``"sim"``) for this module only.
+        mod = llmcupy.RawModule(code=r'''
+        __global__ void scale(float* y, const float* x, float a, int n) {
+            int i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < n) y[i] = a * x[i];
+        }''')
+        k = mod.get_function("scale")
+        k(((n + 255) // 256,), (256,), (y, x, np.float32(2.0), np.int32(n)))
+
+    On ``cuda`` CuPy compiles it with NVRTC; in the emulator g++ builds it, and a compile error
+    raises ``llmcupy.sim.SimCompileError`` with the compiler's messages. Template kernels are named
+    with ``name_expressions=["k<float>"]``. ``target`` overrides the backend (``"cuda"`` or
+    ``"sim"``) for this module only. In the emulator a plain launch does not check accesses to global
+    memory (an overrun may corrupt the Python process's own memory): ``with
+    llmcupy.sim.settings(check="all"):`` runs the launches inside under racecheck, memcheck and
+    initcheck, which stop a bad access and name its line.
     """
 
     def __init__(self, *, code: str | None = None, path: str | None = None, options=(), backend: str = "nvrtc",
@@ -416,10 +446,24 @@ class RawModule:
             if self._sim_library is None:
                 from ..sim.launcher import SimLibrary
 
-                self._sim_library = SimLibrary(code, names, self.options, self.filename, self.variable_names)
+                try:
+                    self._sim_library = SimLibrary(code, names, self.options, self.filename, self.variable_names)
+                except sim_compiler.SimCompileError:
+                    # a name expression naming no kernel fails the build inside generated code
+                    # (RawKernel(code, "scal")); say which name instead
+                    self._refuse_unknown_expressions(code)
+                    raise
                 _SIM_LIBRARIES[(code, self.options, tuple(names))] = self._sim_library
         else:
             raise ValueError(f"unknown target {self.backend!r}")
+
+    def _refuse_unknown_expressions(self, code: str) -> None:
+        declared = sim_compiler.global_function_names(code)
+        for expr in self.name_expressions:
+            base = expr.strip().lstrip("&").split("<", 1)[0].strip().split("::")[-1]
+            if base not in declared:
+                raise AttributeError(f"no kernel {expr!r} in {self.filename}; kernels: "
+                                     f"{', '.join(declared) or 'none'}")
 
     def compile(self, log_stream=None):
         if self.backend == "cuda":
@@ -463,6 +507,8 @@ class RawModule:
         return mem.array(dtype, shape)
 
     def get_function(self, name: str) -> RawKernel:
+        """The kernel ``name`` (a ``__global__`` function of the source, or one of the name
+        expressions), ready to launch; an AttributeError lists the kernels if there is none."""
         kernel = self._functions.get(name)
         if kernel is None:
             if self.backend == "sim" and name not in self.kernel_names:

@@ -212,6 +212,11 @@ def check_arguments(kernel: str, params: list[Param], args, backend: str) -> lis
     8-byte zero); on ``sim`` every argument becomes a NumPy array or scalar whose bytes the
     emulator reads.
     """
+    if not isinstance(args, (tuple, list)):
+        # k(grid, block, (x)) is k(grid, block, x): an array would be taken element by element
+        listing = ", ".join(p.describe() for p in params)
+        raise KernelArgumentError(f"{kernel}: args must be a tuple of its {len(params)} argument(s) ({listing}), "
+                                  f"got {type(args).__name__}; a single argument is written (x,)")
     args = tuple(args)
     if len(args) != len(params):
         listing = ", ".join(p.describe() for p in params)

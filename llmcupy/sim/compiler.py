@@ -255,6 +255,15 @@ def global_kernel_names(code: str) -> list[str]:
     return names
 
 
+def global_function_names(code: str) -> list[str]:
+    """Names of every ``__global__`` function, templates included, unqualified."""
+    names = []
+    for m in _GLOBAL_FN.finditer(blank_comments(code)):
+        if m["name"] not in names:
+            names.append(m["name"])
+    return names
+
+
 def launch_bounds(code: str) -> dict[str, str]:
     """The maximum block size each non-template kernel declares with ``__launch_bounds__``, as the
     C expression written there (``256``, ``16 * 16``, a macro), by unqualified name. A GPU refuses a
