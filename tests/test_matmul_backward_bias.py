@@ -40,7 +40,7 @@ def test_constraints(version, oc, message):
 
 @pytest.mark.parametrize("change, message", [
     (lambda a: a.update(dbias=a["dbias"][:-1].copy()), "dbias must have shape"),
-    (lambda a: a.update(dbias=None), "dbias must have shape"),
+    (lambda a: a.update(dbias=None), "input 'dbias' is None; it needs a value"),   # named before validation
     (lambda a: a.update(dout=a["dout"].astype(np.float64)), "float32"),
 ])
 def test_bad_inputs_are_refused(change, message):
