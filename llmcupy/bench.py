@@ -990,6 +990,11 @@ def _defaults_main(argv) -> int:
     return 0
 
 
+def _no_matplotlib(exc: ImportError) -> str:
+    return (f"error: --plot needs matplotlib ({exc}); pip install matplotlib (a dependency of llmcupy: "
+            "reinstall the package)")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "compare":
@@ -1012,8 +1017,7 @@ def main(argv=None) -> int:
         try:
             check_plot_path(args.plot)
         except ImportError as exc:
-            print(f"error: --plot needs matplotlib ({exc}); pip install matplotlib (a dependency of llmcupy: reinstall the package)",
-                  file=sys.stderr)
+            print(_no_matplotlib(exc), file=sys.stderr)
             return 2
         except BadPath as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -1031,8 +1035,7 @@ def main(argv=None) -> int:
             try:
                 plot_results(record, args.plot, ops=args.ops)
             except ImportError as exc:
-                print(f"error: --plot needs matplotlib ({exc}); pip install matplotlib (a dependency of llmcupy: reinstall the package)",
-                      file=sys.stderr)
+                print(_no_matplotlib(exc), file=sys.stderr)
                 return 2
             except ValueError as exc:
                 print(f"error: {exc}", file=sys.stderr)
@@ -1103,8 +1106,7 @@ def main(argv=None) -> int:
         try:
             plot_results(record, args.plot)
         except ImportError as exc:
-            print(f"error: --plot needs matplotlib ({exc}); pip install matplotlib (a dependency of llmcupy: reinstall the package)",
-                  file=sys.stderr)
+            print(_no_matplotlib(exc), file=sys.stderr)
             return 2
         print(f"plot: {args.plot}")
     return 1 if c["failed"] else 0
