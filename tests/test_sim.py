@@ -367,7 +367,14 @@ def test_a_crashing_kernel_fails_alone_in_a_spawned_child():
     assert run_isolated(_launch_twice_in_child, GRID_CODE, start="spawn") == 128.0
 
 
-WILD = r"""__global__ void wild(float* x) { x[(size_t)threadIdx.x * 100000000000ull] = 1.0f; }"""
+# A wild pointer into the first page of the address space, which Linux never maps (vm.mmap_min_addr
+# is at least a page): it faults every time. An index far past x (as before) could land in memory
+# that a big test process has mapped, and corrupt it without a fault: a CI run of the whole suite
+# died of a segfault in this test once.
+WILD = r"""__global__ void wild(float* x) {
+    if (threadIdx.x == 0) x[0] = 0.0f;
+    *(float*)(size_t)(4 * (1 + threadIdx.x % 8)) = 1.0f;
+}"""
 DEEP = r"""
 __device__ int rec(int n) { volatile char pad[4096]; pad[0] = char(n); return n == 0 ? 0 : rec(n - 1) + pad[0]; }
 __global__ void deep(int* out, int n) { out[threadIdx.x] = rec(n); }
