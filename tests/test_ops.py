@@ -186,6 +186,27 @@ def test_optional_inputs_may_be_none_or_left_out_and_no_other_may_be_none():
     np.testing.assert_allclose(got_dlogits[..., :V], dlogits[..., :V], atol=1e-6)
 
 
+def test_the_reference_refuses_what_the_op_refuses():
+    # (it used to answer a float64 input in float64 and a mis-shaped one with whatever NumPy made of it)
+    sm = llmcupy.ops["softmax_forward"]
+    x = np.random.default_rng(0).standard_normal((4, 8))
+    for call in (sm, sm.reference):
+        with pytest.raises(OpError, match=r"softmax_forward: inp must be float32, got float64"):
+            call(x)
+        with pytest.raises(OpError, match=r"softmax_forward: inp must be 2-D \(N, C\), got shape \(32,\)"):
+            call(x.astype(np.float32).ravel())
+    mm = llmcupy.ops["matmul_forward"]
+    a = mm.make_inputs(np.random.default_rng(0))
+    for call in (mm, mm.reference):
+        with pytest.raises(OpError, match=r"matmul_forward: "):
+            call(a["inp"], a["weight"][:-1], a["bias"])   # OC of weight and bias disagree
+    mb = llmcupy.ops["matmul_backward"]
+    b = mb.make_inputs(np.random.default_rng(0))
+    with pytest.raises(OpError, match=r"overwrite_dinp must be True or False"):
+        mb.reference(**{**b, "overwrite_dinp": 2})
+    assert len(mb.reference(**{**b, "overwrite_dinp": True})) == 3   # a Python bool stays one
+
+
 def test_an_input_named_out_is_given_by_name_and_out_is_still_the_destination_after_it():
     op = llmcupy.ops["flash_attention_backward"]        # its inputs: dout, inp, out (the forward's), lse, NH
     a = op.make_inputs(np.random.default_rng(0))

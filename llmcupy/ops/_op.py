@@ -568,9 +568,15 @@ class Op:
 
     def reference(self, *args, **kwargs):
         """The NumPy reference on the same arguments as ``op(...)``, as op(...) returns them (one
-        array, or a tuple in the order of ``op.outputs``); inputs may be NumPy or CuPy arrays."""
+        array, or a tuple in the order of ``op.outputs``); inputs may be NumPy or CuPy arrays, and
+        are checked as ``op(...)`` checks them (an OpError for a wrong dtype or shape)."""
         arrays = self._bind(args, kwargs, numpy=True)
         self._check_none(arrays)
+        if self.validate_fn is not None:
+            # the checks op(...) makes (dtype, shapes that agree): a float64 or mis-shaped input would
+            # otherwise give a reference of another precision or shape, and a comparison against the
+            # kernel's output would fail, or pass, for the wrong reason
+            self.validate_fn(arrays)
         # copies (some references update in place, as their ops do); None stays None (an absent bias,
         # not a 0-d object array, which a reference would take for a value)
         out = self.reference_fn(**{k: None if v is None else np.array(v, copy=True) for k, v in arrays.items()})
@@ -849,7 +855,10 @@ class Op:
             raise OpError(f"{self.name} is missing input(s) {', '.join(missing)}")
         arrays = self._with_defaults(arrays)
         if numpy:
-            return {k: (None if v is None else _backend.to_numpy(v)) for k, v in arrays.items()}
+            # arrays to NumPy; a scalar input (overwrite_dinp, a step count) stays the Python value
+            # the op's validation expects
+            return {k: (v if v is None or isinstance(v, (bool, int, float, np.generic)) else _backend.to_numpy(v))
+                    for k, v in arrays.items()}
         return arrays
 
     def _with_defaults(self, arrays: dict) -> dict:
