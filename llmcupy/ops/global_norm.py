@@ -30,20 +30,12 @@ BLOCK_SIZES = (32, 64, 128, 256, 512, 768, 1024)  # llm.c's sweep, including 768
 SIM_NUM_SMS = 2                 # the emulator's stand-in device
 SIM_MAX_THREADS_PER_SM = 2048
 AGGREGATE_THREADS = 1024        # version 4's second kernel: one block of this many threads
-_DEVICE_FILL: dict = {}
-
-
 def _device_threads() -> int:
-    """maxThreadsPerSM * numSMs of the device the kernels run on."""
+    """maxThreadsPerSM * numSMs of the device the kernels run on (cached per device by the backend)."""
     if _backend.is_sim():
         return SIM_NUM_SMS * SIM_MAX_THREADS_PER_SM
-    import cupy
-
-    dev = cupy.cuda.Device().id
-    if dev not in _DEVICE_FILL:
-        props = cupy.cuda.runtime.getDeviceProperties(dev)
-        _DEVICE_FILL[dev] = int(props["multiProcessorCount"]) * int(props["maxThreadsPerMultiProcessor"])
-    return _DEVICE_FILL[dev]
+    return (_backend.device_attribute("MultiProcessorCount")
+            * _backend.device_attribute("MaxThreadsPerMultiProcessor"))
 
 
 def grid_size(count: int, block_size: int, cap: int | None = None) -> int:
