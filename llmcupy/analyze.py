@@ -278,11 +278,6 @@ def analysis_block_sizes(version, pinned: int | None = None) -> list:
     return sorted(sizes, key=lambda b: (abs(np.log2(b / 256)), b))
 
 
-def analysis_block_size(version, pinned: int | None = None):
-    """The preferred block size of :func:`analysis_block_sizes`."""
-    return analysis_block_sizes(version, pinned)[0]
-
-
 def ideal_bytes(op, inputs: dict, outputs: dict, sizes: dict) -> tuple[int, str]:
     """The op's ideal bytes moved and where the figure comes from."""
     if op.bound is not None and op.bound.kind == "memory" and op.bound.bytes is not None:

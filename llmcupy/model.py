@@ -315,8 +315,7 @@ class GPT2:
 
     def forward_on_device(self) -> None:
         """The forward pass proper: kernel launches only, no host synchronisation."""
-        cfg, p, a = self.config, self.p, self.acts
-        L, NH, V = cfg.num_layers, cfg.num_heads, cfg.vocab_size
+        p, a = self.p, self.acts
         with phase("encoder"):
             self.call("encoder_forward", {"tokens": self.tokens, "wte": p["wte"], "wpe": p["wpe"]},
                       out={"out": a["encoded"]})

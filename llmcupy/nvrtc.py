@@ -180,10 +180,6 @@ def find_nvrtc() -> _Nvrtc:
     return _Nvrtc(lib, path)
 
 
-def nvrtc_version() -> tuple[int, int]:
-    return find_nvrtc().version()
-
-
 def _first_dir(candidates) -> Path | None:
     for c in candidates:
         if c.is_dir():

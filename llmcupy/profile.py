@@ -37,7 +37,6 @@ import time
 
 import numpy as np
 
-from . import checkpoint as ckpt
 from . import ops as ops_registry
 from .model import GPT2, ModelError
 from .runtime import backend as _backend

@@ -71,7 +71,7 @@ class _CountingFills(np.ndarray):
 def test_dpreatt_is_zeroed_once_per_buffer():
     # the trainer reuses one dpreatt for every layer of every step: zeroing it every call cost
     # 201 MB x 12 writes a step at 124M; no version writes above the diagonal, so once is enough
-    B, T, C, NH = SHAPE["B"], SHAPE["T"], SHAPE["C"], SHAPE["NH"]
+    B, T, NH = SHAPE["B"], SHAPE["T"], SHAPE["NH"]
     dpreatt = np.full((B, NH, T, T), 7.0, np.float32).view(_CountingFills)
     _CountingFills.fills = 0
     for seed in (1, 2, 3):

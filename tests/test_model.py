@@ -427,7 +427,7 @@ def test_tf32_is_restored_after_train_main(token_files, monkeypatch):
                                      monkeypatch)
         assert rc == 0, err
         assert during and set(during) == {expected}
-        assert f"TF32" in out and not blas.tf32_enabled()
+        assert "TF32" in out and not blas.tf32_enabled()
 
 
 class _CountingLosses(np.ndarray):

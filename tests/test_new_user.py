@@ -505,7 +505,7 @@ def test_ctrl_c_during_a_save_in_a_real_process_exits_130_after_the_save(inputs,
     import time
 
     state = tmp_path / "state.npz"
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import sys, time
         from llmcupy import checkpoint, train
         real = checkpoint.save_training_state

@@ -4,7 +4,6 @@ Each planted kernel has its accesses on separate, known lines (found by a marker
 report can be checked for the exact source lines and threads; the fixed kernel must run clean.
 """
 
-import ctypes
 import json
 import textwrap
 

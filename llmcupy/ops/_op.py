@@ -144,10 +144,6 @@ def graph_safe(workspace: Workspace):
         _WORKSPACE[0] = previous
 
 
-def active_workspace() -> Workspace | None:
-    return _WORKSPACE[0]
-
-
 def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None, fill_count: int | None = None):
     """A temporary for one launch of op ``owner``: a new array, or the graph's workspace buffer.
 

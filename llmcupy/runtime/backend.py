@@ -183,14 +183,3 @@ def compute_capability() -> int | None:
     import cupy
 
     return int(cupy.cuda.Device().compute_capability)
-
-
-def set_tf32(enabled: bool) -> bool:
-    """Process-wide TF32 switch, never restored: prefer the scoped ``runtime.blas.tf32(...)``, which
-    the trainer and the profiler use. Returns whether TF32 is now in use (never in the emulator or
-    below compute capability 8.0)."""
-    from . import blas
-
-    scope = blas.tf32(enabled)
-    used = scope.__enter__()  # deliberately left open: this is the unscoped form
-    return used

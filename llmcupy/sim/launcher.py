@@ -30,7 +30,7 @@ import ctypes
 import os
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
