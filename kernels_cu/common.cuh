@@ -52,9 +52,22 @@ __device__ __forceinline__ void float4_set(float4& v, int i, float x) {
 // sqrt(2/pi), the constant of GPT-2's tanh approximation of GELU.
 #define GELU_SCALING_FACTOR 0.7978845608028654f
 
+// tanh(u) as 1 - 2 / (e^(2u) + 1), for GELU and its gradient. Not tanhf: under --use_fast_math
+// (our build, as llm.c's) NVRTC 12.8 and later compile tanhf to the tanh.approx.f32 instruction,
+// whose relative error the PTX ISA bounds only by 2^-11. At x = 1 that can put GELU 1.7e-4 from its
+// reference, 17 times llm.c's FP32 tolerance, while NVRTC 12.6 and earlier compile it to an
+// accurate tanhf: the results would depend on the CUDA version. This form needs only the fast
+// exponential (ex2.approx, relative error near 2^-22) and a division (2 ulp), so it is within about
+// 1e-6 of tanh on every toolkit. For small |u| the subtraction cancels, but the absolute error stays
+// near one ulp of 1, which is what GELU needs (it scales tanh by 0.5 x). The tails are exact: for
+// u > 44, e^(2u) is inf and the quotient 0, giving 1; for very negative u, e^(2u) is 0, giving -1.
+__device__ __forceinline__ float tanh_from_exp(float u) {
+    return 1.0f - 2.0f / (__expf(2.0f * u) + 1.0f);
+}
+
 // GPT-2's GELU, one formula for gelu_forward and the matmul's fused GELU epilogue, so the fused
 // and the unfused MLP give the same bits.
 __device__ __forceinline__ float gelu_tanh(float x) {
     float cube = 0.044715f * x * x * x;
-    return 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + cube)));
+    return 0.5f * x * (1.0f + tanh_from_exp(GELU_SCALING_FACTOR * (x + cube)));
 }

@@ -4,7 +4,8 @@ With k = sqrt(2/pi) and u = k * (x + 0.044715 x^3):
     local   = 0.5 * (1 + tanh(u)) + 0.5 * x * sech^2(u) * k * (1 + 3 * 0.044715 * x^2)
     dinp[i] = local * dout[i]            (overwritten, not accumulated)
 sech^2(u) is 1 / cosh(u)^2: for large |u| coshf overflows to inf and the term becomes exactly 0,
-which is the right limit.
+which is the right limit. tanh(u) is computed from the exponential (common.cuh's tanh_from_exp), not
+with tanhf, which NVRTC 12.8+ turns into the coarse tanh.approx.f32 under --use_fast_math.
 
 Every thread reads its element(s) of x and dout before writing dinp, so both versions may run in
 place (dinp == dout), as the trainer does on its gradient buffer.
@@ -24,7 +25,7 @@ Fastest: version 2.
 __device__ __forceinline__ float gelu_tanh_grad(float x) {
     float cube = 0.044715f * x * x * x;
     float u = GELU_SCALING_FACTOR * (x + cube);
-    float tanh_out = tanhf(u);
+    float tanh_out = tanh_from_exp(u);   // not tanhf: see common.cuh (tanh.approx.f32 under fast math)
     float cosh_out = coshf(u);
     float sech2 = 1.0f / (cosh_out * cosh_out);
     return 0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);

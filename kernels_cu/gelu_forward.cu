@@ -12,7 +12,10 @@ version 2: one thread per 128-bit pack (a float4 in FP32): the input is read wit
            index, so N must be a multiple of 4, and both pointers 16-byte aligned.
 
 llm.c's dev file is bf16 (8 elements per pack); in FP32 the pack is 4 floats. The cube is computed
-as 0.044715 * x * x * x, as in llm.c. Fastest: version 2.
+as 0.044715 * x * x * x, as in llm.c. tanh is computed from the exponential (common.cuh's
+tanh_from_exp), not with llm.c's tanhf: under --use_fast_math NVRTC 12.8+ turns tanhf into the
+tanh.approx.f32 instruction (relative error up to 2^-11), too coarse for the FP32 tolerance.
+Fastest: version 2.
 */
 
 #include "common.cuh"   // gelu_tanh: the formula, shared with the matmul's fused GELU epilogue

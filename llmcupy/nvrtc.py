@@ -146,6 +146,8 @@ class _Nvrtc:
             "nvrtcGetProgramLog": [P, ctypes.c_char_p],
             "nvrtcGetCUBINSize": [P, ctypes.POINTER(sz)],
             "nvrtcGetCUBIN": [P, ctypes.c_char_p],
+            "nvrtcGetPTXSize": [P, ctypes.POINTER(sz)],
+            "nvrtcGetPTX": [P, ctypes.c_char_p],
             "nvrtcGetLoweredName": [P, c, ctypes.POINTER(c)],
             "nvrtcGetNumSupportedArchs": [ctypes.POINTER(i)],
             "nvrtcGetSupportedArchs": [ctypes.POINTER(i)],
@@ -425,6 +427,34 @@ def compile_source(code: str, arch: int, *, filename: str = "kernel.cu", kernels
                 lowered[ptr.value.decode()] = expr
         kernels = parse_ptxas_log(log, lowered)
         return CompileResult(filename, arch, True, log, kernels, size.value)
+    finally:
+        nv.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def file_ptx(path, arch: int, kernels_dir: Path | None = None) -> str:
+    """The PTX of a kernel file for ``compute_<arch>``, compiled with the options the GPU path uses
+    (``--use_fast_math`` included): what the instructions are, where the cubin only says how many
+    registers they need. A compile error raises RuntimeError with NVRTC's log."""
+    nv = find_nvrtc()
+    path = Path(path)
+    opts = [o for o in compile_options(arch, kernels_dir) if not o.startswith(("--gpu-architecture", "-Xptxas"))]
+    opts.append(f"--gpu-architecture=compute_{int(arch)}")
+    prog = ctypes.c_void_p()
+    nv.check(nv.lib.nvrtcCreateProgram(ctypes.byref(prog), path.read_text().encode(), path.name.encode(), 0, None,
+                                       None), "nvrtcCreateProgram")
+    try:
+        copts = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+        if nv.lib.nvrtcCompileProgram(prog, len(opts), copts) != 0:
+            size = ctypes.c_size_t()
+            nv.check(nv.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size)), "nvrtcGetProgramLogSize")
+            log = ctypes.create_string_buffer(size.value)
+            nv.check(nv.lib.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
+            raise RuntimeError(f"{path.name} does not compile for compute_{arch}:\n{log.value.decode(errors='replace')}")
+        size = ctypes.c_size_t()
+        nv.check(nv.lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "nvrtcGetPTXSize")
+        ptx = ctypes.create_string_buffer(size.value)
+        nv.check(nv.lib.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        return ptx.value.decode()
     finally:
         nv.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 

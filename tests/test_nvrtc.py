@@ -88,6 +88,31 @@ def test_kernel_files_compile_with_other_supported_nvrtcs(which):
 
 
 # ----------------------------------------------------------------------------------------------
+# fast-math codegen that moves results past their tolerance
+
+TANH_FILES = sorted(f for f in FILES if "tanh" in (kernels_dir() / f).read_text())
+
+
+def test_fast_math_turns_tanhf_into_the_coarse_instruction(have_nvrtc, tmp_path):
+    # the premise of the test below: NVRTC 12.8+ with --use_fast_math (our default options) emits
+    # tanh.approx.f32, relative error up to 2^-11 per the PTX ISA, for a plain tanhf
+    if nvrtc.find_nvrtc().version() < (12, 8):
+        pytest.skip("NVRTC before 12.8 keeps the accurate tanhf under --use_fast_math")
+    src = tmp_path / "plain_tanhf.cu"
+    src.write_text('extern "C" __global__ void k(float* y) { y[threadIdx.x] = tanhf(y[threadIdx.x]); }\n')
+    assert "tanh.approx.f32" in nvrtc.file_ptx(src, 80)
+
+
+@pytest.mark.parametrize("filename", TANH_FILES)
+def test_gelu_kernels_do_not_use_the_coarse_tanh_instruction(have_nvrtc, filename):
+    # GELU computes tanh from the exponential (common.cuh, tanh_from_exp): with tanh.approx.f32 it
+    # could be 1.7e-4 from its reference at x = 1, against a tolerance of 1e-5, and would change with
+    # the CUDA version (NVRTC 12.6 and earlier keep the accurate tanhf)
+    ptx = nvrtc.file_ptx(kernels_dir() / filename, 80)
+    assert "tanh.approx" not in ptx, f"kernels_cu/{filename} compiles to tanh.approx under our options"
+
+
+# ----------------------------------------------------------------------------------------------
 # the ptxas log parser
 
 CANNED_LOG = """\
