@@ -165,7 +165,7 @@ class SanitizerReport:
                     f"between blocks: {first} at {self.prev_line} by block {pb} thread {p}, {second} at {self.line} "
                     f"by block {b} thread {t}, not both atomic, with nothing ordering the two blocks (blocks of "
                     f"one launch are ordered only by a __threadfence() and an atomic in one, then an atomic on the "
-                    f"same address in the other)")
+                    f"same address in the other, or by a grid.sync() of a cooperative launch between them)")
         warp = (" [warp-synchronous: lanes of one warp with no __syncwarp or warp collective between the accesses,"
                 " a race on Volta and later]" if self.warp_synchronous else "")
         return (f"racecheck: {self.kind} hazard on {self.space} memory ({self.where}) in kernel {self.kernel}, block {b}: "
