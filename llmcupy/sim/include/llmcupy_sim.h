@@ -2,7 +2,7 @@
 //
 // The emulator compiles an unchanged .cu file with g++ against this header. Every CUDA thread of a
 // block is a fiber (its own stack) and all fibers of a block run on one OS thread; blocks are spread
-// over a few OS threads. A fiber only gives up the CPU at a synchronisation point: __syncthreads()
+// over a few OS threads (in a cooperative launch, one OS thread per block, all at once: see GridBarrier). A fiber only gives up the CPU at a synchronisation point: __syncthreads()
 // and its variants, a warp collective (shuffle, vote, __syncwarp, __activemask, cooperative-groups
 // sync/reduce/scan), and where a GPU thread may wait for another's progress: a volatile access (in
 // sources that declare volatile data), an atomic that leaves memory unchanged twice in a row or a
@@ -20,7 +20,9 @@
 //   - deadlock: no thread can make progress; reported with the source lines they wait at.
 // And as errors that stop the launch (a Python exception; the process lives on): a failed device
 // assert(), a write into the guard bytes around a shared array, a launch past the watchdog's time
-// limit (threads that never reach a sync point are interrupted by a signal), grid_group::sync().
+// limit (threads that never reach a sync point are interrupted by a signal), grid_group::sync()
+// outside a cooperative launch; in a cooperative launch a block that returned while others wait at
+// grid.sync() is a deadlock.
 //
 // What it does not model: timing, coalescing, bank conflicts, FMA contraction and rounding order.
 // Races between two barriers are not visible in a plain build (a thread runs from one sync point
@@ -1859,8 +1861,8 @@ inline void grid_sync(int line) {
         Fiber* f = w->cur;
         char msg[640];
         std::snprintf(msg, sizeof msg,
-                      "kernel %s calls grid_group::sync() (line %d, block (%u,%u,%u), thread (%u,%u,%u)) in a launch "
-                      "that is not cooperative, where a GPU gives no grid-wide barrier (the launch may hang): build "
+                      "kernel %s calls grid_group::sync() (line %d, block (%u,%u,%u), thread (%u,%u,%u)) outside a "
+                      "cooperative launch, where a GPU gives no grid-wide barrier (the launch may hang): build "
                       "the module with llmcupy.RawModule(..., enable_cooperative_groups=True) (or RawKernel(code, "
                       "name, enable_cooperative_groups=True)) and keep the grid small enough for every block to be "
                       "resident at once\n",
