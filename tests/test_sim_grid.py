@@ -249,3 +249,16 @@ def test_grid_sync_reduction_on_the_gpu():
     out = cupy.zeros(4, cupy.int32)
     mod.get_function("valid")((4,), (32,), (out,))
     assert (cupy.asnumpy(out) == 1).all()
+
+
+def test_readme_cooperative_example_runs(no_hazards):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"```python\n(mod = llmcupy\.RawModule\(code=r'''\n#include <cooperative_groups.h>.*?)```", text,
+                      re.S)
+    assert block, "the README's cooperative launch example is missing"
+    namespace = {"np": np, "llmcupy": llmcupy, "xp": np}
+    exec(compile(block.group(1), "README.md", "exec"), namespace)
+    assert namespace["out"][0] == 499500   # integers below 2**24: exact in float32 in any order
