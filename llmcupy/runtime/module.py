@@ -401,7 +401,10 @@ class RawModule:
     ``"sim"``) for this module only. In the emulator a plain launch does not check accesses to global
     memory (an overrun may corrupt the Python process's own memory): ``with
     llmcupy.sim.settings(check="all"):`` runs the launches inside under racecheck, memcheck and
-    initcheck, which stop a bad access and name its line.
+    initcheck, which stop a bad access and name its line. ``enable_cooperative_groups=True`` makes
+    every launch of the module's kernels cooperative (all blocks resident at once, so
+    ``cg::this_grid().sync()`` works; in the emulator a grid too large for its device is refused with
+    ``llmcupy.sim.SimCooperativeLaunchTooLargeError``).
     """
 
     def __init__(self, *, code: str | None = None, path: str | None = None, options=(), backend: str = "nvrtc",
