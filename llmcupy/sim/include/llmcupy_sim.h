@@ -2,8 +2,9 @@
 //
 // The emulator compiles an unchanged .cu file with g++ against this header. Every CUDA thread of a
 // block is a fiber (its own stack) and all fibers of a block run on one OS thread; blocks are spread
-// over a few OS threads (in a cooperative launch, one OS thread per block, all at once: see GridBarrier). A fiber only gives up the CPU at a synchronisation point: __syncthreads()
-// and its variants, a warp collective (shuffle, vote, __syncwarp, __activemask, cooperative-groups
+// over a few OS threads (in a cooperative launch, one OS thread per block, all at once: see
+// GridBarrier). A fiber only gives up the CPU at a synchronisation point: __syncthreads() and its
+// variants, a warp collective (shuffle, vote, __syncwarp, __activemask, cooperative-groups
 // sync/reduce/scan), and where a GPU thread may wait for another's progress: a volatile access (in
 // sources that declare volatile data), an atomic that leaves memory unchanged twice in a row or a
 // failed atomicCAS (a poll), __nanosleep. The scheduler then decides what is released, so between
@@ -1485,7 +1486,7 @@ inline void grid_block_exit(Worker* w) {
     g_grid_barrier.cv.notify_all();
 }
 
-// Block w was abandoned (its error is its own report): blocks waiting at grid.sync() leave.
+// A block was abandoned (its error is its own report): the blocks waiting at grid.sync() leave.
 inline void grid_block_failed() {
     std::lock_guard<std::mutex> lk(g_grid_barrier.m);
     g_grid_barrier.failed = true;
