@@ -59,12 +59,6 @@ __global__ void spin_then_sync(volatile int* flag) {
     cg::this_grid().sync();
 }
 
-__global__ void assert_then_sync(int* out) {
-    assert(blockIdx.x != 2);
-    cg::this_grid().sync();
-    out[blockIdx.x] = 1;
-}
-
 // A handoff between blocks: every block writes its slot, then (with use_sync) grid.sync(), then block
 // 0 reads every slot. Without the sync the reads race with other blocks' writes.
 __global__ void handoff(float* slots, float* out, int use_sync) {
@@ -87,6 +81,19 @@ __global__ void rounds(float* slots, float* out, int second_sync) {
         if (threadIdx.x == 0) out[r * gridDim.x + blockIdx.x] = slots[(blockIdx.x + 1) % gridDim.x];
         if (second_sync) g.sync();
     }
+}
+"""
+
+
+# Kept out of CODE, which the GPU twin also builds: on a GPU this kernel's failed assert would poison
+# the CUDA context of the test process; it only matters to the emulator's error path.
+ASSERT_CODE = r"""
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+__global__ void assert_then_sync(int* out) {
+    assert(blockIdx.x != 2);
+    cg::this_grid().sync();
+    out[blockIdx.x] = 1;
 }
 """
 
@@ -200,7 +207,8 @@ def test_the_watchdog_stops_blocks_waiting_at_grid_sync():
 def test_a_failing_block_releases_the_blocks_waiting_at_grid_sync():
     out = np.zeros(4, np.int32)
     with pytest.raises(sim.SimDeviceAssertError, match=r"assert_then_sync.*block \(2,0,0\)"):
-        cooperative().get_function("assert_then_sync")((4,), (32,), (out,))
+        llmcupy.RawModule(code=ASSERT_CODE, target="sim", enable_cooperative_groups=True).get_function(
+            "assert_then_sync")((4,), (32,), (out,))
 
 
 @pytest.mark.parametrize("order", ORDERS)
