@@ -204,9 +204,9 @@ def _spy_launches(monkeypatch):
     seen = []
     real = rt._sim_launch
 
-    def spy(entry, name, grid3, block3, args, shared_mem, stack_bytes):
+    def spy(entry, name, grid3, block3, args, shared_mem, stack_bytes, cooperative=False):
         seen.append((name, grid3, block3, list(args), shared_mem))
-        return real(entry, name, grid3, block3, args, shared_mem, stack_bytes)
+        return real(entry, name, grid3, block3, args, shared_mem, stack_bytes, cooperative)
 
     monkeypatch.setattr(rt, "_sim_launch", spy)
     return seen

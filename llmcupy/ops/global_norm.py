@@ -22,13 +22,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
+from ..sim.launcher import DEVICE_MAX_THREADS_PER_SM, DEVICE_SMS
 from ._op import Bound, Op, Version, check_float32, kernel_of, need
 
 SOURCE = "global_norm.cu"
 NAME = "global_norm"
 BLOCK_SIZES = (32, 64, 128, 256, 512, 768, 1024)  # llm.c's sweep, including 768
-SIM_NUM_SMS = 2                 # the emulator's stand-in device
-SIM_MAX_THREADS_PER_SM = 2048
+SIM_NUM_SMS = DEVICE_SMS        # the emulator's stand-in device (sim/launcher.py)
+SIM_MAX_THREADS_PER_SM = DEVICE_MAX_THREADS_PER_SM
 AGGREGATE_THREADS = 1024        # version 4's second kernel: one block of this many threads
 def _device_threads() -> int:
     """maxThreadsPerSM * numSMs of the device the kernels run on (cached per device by the backend)."""

@@ -177,13 +177,13 @@ def registers_limit(registers: int, per_block: int = 65536) -> int:
 _sim_launcher = None
 
 
-def _sim_launch(entry, name, grid3, block3, args, shared_mem, stack_bytes) -> None:
+def _sim_launch(entry, name, grid3, block3, args, shared_mem, stack_bytes, cooperative=False) -> None:
     global _sim_launcher
     if _sim_launcher is None:
         from ..sim import launcher as _sim_launcher_module
 
         _sim_launcher = _sim_launcher_module
-    _sim_launcher.launch(entry, name, grid3, block3, args, shared_mem, stack_bytes)
+    _sim_launcher.launch(entry, name, grid3, block3, args, shared_mem, stack_bytes, cooperative)
 
 
 class RawKernel:
@@ -191,6 +191,8 @@ class RawKernel:
 
     Built by :meth:`RawModule.get_function`, or directly with ``cupy.RawKernel``'s signature:
     ``llmcupy.RawKernel(code, name, options=())``. ``repr(kernel)`` shows its C signature.
+    ``enable_cooperative_groups`` (its module's, as in CuPy) makes every launch cooperative: all blocks
+    resident at once and ``cg::this_grid().sync()`` allowed (cuLaunchCooperativeKernel on a GPU).
     """
 
     def __init__(self, module, name: str, options=(), backend: str = "nvrtc", *, translate_cucomplex: bool = False,
@@ -204,6 +206,7 @@ class RawKernel:
         self.module = module
         self.name = name
         self.backend = module.backend
+        self.enable_cooperative_groups = module.enable_cooperative_groups
         self.max_dynamic_shared_size_bytes = 0
         if self.backend == "cuda":
             self._kernel = module._cupy_module.get_function(name)
@@ -307,7 +310,7 @@ class RawKernel:
                 notify_launch("after")
         else:
             _sim_launch(self._entry, self.name, _pad3(grid), _pad3(block), list(args), int(shared_mem),
-                        self.module._sim_library.stack_bytes)
+                        self.module._sim_library.stack_bytes, self.enable_cooperative_groups)
 
     def _launch_replayed(self, grid3, block3, args: tuple, shared_mem: int) -> None:
         """A launch a plan recorded after ``__call__`` checked it: the same grid, block, shared memory
@@ -332,7 +335,7 @@ class RawKernel:
                 self._kernel(grid3, block3, args, shared_mem=shared_mem)
         else:
             _sim_launch(self._entry, self.name, grid3, block3, list(args), shared_mem,
-                        self.module._sim_library.stack_bytes)
+                        self.module._sim_library.stack_bytes, self.enable_cooperative_groups)
 
     def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None):
         """Launches the kernel: ``grid`` and ``block`` are ints or tuples of 1-3 ints (blocks, and
@@ -378,7 +381,7 @@ class RawKernel:
             if shared_mem > 227 * 1024:
                 raise KernelArgumentError(f"{self.name}: {shared_mem} bytes of shared memory exceed any GPU's 227 KiB")
             _sim_launch(self._entry, self.name, grid3, block3, prepared, int(shared_mem),
-                        self.module._sim_library.stack_bytes)
+                        self.module._sim_library.stack_bytes, self.enable_cooperative_groups)
 
 
 class RawModule:
@@ -398,7 +401,10 @@ class RawModule:
     ``"sim"``) for this module only. In the emulator a plain launch does not check accesses to global
     memory (an overrun may corrupt the Python process's own memory): ``with
     llmcupy.sim.settings(check="all"):`` runs the launches inside under racecheck, memcheck and
-    initcheck, which stop a bad access and name its line.
+    initcheck, which stop a bad access and name its line. ``enable_cooperative_groups=True`` makes
+    every launch of the module's kernels cooperative (all blocks resident at once, so
+    ``cg::this_grid().sync()`` works; in the emulator a grid too large for its device is refused with
+    ``llmcupy.sim.SimCooperativeLaunchTooLargeError``).
     """
 
     def __init__(self, *, code: str | None = None, path: str | None = None, options=(), backend: str = "nvrtc",
@@ -415,6 +421,9 @@ class RawModule:
         self.options = tuple(options)
         self.filename = filename or "kernel.cu"
         self.backend = target or _backend.get_backend()
+        # as in CuPy, a property of the module: its kernels are launched cooperatively (in the
+        # emulator: every block at once, grid.sync() allowed; see sim/launcher.py launch)
+        self.enable_cooperative_groups = bool(enable_cooperative_groups)
         self.name_expressions = list(name_expressions or [])
         self._functions: dict[str, RawKernel] = {}
         if self.backend == "cuda":

@@ -40,6 +40,13 @@ from .compiler import build_library, stack_requirement
 
 ORDERS = {"forward": 0, "reverse": 1, "random": 2}
 
+# The emulator's stand-in device, where a kernel's launch depends on the device's size: grids sized
+# to fill it (ops/global_norm.py) and the co-residency rule of cooperative launches. Small, so that
+# grid-stride loops wrap at test sizes and a cooperative grid (one OS thread per block) stays small.
+DEVICE_SMS = 2
+DEVICE_MAX_THREADS_PER_SM = 2048
+DEVICE_MAX_BLOCKS_PER_SM = 32      # resident blocks per SM on sm_80 (the emulator's __CUDA_ARCH__) and sm_90
+
 
 class SimDeadlockError(RuntimeError):
     """No thread of a block could make progress; the message names the source lines."""
@@ -65,6 +72,11 @@ class SimMemoryFaultError(SimLaunchError):
     """A thread faulted (SIGSEGV/SIGBUS: an address nothing is mapped at, or a fiber stack overflow);
     its block was abandoned, as a GPU reports cudaErrorIllegalAddress. Names kernel, block, thread and,
     where the emulator knows it, what the address was; ``--sanitize memory`` names the source line."""
+
+
+class SimCooperativeLaunchTooLargeError(SimLaunchError):
+    """A cooperative launch whose blocks cannot all be resident on the emulator's device at once
+    (CUDA's cudaErrorCooperativeLaunchTooLarge); names the kernel, the grid and the limit."""
 
 
 class SimSanitizerError(SimLaunchError):
@@ -153,7 +165,7 @@ class SanitizerReport:
                     f"between blocks: {first} at {self.prev_line} by block {pb} thread {p}, {second} at {self.line} "
                     f"by block {b} thread {t}, not both atomic, with nothing ordering the two blocks (blocks of "
                     f"one launch are ordered only by a __threadfence() and an atomic in one, then an atomic on the "
-                    f"same address in the other)")
+                    f"same address in the other, or by a grid.sync() of a cooperative launch between them)")
         warp = (" [warp-synchronous: lanes of one warp with no __syncwarp or warp collective between the accesses,"
                 " a race on Volta and later]" if self.warp_synchronous else "")
         return (f"racecheck: {self.kind} hazard on {self.space} memory ({self.where}) in kernel {self.kernel}, block {b}: "
@@ -175,6 +187,7 @@ class _LaunchConfig(ctypes.Structure):
         ("check", ctypes.c_uint),
         ("nbuffers", ctypes.c_uint),
         ("buffers", ctypes.POINTER(ctypes.c_ulonglong)),
+        ("cooperative", ctypes.c_int),
     ]
 
 
@@ -516,12 +529,42 @@ def _reserve_fibers(library: "SimLibrary", threads: int, workers: int) -> int:
     return workers
 
 
-def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack_bytes: int = 0) -> None:
+def cooperative_block_limit(threads: int) -> int:
+    """The blocks of ``threads`` threads the emulator's device holds at once (what
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor times the SM count gives on a GPU, counting
+    threads, in whole warps, and blocks per SM; registers and shared memory are not modelled)."""
+    warps = -(-threads // 32)
+    return DEVICE_SMS * min(DEVICE_MAX_BLOCKS_PER_SM, DEVICE_MAX_THREADS_PER_SM // (32 * warps))
+
+
+def _check_cooperative(name: str, grid, block) -> int:
+    """The number of blocks of a cooperative launch, or SimCooperativeLaunchTooLargeError before
+    anything runs when they do not all fit the device at once (a GPU refuses such a launch)."""
+    nblocks = int(np.prod(grid[:3], dtype=np.int64))
+    threads = int(np.prod(block[:3], dtype=np.int64))
+    limit = cooperative_block_limit(threads)
+    if nblocks > limit:
+        per_sm = limit // DEVICE_SMS
+        raise SimCooperativeLaunchTooLargeError(
+            f"{name}: a cooperative launch of grid {tuple(grid[:3])} ({nblocks} blocks of {threads} threads) does not "
+            f"fit the emulator's device at once: at most {limit} blocks ({DEVICE_SMS} SMs x {per_sm} resident blocks "
+            f"of {threads} threads, {DEVICE_MAX_THREADS_PER_SM} threads and {DEVICE_MAX_BLOCKS_PER_SM} blocks per SM); "
+            "a GPU refuses it as well (cudaErrorCooperativeLaunchTooLarge). Launch at most that many blocks and let "
+            "each cover several items (a grid-stride loop)")
+    return nblocks
+
+
+def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack_bytes: int = 0,
+           cooperative: bool = False) -> None:
     """Runs ``entry`` (from :meth:`SimLibrary.launcher`) over ``grid`` x ``block``.
 
     ``args`` are already checked: NumPy arrays (passed by address), ``None`` (a null pointer) or
-    NumPy scalars (passed by their bytes).
+    NumPy scalars (passed by their bytes). ``cooperative``: every block runs at once, each on its own
+    OS thread, and ``grid.sync()`` is allowed; the grid must fit the device (see
+    :func:`cooperative_block_limit`), and the ``workers`` setting does not apply.
     """
+    if cooperative:
+        _check_cooperative(name, grid, block)
     global _launches, _stack_kb_checked
     if not _stack_kb_checked:
         env_stack_kb()   # the C++ reads it at its first launch: a negative value wraps to a huge stack
@@ -548,6 +591,7 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
     cfg.poison = int(_settings.poison)
     cfg.stack_bytes = stack_bytes
     cfg.timeout_ms = int(round(_resolved_timeout() * 1000))
+    cfg.cooperative = int(bool(cooperative))
     check = _settings.check if _settings.check is not None else check_bits()
     if _metrics.enabled():  # inside sim.metrics.collect(): the memory-traffic observer too
         check |= CHECK_METRICS
@@ -571,7 +615,16 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
     if isinstance(entry, _Entry):
         nblocks = int(np.prod(grid[:3], dtype=np.int64))
         threads = max(1, int(np.prod(block[:3], dtype=np.int64)))
-        cfg.workers = _reserve_fibers(library or entry.library, threads, min(cfg.workers, max(1, nblocks)))
+        if cooperative:
+            # one OS thread per block, all at once; their fiber stacks must fit the budget together
+            cfg.workers = _reserve_fibers(library or entry.library, threads, nblocks)
+            if cfg.workers < nblocks:
+                raise SimCooperativeLaunchTooLargeError(
+                    f"{name}: a cooperative launch of {nblocks} blocks of {threads} threads needs {nblocks * threads} "
+                    f"fiber stacks at once, more than this process may map ({FIBER_BUDGET}, a quarter of "
+                    "vm.max_map_count); launch fewer blocks")
+        else:
+            cfg.workers = _reserve_fibers(library or entry.library, threads, min(cfg.workers, max(1, nblocks)))
     res = _LaunchResult()
     if library is not None:
         entry.library.sync_variables(to_checked=True)

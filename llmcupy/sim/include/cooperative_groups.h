@@ -157,8 +157,9 @@ inline void invoke_one(const G& g, Fn&& fn, Args&&... args) {
     g.sync();
 }
 
-// The whole grid. The emulator runs blocks one after another on a few OS threads, so a grid-wide
-// barrier cannot be honoured: grid.sync() stops the launch with an error saying so.
+// The whole grid. grid.sync() is a barrier of every thread of every block, which needs every block
+// resident at once: a cooperative launch (RawModule(..., enable_cooperative_groups=True)), where the
+// emulator runs each block on its own OS thread. In any other launch it stops with an error.
 class grid_group {
   public:
     unsigned long long size() const { return (unsigned long long)gridDim.x * gridDim.y * gridDim.z * blockDim.x * blockDim.y * blockDim.z; }
@@ -170,11 +171,8 @@ class grid_group {
     unsigned long long num_blocks() const { return (unsigned long long)gridDim.x * gridDim.y * gridDim.z; }
     unsigned long long block_rank() const { return blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z); }
     dim3 group_dim() const { return gridDim; }
-    bool is_valid() const { return false; }  // no cooperative launch in the emulator
-    void sync(int line = __builtin_LINE()) const {
-        llmcupy_sim::device_unsupported("grid_group::sync() (a grid-wide barrier needs a cooperative launch, which the emulator does not run)",
-                                        line);
-    }
+    bool is_valid() const { return llmcupy_sim::cooperative_launch(); }   // true only in a cooperative launch
+    void sync(int line = __builtin_LINE()) const { llmcupy_sim::grid_sync(line); }
 };
 inline grid_group this_grid() { return grid_group(); }
 inline void sync(const grid_group& g, int line = __builtin_LINE()) { g.sync(line); }

@@ -2,8 +2,9 @@
 //
 // The emulator compiles an unchanged .cu file with g++ against this header. Every CUDA thread of a
 // block is a fiber (its own stack) and all fibers of a block run on one OS thread; blocks are spread
-// over a few OS threads. A fiber only gives up the CPU at a synchronisation point: __syncthreads()
-// and its variants, a warp collective (shuffle, vote, __syncwarp, __activemask, cooperative-groups
+// over a few OS threads (in a cooperative launch, one OS thread per block, all at once: see
+// GridBarrier). A fiber only gives up the CPU at a synchronisation point: __syncthreads() and its
+// variants, a warp collective (shuffle, vote, __syncwarp, __activemask, cooperative-groups
 // sync/reduce/scan), and where a GPU thread may wait for another's progress: a volatile access (in
 // sources that declare volatile data), an atomic that leaves memory unchanged twice in a row or a
 // failed atomicCAS (a poll), __nanosleep. The scheduler then decides what is released, so between
@@ -20,7 +21,9 @@
 //   - deadlock: no thread can make progress; reported with the source lines they wait at.
 // And as errors that stop the launch (a Python exception; the process lives on): a failed device
 // assert(), a write into the guard bytes around a shared array, a launch past the watchdog's time
-// limit (threads that never reach a sync point are interrupted by a signal), grid_group::sync().
+// limit (threads that never reach a sync point are interrupted by a signal), grid_group::sync()
+// outside a cooperative launch; in a cooperative launch a block that returned while others wait at
+// grid.sync() is a deadlock.
 //
 // What it does not model: timing, coalescing, bank conflicts, FMA contraction and rounding order.
 // Races between two barriers are not visible in a plain build (a thread runs from one sync point
@@ -150,6 +153,7 @@ struct LaunchConfig {
     unsigned check;                   // CHECK_* bits wanted for this launch: 1 race, 2 memory, 4 init, 8 metrics
     unsigned nbuffers;                // how many (begin, end) pairs `buffers` holds
     const unsigned long long* buffers;   // the root allocations of the array arguments, index = argument
+    int cooperative;                  // a cooperative launch: every block at once, grid.sync() allowed
 };
 
 struct LaunchResult {
@@ -171,7 +175,8 @@ enum FiberState : int { READY = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3 };
 // when each waits at the same kind of collective with the same mask. Shuffles of different modes
 // (idx/up/down/xor) and the votes mix as on sm_70+, where they are one instruction each.
 enum CollectiveKind : int { COLL_OTHER = 0, COLL_SYNCWARP = 1, COLL_SHFL = 2, COLL_VOTE = 3, COLL_ACTIVEMASK = 4 };
-enum BarrierKind : int { BAR_PLAIN = 0, BAR_COUNT = 1, BAR_AND = 2, BAR_OR = 3 };
+// BAR_GRID: cg::this_grid().sync(), the block's barrier and then every other block's (cooperative launches)
+enum BarrierKind : int { BAR_PLAIN = 0, BAR_COUNT = 1, BAR_AND = 2, BAR_OR = 3, BAR_GRID = 4 };
 
 constexpr int kMaxThreads = 1024;
 constexpr int kPostBytes = 32;   // largest value a warp collective moves per lane
@@ -351,6 +356,7 @@ inline thread_local Worker* tls_worker = nullptr;
 inline thread_local unsigned long long tls_epoch = 0;
 inline thread_local int tls_poison = 1;
 inline dim3 g_grid_dim, g_block_dim;   // same for every block of a launch (one launch at a time)
+inline bool g_cooperative = false;     // the running launch is cooperative (grid_group::is_valid())
 
 // Emulator code that kernel code calls (barriers, collectives, shared-memory lookup, the index
 // accessors) is kept out of GCC's access instrumentation in instrumented builds: its loads and
@@ -389,6 +395,11 @@ inline dim3 g_grid_dim, g_block_dim;   // same for every block of a launch (one 
 //                                 an observer may hold a lock between the two, so that what it
 //                                 records per atomic is ordered as the atomics themselves are; also
 //                                 right before a volatile load or store (flags has ACCESS_VOLATILE)
+//   on_grid_arrive(w, gen, first) block w reached grid.sync() number `gen` of the launch (its own
+//                                 barrier already released; `first`: no block arrived before it)
+//   on_grid_depart(w, gen)        every block reached it: w goes on. Both are called with the grid
+//                                 barrier's lock held, so arrivals of one sync all come before
+//                                 any departure from it
 // on_access runs on the worker's OS thread; blocks run concurrently on several workers, so
 // per-block state belongs in thread_local storage and launch-wide state needs a lock.
 // Rules for observer code, which is compiled into the same instrumented unit:
@@ -418,6 +429,8 @@ struct AccessObserver {
     void (*on_fence)(Worker*);
     void (*on_atomic_begin)(Worker*, const void* addr, unsigned flags);
     void (*on_atomic_end)(Worker*, const void* addr, unsigned flags);
+    void (*on_grid_arrive)(Worker*, unsigned long long gen, bool first);
+    void (*on_grid_depart)(Worker*, unsigned long long gen);
 };
 constexpr int kMaxObservers = 8;
 inline const AccessObserver* g_observers[kMaxObservers];
@@ -1335,9 +1348,14 @@ inline int release_warps(Worker* w) {
     return released;
 }
 
+inline bool grid_barrier_wait(Worker* w, int line);
+
+// Releases the block's barrier once every unfinished thread waits at one; returns the threads it
+// released, 0 when none could be, -1 when the block waited at a grid.sync() that failed (a deadlock,
+// the watchdog, another block's error: w->abandoned is set).
 inline int release_block_barrier(Worker* w) {
     int waiting = 0, done = 0;
-    int first_line = -1;
+    int first_line = -1, grid_line = -1;
     bool divergent = false;
     int count = 0, all = 1, any = 0;
     int kind = BAR_PLAIN;
@@ -1346,6 +1364,7 @@ inline int release_block_barrier(Worker* w) {
         if (f.state == DONE) { ++done; continue; }
         if (f.state != AT_BARRIER) return 0;  // someone is still at a warp collective
         ++waiting;
+        if (f.wait_mask == BAR_GRID) grid_line = f.wait_line;
         if (first_line < 0) first_line = f.wait_line, kind = int(f.wait_mask);
         else if (f.wait_line != first_line) divergent = true;
         count += f.predicate;
@@ -1357,6 +1376,9 @@ inline int release_block_barrier(Worker* w) {
     if (divergent) w->counters.divergent_barriers++;
     if (done) w->counters.barrier_after_exit++;
     w->barrier_result = kind == BAR_COUNT ? count : kind == BAR_AND ? all : kind == BAR_OR ? any : 0;
+    // grid.sync(): the block's own barrier (above), then every block's; a thread that waits at another
+    // barrier meanwhile is a divergent barrier, counted above, as on a GPU where both are bar.sync 0
+    if (grid_line >= 0 && !grid_barrier_wait(w, grid_line)) return -1;
     for (int t = 0; t < w->nthreads; ++t)
         if (w->fibers[t].state == AT_BARRIER) w->fibers[t].state = READY;
     return waiting;
@@ -1429,6 +1451,100 @@ inline void report_timeout(Worker* w, Fiber* running) {
     append_message(&w->counters, "llmcupy.sim.settings(timeout=SECONDS) or LLMCUPY_SIM_TIMEOUT changes the limit; "
                                  "0 turns it off.\n");
     w->counters.timed_out = 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The grid barrier of a cooperative launch. Every block of such a launch runs at once, each on its
+// own OS thread (run_grid), so grid.sync() is a barrier between OS threads: a block whose threads
+// all reached grid.sync() (the block's barrier released them) waits here until every block of the
+// grid has arrived. The mutex orders memory too: what any block wrote before grid.sync() is
+// visible to every block after it, as a GPU's grid.sync() (a fence and a barrier) guarantees.
+// A block that returned while others wait can never arrive: a GPU hangs; here that is a deadlock,
+// reported by the first waiting block to see it. A block that failed (assert, fault, deadlock of
+// its own) makes the waiting blocks leave quietly: its own report explains the launch's failure.
+// ---------------------------------------------------------------------------------------------
+struct GridBarrier {
+    std::mutex m;
+    std::condition_variable cv;
+    unsigned long long nblocks = 0, arrived = 0, exited = 0, generation = 0;
+    bool failed = false;
+    dim3 first_exited;
+};
+inline GridBarrier g_grid_barrier;
+
+inline void grid_barrier_reset(unsigned long long nblocks) {
+    std::lock_guard<std::mutex> lk(g_grid_barrier.m);
+    g_grid_barrier.nblocks = nblocks;
+    g_grid_barrier.arrived = g_grid_barrier.exited = g_grid_barrier.generation = 0;
+    g_grid_barrier.failed = false;
+}
+
+// Every thread of block w finished.
+inline void grid_block_exit(Worker* w) {
+    std::lock_guard<std::mutex> lk(g_grid_barrier.m);
+    if (g_grid_barrier.exited++ == 0) g_grid_barrier.first_exited = w->block_idx;
+    g_grid_barrier.cv.notify_all();
+}
+
+// A block was abandoned (its error is its own report): the blocks waiting at grid.sync() leave.
+inline void grid_block_failed() {
+    std::lock_guard<std::mutex> lk(g_grid_barrier.m);
+    g_grid_barrier.failed = true;
+    g_grid_barrier.cv.notify_all();
+}
+
+inline bool grid_barrier_wait(Worker* w, int line) {
+    GridBarrier& g = g_grid_barrier;
+    std::unique_lock<std::mutex> lk(g.m);
+    const unsigned long long gen = g.generation;
+    LLMCUPY_SIM_NOTIFY(on_grid_arrive, w, gen, g.arrived == 0);
+    if (++g.arrived == g.nblocks) {   // the last block to arrive releases the others
+        g.arrived = 0;
+        ++g.generation;
+        g.cv.notify_all();
+        LLMCUPY_SIM_NOTIFY(on_grid_depart, w, gen);
+        return true;
+    }
+    while (g.generation == gen) {
+        if (g.failed) {
+            w->abandoned = true;
+            return false;
+        }
+        if (g.exited && g.arrived + g.exited == g.nblocks) {
+            char msg[640];
+            std::snprintf(msg, sizeof msg,
+                          "deadlock in kernel %s: %llu block(s), block (%u,%u,%u) among them, wait at grid.sync() "
+                          "(line %d) for %llu block(s) that returned without reaching it (block (%u,%u,%u) the "
+                          "first); every block of the grid must reach each grid.sync() (on a GPU this launch "
+                          "hangs).\n",
+                          w->kernel_name, g.arrived, w->block_idx.x, w->block_idx.y, w->block_idx.z, line, g.exited,
+                          g.first_exited.x, g.first_exited.y, g.first_exited.z);
+            append_message(&w->counters, msg);
+            w->counters.deadlock = 1;
+            w->abandoned = true;
+            g.failed = true;   // the other waiting blocks leave without a report of their own
+            g.cv.notify_all();
+            return false;
+        }
+        if (g_timed_out.load(std::memory_order_relaxed)) {
+            char msg[480];
+            std::snprintf(msg, sizeof msg,
+                          "kernel %s ran past the emulator's time limit of %.1f s; block (%u,%u,%u) waited at "
+                          "grid.sync() (line %d) for blocks that never reached it (%llu of %llu arrived). "
+                          "llmcupy.sim.settings(timeout=SECONDS) or LLMCUPY_SIM_TIMEOUT changes the limit; 0 turns "
+                          "it off.\n",
+                          w->kernel_name, double(w->cfg->timeout_ms) / 1000.0, w->block_idx.x, w->block_idx.y,
+                          w->block_idx.z, line, g.arrived, g.nblocks);
+            append_message(&w->counters, msg);
+            w->counters.timed_out = 1;
+            w->abandoned = true;
+            return false;
+        }
+        // woken by an arrival, an exit or a failure; the timeout makes it look at the watchdog's flag
+        g.cv.wait_for(lk, std::chrono::milliseconds(20));
+    }
+    LLMCUPY_SIM_NOTIFY(on_grid_depart, w, gen);
+    return true;
 }
 
 // The shared memory of the running block, for reports: the static arrays it touched (w->guards) and
@@ -1578,7 +1694,10 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
             return;
         }
         if (release_warps(w)) continue;
-        if (release_block_barrier(w)) continue;
+        if (int released = release_block_barrier(w)) {
+            if (released < 0) return;   // a grid.sync() that failed (the reason is in w->counters)
+            continue;
+        }
         if (ready) continue;
         report_deadlock(w);
         w->counters.deadlock = 1;
@@ -1587,6 +1706,7 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
     }
     LLMCUPY_SIM_NOTIFY(on_block_end, w);
     check_shared_guards(w);
+    if (cfg->cooperative) grid_block_exit(w);
 }
 
 // Signal handling: a kernel that faults (out-of-bounds access, fiber stack overflow) says where,
@@ -1728,6 +1848,32 @@ inline void watchdog_handler(int, siginfo_t*, void* uctx) {
     stop_launch(w, f, msg, &LaunchResult::error);
 }
 
+// cg::this_grid().sync(): in a cooperative launch the block's barrier, then every block's (see
+// GridBarrier); in any other launch an error, as a GPU gives no guarantee there (blocks that are not
+// resident never arrive: the launch may hang).
+LLMCUPY_SIM_NOSAN_FN inline bool cooperative_launch() { return g_cooperative; }
+inline void grid_sync(int line) {
+    Worker* w = tls_worker;
+    if (w == nullptr || w->cur == nullptr || !w->in_fiber) {
+        std::fprintf(stderr, "llmcupy sim: grid_group::sync() outside a kernel\n");
+        std::abort();
+    }
+    if (!g_cooperative) {
+        Fiber* f = w->cur;
+        char msg[640];
+        std::snprintf(msg, sizeof msg,
+                      "kernel %s calls grid_group::sync() (line %d, block (%u,%u,%u), thread (%u,%u,%u)) outside a "
+                      "cooperative launch, where a GPU gives no grid-wide barrier (the launch may hang): build "
+                      "the module with llmcupy.RawModule(..., enable_cooperative_groups=True) (or RawKernel(code, "
+                      "name, enable_cooperative_groups=True)) and keep the grid small enough for every block to be "
+                      "resident at once\n",
+                      w->kernel_name, line, w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y,
+                      f->tid.z);
+        stop_launch(w, f, msg, &LaunchResult::error);
+    }
+    wait_at_barrier(BAR_GRID, 0, line, "grid.sync()");
+}
+
 // A plain C conversion of a float to an integer type that cannot hold it (or of a NaN): a GPU's
 // cvt.rzi saturates (NaN gives 0), C++ leaves it undefined and x86 gives 0x80000000 or wraps. The
 // library is built with GCC's -fsanitize=float-cast-overflow, whose check calls the handler below
@@ -1811,12 +1957,18 @@ inline void worker_loop(const LaunchConfig* cfg, std::atomic<unsigned long long>
         g_worker_busy[worker_index].store(1);
     }
     while (!abort_flag->load()) {
-        unsigned long long b = next->fetch_add(1);
+        // a cooperative launch has one worker per block: worker i runs block i, all at once
+        unsigned long long b = cfg->cooperative ? (unsigned long long)worker_index : next->fetch_add(1);
         if (b >= nblocks) break;
         dim3 bidx(unsigned(b % cfg->grid[0]), unsigned((b / cfg->grid[0]) % cfg->grid[1]),
                   unsigned(b / (unsigned long long)(cfg->grid[0] * cfg->grid[1])));
         run_block(w, cfg, bidx);
-        if (w->abandoned) { abort_flag->store(1); break; }
+        if (w->abandoned) {
+            abort_flag->store(1);
+            if (cfg->cooperative) grid_block_failed();
+            break;
+        }
+        if (cfg->cooperative) break;
     }
     if (worker_index < kMaxWorkers) g_worker_busy[worker_index].store(0);
     w->in_fiber = false;
@@ -1966,6 +2118,15 @@ inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure
     g_grid_dim = dim3(cfg->grid[0], cfg->grid[1], cfg->grid[2]);
     g_block_dim = dim3(cfg->block[0], cfg->block[1], cfg->block[2]);
     if (nblocks == 0) return 0;
+    g_cooperative = cfg->cooperative != 0;
+    if (cfg->cooperative && nblocks > (unsigned long long)kMaxWorkers) {
+        // a guard only: the co-residency rule (sim/launcher.py) refuses such grids before this
+        res->error = 1;
+        std::snprintf(res->message, sizeof res->message,
+                      "cooperative launch of %llu blocks: the emulator runs at most %d blocks at once", nblocks,
+                      kMaxWorkers);
+        return 1;
+    }
     struct sigaction sa{}, old_segv{}, old_bus{}, dog{}, old_dog{};
     sa.sa_sigaction = fault_handler;
     // SA_NODEFER: a handler that leaves a faulting thread never returns, so SIGSEGV must not stay blocked
@@ -1990,6 +2151,10 @@ inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure
     std::atomic<int> abort_flag{0}, lock{0};
     int workers = std::max(1, cfg->workers);
     if ((unsigned long long)workers > nblocks) workers = int(nblocks);
+    if (cfg->cooperative) {
+        workers = int(nblocks);   // every block at once (Python checked the grid fits the device)
+        grid_barrier_reset(nblocks);
+    }
     WorkerPool::instance().run(workers, [&](int i) {
         worker_loop(cfg, &next, nblocks, &abort_flag, thunk, closure, name, res, &lock, i);
     }, cfg->timeout_ms);

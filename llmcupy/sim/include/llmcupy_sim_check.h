@@ -13,7 +13,8 @@
 //               blocks. Blocks of a launch are ordered only through atomics and volatile accesses: a
 //               block's accesses before a __threadfence() and a later atomic (or volatile store) are
 //               seen by a block whose atomic (or volatile load) on the same address comes after that
-//               one (llm.c's last-block reductions; a flag handing data over).
+//               one (llm.c's last-block reductions; a flag handing data over). In a cooperative
+//               launch grid.sync() orders every block's accesses before it before every access after.
 //   memory (2): an access outside every root allocation passed to the launch, the shared arrays
 //               (their registered extents; dynamic: the launch's shared_mem), the thread's own fiber
 //               stack and the library's own image (__device__ / __constant__ variables) -> the
@@ -573,6 +574,29 @@ __attribute__((no_sanitize_thread)) inline void on_fence(Worker*) {
     if (g_check & CHECK_RACE) tls_block->fenced = true;
 }
 
+// grid.sync() in a cooperative launch orders everything every block did before it before anything
+// any block does after it: each arriving block publishes its accesses so far (and what it had
+// acquired) into the sync's clock, and each departing block acquires all of it. The hooks run with
+// the grid barrier's lock held, every arrival of a sync before any departure from it. Two clocks, by
+// the sync's parity: a block may arrive at the next sync while a slower one has not yet departed
+// from this one, but no block arrives at the one after before every block departed from this one,
+// so the first arrival at a sync may clear its clock.
+inline Clock g_grid_clock[2];
+
+__attribute__((no_sanitize_thread)) inline void on_grid_arrive(Worker*, unsigned long long gen, bool first) {
+    if (!(g_check & CHECK_RACE)) return;
+    Clock& published = g_grid_clock[gen & 1];
+    if (first) published.clear();
+    BlockState& bs = *tls_block;
+    join(published, bs.seen);
+    raise_to(published, bs.linear, bs.clock);
+    ++bs.clock;   // its accesses after the sync are not covered by this publication
+}
+
+__attribute__((no_sanitize_thread)) inline void on_grid_depart(Worker*, unsigned long long gen) {
+    if (g_check & CHECK_RACE) join(tls_block->seen, g_grid_clock[gen & 1]);
+}
+
 }  // namespace between
 
 __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, const Access& a) {
@@ -676,7 +700,7 @@ __attribute__((no_sanitize_thread)) inline void on_warp_sync(Worker*, int warp, 
 
 inline const AccessObserver observer = {on_launch_begin, on_block_begin, on_access, on_block_barrier, on_warp_sync,
                                         nullptr, on_launch_end, between::on_fence, between::on_atomic_begin,
-                                        between::on_atomic_end};
+                                        between::on_atomic_end, between::on_grid_arrive, between::on_grid_depart};
 struct Register { Register() { add_observer(&observer); } };
 inline Register registered;
 
