@@ -31,6 +31,8 @@ BLOCK_SIZES = (32, 64, 128, 256, 512, 768, 1024)  # llm.c's sweep, including 768
 SIM_NUM_SMS = DEVICE_SMS        # the emulator's stand-in device (sim/launcher.py)
 SIM_MAX_THREADS_PER_SM = DEVICE_MAX_THREADS_PER_SM
 AGGREGATE_THREADS = 1024        # version 4's second kernel: one block of this many threads
+
+
 def _device_threads() -> int:
     """maxThreadsPerSM * numSMs of the device the kernels run on (cached per device by the backend)."""
     if _backend.is_sim():
