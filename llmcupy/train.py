@@ -315,6 +315,48 @@ def check_outputs(args, run) -> None:
             # in folder mode (-o DIR) the user named the folder, which mainline has made already
             named = run.out_dir if getattr(run, "out_dir", None) else args.log
             raise SystemExit(f"error: -o {named}: {problem}")
+    check_outputs_spare_inputs(args)
+
+
+def input_files(args) -> list[tuple[str, str]]:
+    """(flag, path) of every existing file the run may read: the token files (-i/-j globs), the
+    model (-e, or its default), the resumed state and the tokenizer files."""
+    import glob as _glob
+
+    found = []
+    for flag, pattern in (("-i", args.train_data), ("-j", args.val_data)):
+        found += [(flag, p) for p in sorted(_glob.glob(str(pattern)))] if pattern else []
+    model = args.checkpoint or (None if args.init or args.resume else DEFAULT_MODEL)
+    tokenizer = args.tokenizer or DEFAULT_TOKENIZER
+    for flag, path in (("-e", model), ("--resume", args.resume), ("--tokenizer", tokenizer),
+                       ("--bpe", getattr(args, "bpe", None))):
+        if path and os.path.isfile(path):
+            found.append((flag, path))
+    return found
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)   # symbolic and hard links to one file count as the same
+    except OSError:
+        return False
+
+
+def check_outputs_spare_inputs(args) -> None:
+    """The log (opened with truncation) and the saved state (replaced) must not be a file the run
+    reads: ``-o train.bin`` would wipe the training data before the first batch is read, and
+    ``--save-path`` over the -e model would replace the user's model by a training state. Only
+    --resume's state may be saved over (that is how a run continues)."""
+    log = args.log if args.log and not args.benchmark else None
+    if log and args.save_path and os.path.abspath(log) == os.path.abspath(args.save_path):
+        raise SystemExit(f"error: -o and --save-path both name {log}; give them different files")
+    for flag, path in input_files(args):
+        if log and _same_file(log, path):
+            raise SystemExit(f"error: -o {log} is the file {flag} reads ({path}); the log would overwrite it. "
+                             "Give -o another file")
+        if args.save_path and flag != "--resume" and _same_file(args.save_path, path):
+            raise SystemExit(f"error: --save-path {args.save_path} is the file {flag} reads ({path}); saving "
+                             "would replace it. Give --save-path another file")
 
 
 def check_attention_shape(kernels: KernelChoice, cfg: GPT2Config, B: int, T: int) -> None:

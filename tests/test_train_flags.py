@@ -72,6 +72,29 @@ def test_missing_folders_of_the_save_path_are_made(data, tmp_path):
     assert ckpt.load_training_state(state).step == 1
 
 
+def test_outputs_never_overwrite_the_files_the_run_reads(data, tmp_path):
+    # -o truncates its file: naming the train data there wiped it before the first batch was read
+    # (the run then failed on a 0-byte token file); --save-path over the -e model replaced it
+    train = tmp_path / "train.bin"
+    train.write_bytes(data[1].read_bytes())
+    before = train.read_bytes()
+    argv = ["--init", "d1", "-b", 1, "-t", 16, "-v", 0, "-s", 0, "--steps", 1, "-i", train, "-j", data[3]]
+    refused_before_work(*run_train(argv + ["-o", train]), f"-o {train} is the file -i reads")
+    refused_before_work(*run_train(argv[:-4] + ["-i", data[1], "-j", train, "-o", train]),
+                        f"-o {train} is the file -j reads")
+    assert train.read_bytes() == before
+    model = tmp_path / "model.bin"
+    cfg = ckpt.GPT2Config.preset("d1")
+    from llmcupy.config import init_params
+    ckpt.write_model(model, cfg, init_params(cfg, seed=0))
+    model_bytes = model.read_bytes()
+    refused_before_work(*run_train(["-e", model] + argv[2:] + ["--save-path", model]),
+                        f"--save-path {model} is the file -e reads", "Give --save-path another file")
+    assert model.read_bytes() == model_bytes
+    same = tmp_path / "both"
+    refused_before_work(*run_train(argv + ["-o", same, "--save-path", same]), "-o and --save-path both name")
+
+
 # -- --save-path without --save-every ------------------------------------------------------------
 
 
