@@ -299,6 +299,28 @@ def resolve_save_path(args) -> None:
         raise SystemExit("error: --benchmark saves no training state; drop --save-every/--save-path")
 
 
+def check_counts(args) -> None:
+    """Counts that would otherwise end in a traceback (--seed -1 in NumPy's seeding, --benchmark
+    --steps 0 in an empty minimum) or in a made-up number (-m 0 printed "val loss 0.000000")."""
+    if args.seed < 0:
+        raise SystemExit(f"error: --seed must be >= 0 (got {args.seed})")
+    for flag, value in (("-v/--val-every", args.val_every), ("-m/--val-max-steps", args.val_max_steps),
+                        ("-s/--sample-every", args.sample_every), ("-g/--gen-len", args.gen_len),
+                        ("--warmup", args.warmup)):
+        if value < 0:
+            raise SystemExit(f"error: {flag} must not be negative (got {value})")
+    if args.benchmark:
+        if args.steps is not None and args.steps < 1:
+            raise SystemExit(f"error: --benchmark needs --steps >= 1 timed steps (got {args.steps})")
+        return   # no validation or sampling: -v/-m/-s/-g do not apply
+    if args.val_every > 0 and args.val_max_steps == 0:
+        raise SystemExit("error: -m 0 leaves no validation batch to average; give -m 1 or more, or turn "
+                         "validation off with -v 0")
+    if args.sample_every > 0 and args.gen_len < 2:
+        raise SystemExit(f"error: -g {args.gen_len} generates no token (the start token counts); give -g 2 or "
+                         "more, or turn samples off with -s 0")
+
+
 def check_outputs(args, run) -> None:
     """Every file the run will write must be writable before any work is done (exit 2 naming the
     flag and the user's path), not after the model is allocated or the first steps are trained."""
@@ -416,6 +438,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
         raise SystemExit(f"error: --steps must not be negative (got {args.steps})")
     if not math.isfinite(args.lr) or args.lr < 0:
         raise SystemExit(f"error: -l/--lr must be a finite number >= 0 (got {args.lr:g})")
+    check_counts(args)
     check_outputs(args, run)
     kernels = kernel_choice(args)
     cfg, params, source = load_model(args, state)

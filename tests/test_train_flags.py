@@ -173,9 +173,22 @@ def test_a_seq_len_the_attention_version_refuses_names_what_runs_it(data):
     (["-l", "nan"], "-l/--lr must be a finite number >= 0"),
     (["--kernel", "layernorm_forward=3:7"],
      "--kernel layernorm_forward=3:7: layernorm_forward version 3 runs at block sizes 32, 64"),
-], ids=["negative-lr", "nan-lr", "bad-block"])
+    # these ended in a traceback (NumPy's seeding; an empty min() after zero timed steps)...
+    (["--seed", -1], "--seed must be >= 0 (got -1)"),
+    (["--benchmark", "--warmup", -1], "--warmup must not be negative (got -1)"),
+    # ...or in a made-up number: -m 0 printed "val loss 0.000000" every -v steps and logged it
+    (["-v", 1, "-m", 0], "-m 0 leaves no validation batch"),
+    (["-v", -1], "-v/--val-every must not be negative"),
+    (["-s", 1, "-g", 1], "-g 1 generates no token"),
+], ids=["negative-lr", "nan-lr", "bad-block", "negative-seed", "negative-warmup",
+        "no-val-batches", "negative-val-every", "empty-sample"])
 def test_bad_values_are_refused_before_allocation(data, flags, needle):
     refused_before_work(*run_train(tiny(data) + flags), needle)
+
+
+def test_a_benchmark_without_timed_steps_is_refused(data):
+    # it ran the warm-up, then stopped with a traceback from min() of no times
+    refused_before_work(*run_train(tiny(data, steps=0) + ["--benchmark"]), "--benchmark needs --steps >= 1")
 
 
 def test_a_sample_longer_than_the_context_is_announced_once(data):
