@@ -216,6 +216,29 @@ def _heads_were_guessed(path: Path) -> bool:
     return not llmcupy_file and _num_heads_from_config(path) is None
 
 
+def _output_problem(args) -> str | None:
+    """Why an output cannot be written, checked before the input is read: a folder or a path under
+    a file was reported naming a temporary file (or "File exists"), and ``-o`` naming the input
+    replaced it (a training state's AdamW moments and data position lost to a model file)."""
+    from .fileio import output_path_problem
+
+    outputs = [(flag, path) for flag, path in (("-o", args.out), ("--safetensors", args.safetensors)) if path]
+    if len(outputs) == 2 and os.path.abspath(args.out) == os.path.abspath(args.safetensors):
+        return f"-o and --safetensors both name {args.out}; give them different files"
+    for flag, path in outputs:
+        problem = output_path_problem(path, makes_folders=True)   # atomic_write makes missing folders
+        if problem:
+            return f"{flag} {path}: {problem}"
+        try:
+            same = os.path.samefile(path, args.weights)
+        except OSError:   # one of them does not exist: no clash
+            same = False
+        if same:
+            return (f"{flag} {path} is the input file; writing there would replace {args.weights}. Give "
+                    f"{flag} another file")
+    return None
+
+
 def main(argv=None) -> int:
     from ._cli import fail
 
@@ -240,8 +263,15 @@ def main(argv=None) -> int:
             print(f"error: {args.out} exists; pass -o {args.out} to replace it, or -o another file",
                   file=sys.stderr)
             return 2
+    problem = _output_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         c, flat = read_any(args.weights, args.num_heads)
+        if args.num_heads is not None and args.num_heads != c.num_heads:   # a .bin or .npz names its own
+            raise ConvertError(f"--num-heads {args.num_heads}: {args.weights} holds a model with NH = "
+                               f"{c.num_heads} (--num-heads applies to safetensors input only)")
         if args.num_heads is None and _heads_were_guessed(Path(args.weights)):
             print(f"note: no config.json beside {args.weights} gives the number of heads; guessed "
                   f"NH = C/{HEAD_SIZE} = {c.num_heads} (GPT-2's head size); pass --num-heads N if it differs")

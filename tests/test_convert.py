@@ -169,3 +169,33 @@ def test_errors(tmp_path, capsys):
     assert cv.main([str(tmp_path / "absent.safetensors"), "-o", str(tmp_path / "x.bin")]) == 2
     assert "absent.safetensors" in capsys.readouterr().err
     assert not (tmp_path / "x.bin").exists()
+
+
+def test_cli_refuses_outputs_it_cannot_write_or_that_are_its_input(tmp_path, capsys):
+    src = tmp_path / "model.safetensors"
+    save_file(hf_tensors(), str(src))
+    model = tmp_path / "model.bin"
+    assert cv.main([str(src), "-o", str(model), "--num-heads", str(NH)]) == 0
+    state = tmp_path / "state.npz"
+    config, params = ck.read_model(model)
+    ck.save_training_state(state, ck.TrainingState(config=config, params=params, step=0))
+    state_bytes = state.read_bytes()
+    capsys.readouterr()
+
+    def refused(argv, *needles):
+        assert cv.main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and all(n in err for n in needles), err
+
+    # -o naming the input replaced the training state (its AdamW moments and step) by a model file
+    refused([state, "-o", state], f"-o {state} is the input file", "Give -o another file")
+    assert state.read_bytes() == state_bytes
+    refused([src, "--safetensors", src], f"--safetensors {src} is the input file")
+    # a folder, or a path under a file, was reported naming a hidden temporary file / "File exists"
+    refused([model, "-o", tmp_path], f"-o {tmp_path}: it is a folder")
+    refused([model, "-o", model / "x.bin"], f"-o {model / 'x.bin'}: {model} is not a folder")
+    refused([model, "-o", tmp_path / "a.bin", "--safetensors", tmp_path / "a.bin"], "-o and --safetensors both name")
+    # --num-heads is the safetensors input's; one that disagrees with a model file's NH was ignored
+    refused([model, "-o", tmp_path / "b.bin", "--num-heads", NH * 2], f"holds a model with NH = {NH}")
+    assert not (tmp_path / "b.bin").exists()
+    assert cv.main([str(model), "-o", str(tmp_path / "c.bin"), "--num-heads", str(NH)]) == 0
