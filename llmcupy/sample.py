@@ -47,6 +47,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.num_tokens < 0:
         ap.error(f"-n/--num-tokens must not be negative (got {args.num_tokens})")
+    if args.seed % 2**64 == 0:   # the RNG keeps 64 bits; xorshift's zero state is a fixed point
+        ap.error(f"--seed {args.seed}: xorshift's state 0 never changes, so every token would be the "
+                 "vocabulary's first; give a nonzero seed")
     if args.seq_len is not None and args.seq_len < 1:
         ap.error(f"-t/--seq-len must be positive (got {args.seq_len})")
     try:

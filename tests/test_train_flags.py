@@ -205,3 +205,14 @@ def test_sample_refuses_a_negative_token_count(capsys):
         sample.main(["--init", "d1", "-n", "-3"])
     assert exc.value.code == 2
     assert "-n/--num-tokens must not be negative (got -3)" in capsys.readouterr().err
+
+
+def test_sample_refuses_the_seed_xorshift_cannot_leave(capsys):
+    # --seed 0 sampled token 0 every time (xorshift's zero state stays zero): empty-looking output, exit 0
+    from llmcupy import sample
+
+    for seed in ("0", str(2**64)):
+        with pytest.raises(SystemExit) as exc:
+            sample.main(["--init", "d1", "-n", "3", "--seed", seed])
+        assert exc.value.code == 2
+        assert f"--seed {seed}: xorshift's state 0 never changes" in capsys.readouterr().err
