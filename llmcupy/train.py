@@ -541,6 +541,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     total_ms = 0.0
     timed_steps = 0
     graph = None
+    step = start_step   # named by an interrupt's message
     try:
         for step in range(start_step, train_num_batches + 1):
             last = step == train_num_batches
@@ -583,6 +584,11 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                 save_state(model, train_loader, rng, step + 1, args.save_path)
                 kept = f"the last state saved is in {args.save_path}, at step {step + 1}"
             run.maybe_checkpoint(model, train_loader, rng, step + 1)
+    except KeyboardInterrupt as exc:
+        if exc.args:   # raised by save_state after a completed save: its message says so
+            raise
+        # as for a non-finite loss: say which saved state a --resume would continue from
+        raise KeyboardInterrupt(f"during step {step + 1} ({kept or 'no training state was saved by this run'})") from None
     finally:
         logger.close()
     if timed_steps:

@@ -216,3 +216,24 @@ def test_sample_refuses_the_seed_xorshift_cannot_leave(capsys):
             sample.main(["--init", "d1", "-n", "3", "--seed", seed])
         assert exc.value.code == 2
         assert f"--seed {seed}: xorshift's state 0 never changes" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_a_step_says_which_saved_state_resumes(data, tmp_path, monkeypatch):
+    # it said only "interrupted"; the user had to guess whether (and where) a state was saved
+    from llmcupy.model import GPT2
+
+    real = GPT2.train_step
+
+    def step(self, x, y, lr, b1, b2, eps, wd, t):
+        if t == 3:
+            raise KeyboardInterrupt   # as Ctrl-C inside the step
+        return real(self, x, y, lr, b1, b2, eps, wd, t)
+
+    monkeypatch.setattr(GPT2, "train_step", step)
+    state = tmp_path / "st.npz"
+    rc, out, err = run_train(tiny(data, steps=5) + ["--save-every", 2, "--save-path", state])
+    assert rc == 130, out + err
+    assert f"interrupted during step 3 (the last state saved is in {state}, at step 2)" in err, err
+    assert ckpt.load_training_state(state).step == 2
+    rc, out, err = run_train(tiny(data, steps=5))
+    assert rc == 130 and "interrupted during step 3 (no training state was saved by this run)" in err, err
