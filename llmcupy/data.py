@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .fileio import (FileFormatError, atomic_write, check_magic_version, check_size, file_size,
-                     make_header, read_array, read_header, write_array)
+                     make_header, output_folder_problem, read_array, read_header, write_array)
 
 TOKENS_MAGIC = 20240520
 TOKENS_VERSION = 1
@@ -470,6 +470,10 @@ def main(argv=None) -> int:
     parser.add_argument("--base-url", metavar="URL",
                         help=f"download from this base URL instead of the public one (or set {download.BASE_ENV})")
     args = parser.parse_args(argv)
+    problem = output_folder_problem(args.out)
+    if problem:   # before tokenising or downloading
+        print(f"error: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     try:
         enc = get_encoding(args.bpe)  # before any download, so a missing tokenizer fails fast
         if args.input:

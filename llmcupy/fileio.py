@@ -158,3 +158,11 @@ def output_path_problem(path, *, makes_folders: bool = False) -> str | None:
     if os.path.exists(target) and not makes_folders and not os.access(target, os.W_OK):
         return "the file exists and is not writable"   # atomic_write replaces the file: only the folder counts
     return None
+
+
+def output_folder_problem(path) -> str | None:
+    """Why files cannot be written into the folder ``path`` (made if missing), or None: an existing
+    file there (or on the way there) was reported as a bare "File exists" from mkdir."""
+    if os.path.isfile(path):
+        return "it is a file; give a folder"
+    return output_path_problem(os.path.join(path, "file"), makes_folders=True)

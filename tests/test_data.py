@@ -105,6 +105,11 @@ def test_cli_errors(tmp_path, capsys, monkeypatch):
     tiny.write_text("too short\n\nfor a split")
     assert data.main(["tinyshakespeare", "--bpe", str(bpe), "--input", str(tiny), "--out", str(tmp_path)]) == 2
     assert "only" in capsys.readouterr().err
+    # --out on a file (or under one) said only "FILE: File exists"
+    for out, message in ((tiny, f"--out {tiny}: it is a file; give a folder"),
+                         (tiny / "sub", f"--out {tiny / 'sub'}: {tiny} is not a folder")):
+        assert data.main(["tinyshakespeare", "--bpe", str(bpe), "--input", str(tiny), "--out", str(out)]) == 2
+        assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):
         data.main(["wikipedia"])
 
