@@ -125,6 +125,9 @@ def test_model_file_errors(tmp_path):
         ("heads.bin", [20240326, 3, 16, 100, 2, 3, 8, 128], P, r"heads\.bin: bad model header: .*channels 8 must be divisible by num_heads 3"),
         ("vp.bin", [20240326, 3, 16, 100, 2, 2, 8, 64], P, r"vp\.bin: bad model header: .*padded_vocab_size 64 < vocab_size 100"),
         ("zero.bin", [20240326, 3, 16, 100, 0, 2, 8, 128], P, r"zero\.bin: bad model header: .*num_layers"),
+        # a flipped high bit of C: the byte count wrapped in int64 ("expected -18446... bytes")
+        ("huge.bin", [20240326, 3, 16, 100, 2, 2, 1 << 30, 128], P,
+         r"huge\.bin: truncated llm.c model file: expected [1-9][0-9]{17,} bytes .* missing\)"),
     ]
     for name, fields, floats, pattern in cases:
         path = _raw_model(tmp_path / name, fields, floats)
