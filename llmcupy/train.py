@@ -217,6 +217,16 @@ def load_tokenizer(args):
         return None
 
 
+def check_tokenizer_covers(tokenizer, vocab_size: int, name: str) -> None:
+    """A tokenizer with fewer tokens than the model's vocabulary cannot decode every sampled id: the
+    first sample stopped the run with a traceback (ValueError: invalid token id) after training."""
+    from .tokenizer import TokenizerError
+
+    if len(tokenizer) < vocab_size:
+        raise TokenizerError(f"{name}: the tokenizer has {len(tokenizer)} tokens, fewer than the model's "
+                             f"vocabulary of {vocab_size}; give the model's tokenizer (or -s 0: no samples)")
+
+
 class Logger:
     def __init__(self, path, resume_step: int | None = None):
         # llm.c truncates the log at start-up. A run resumed at step S keeps the interrupted run's
@@ -469,6 +479,9 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                                                        args.val_max_steps)
     # a tokenizer the user named must load before any work is done
     tokenizer = None if args.sample_every <= 0 or args.benchmark else load_tokenizer(args)
+    if tokenizer is not None:
+        check_tokenizer_covers(tokenizer, V, args.tokenizer or getattr(args, "bpe", None) or (
+            DEFAULT_TOKENIZER if os.path.exists(DEFAULT_TOKENIZER) else "tiktoken's GPT-2 encoding"))
 
     if args.sample_every > 0 and not args.benchmark and args.gen_len > T:
         # generate() fills one row of the B x T batch, as llm.c does: T tokens, the start token included

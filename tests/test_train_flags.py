@@ -237,3 +237,14 @@ def test_ctrl_c_during_a_step_says_which_saved_state_resumes(data, tmp_path, mon
     assert ckpt.load_training_state(state).step == 2
     rc, out, err = run_train(tiny(data, steps=5))
     assert rc == 130 and "interrupted during step 3 (no training state was saved by this run)" in err, err
+
+
+def test_a_tokenizer_smaller_than_the_vocabulary_is_refused_before_training(data, tmp_path):
+    # it trained, then stopped at the first sample with a traceback (ValueError: invalid token id)
+    from llmcupy.tokenizer import Tokenizer
+
+    small = tmp_path / "tok300.bin"
+    Tokenizer([bytes([i % 256]) for i in range(300)], eot_id=299).save(small)
+    argv = ["--init", "d1", "-b", 1, "-t", 16, "-v", 0, "-s", 1, "-g", 8, "--steps", 2, "--tokenizer", small] + data
+    refused_before_work(*run_train(argv), f"{small}: the tokenizer has 300 tokens, fewer than the model's "
+                                          "vocabulary of 50257")
