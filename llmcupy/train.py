@@ -573,7 +573,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                 generate(model, rng, tokenizer, args.gen_len)
             if last:
                 if args.save_at_end:
-                    save_state(model, train_loader, rng, step, args.save_path)
+                    save_state(model, train_loader, rng, step, args.save_path, kept)
                 break
             t0 = time.perf_counter()
             x, y = train_loader.next_batch()
@@ -594,7 +594,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                   f"{int(run.tokens_per_step / (ms / 1e3))} tok/s){run.suffix()}")
             logger.log(step, "trl", loss)
             if args.save_every and (step + 1) % args.save_every == 0:
-                save_state(model, train_loader, rng, step + 1, args.save_path)
+                save_state(model, train_loader, rng, step + 1, args.save_path, kept)
                 kept = f"the last state saved is in {args.save_path}, at step {step + 1}"
             run.maybe_checkpoint(model, train_loader, rng, step + 1)
     except KeyboardInterrupt as exc:
@@ -612,7 +612,9 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     return 0
 
 
-def save_state(model: GPT2, loader, rng, step: int, path: str) -> None:
+def save_state(model: GPT2, loader, rng, step: int, path: str, kept: str | None = None) -> None:
+    """Saves atomically; ``kept`` says which earlier state is left as it was (for a failed write's
+    message, as for a non-finite loss)."""
     params = model.params_numpy()
     if not np.isfinite(params).all():
         # the update diverged (the gradients overflowed) although the loss was still finite
@@ -633,6 +635,13 @@ def save_state(model: GPT2, loader, rng, step: int, path: str) -> None:
         previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
     try:
         ckpt.save_training_state(path, state)
+    except OSError as exc:
+        # a write error (a full disk) names no file: say which save failed and what is left
+        from ._cli import message
+
+        where = kept or "no earlier state was saved by this run"
+        raise OSError(f"--save-path {path}: saving the training state at step {step} failed "
+                      f"({message(exc)}); {where}") from exc
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)

@@ -248,3 +248,24 @@ def test_a_tokenizer_smaller_than_the_vocabulary_is_refused_before_training(data
     argv = ["--init", "d1", "-b", 1, "-t", 16, "-v", 0, "-s", 1, "-g", 8, "--steps", 2, "--tokenizer", small] + data
     refused_before_work(*run_train(argv), f"{small}: the tokenizer has 300 tokens, fewer than the model's "
                                           "vocabulary of 50257")
+
+
+def test_a_failed_save_names_the_file_and_the_state_left(data, tmp_path, monkeypatch):
+    # a full disk said only "error: No space left on device": no file, no word on the last good state
+    import errno
+
+    real, calls = ckpt.save_training_state, []
+
+    def full_disk(path, state):
+        calls.append(state.step)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, state)
+
+    monkeypatch.setattr(ckpt, "save_training_state", full_disk)
+    state = tmp_path / "st.npz"
+    rc, out, err = run_train(tiny(data, steps=3) + ["--save-every", 1, "--save-path", state])
+    assert rc == 2, out + err
+    assert (f"--save-path {state}: saving the training state at step 2 failed (No space left on device); "
+            f"the last state saved is in {state}, at step 1") in err, err
+    assert ckpt.load_training_state(state).step == 1
