@@ -67,11 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-v", "--val-every", type=int, default=20,
                    help="validation loss every N steps (0: no validation, no val file needed)")
     g.add_argument("-m", "--val-max-steps", type=int, default=20, help="at most N validation batches")
-    g.add_argument("-s", "--sample-every", type=int, default=20, help="generate a sample every N steps")
+    g.add_argument("-s", "--sample-every", type=int, default=20, help="generate a sample every N steps (0: no samples)")
     g.add_argument("-g", "--gen-len", type=int, default=64, help="generation length, start token included")
     m = p.add_argument_group("model")
     m.add_argument("-e", "--checkpoint", default=None,
-                   help=f"llm.c model .bin to start from (default {DEFAULT_MODEL} when --init is not given)")
+                   help=f"llm.c model .bin, or a training state .npz (its model only), to start from (default "
+                        f"{DEFAULT_MODEL} when --init and --resume are not given)")
     m.add_argument("--init", choices=sorted(PRESETS), help="start from scratch with this shape (d12 = GPT-2 124M)")
     m.add_argument("--seed", type=int, default=0, help="seed of --init")
     m.add_argument("--tokenizer", default=None, help=f"llm.c tokenizer .bin (default {DEFAULT_TOKENIZER} if present, "
@@ -85,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tf32", type=int, choices=(0, 1), default=1, help="TF32 for cuBLAS on sm_80+ (llm.c: on)")
     r.add_argument("--backend", choices=_backend.CHOICES, default=None)
     r.add_argument("--benchmark", action="store_true",
-                   help="one fixed batch, no validation or sampling: warm-up, then mean/min ms per step and tok/s")
+                   help="one fixed batch, no validation or sampling: warm-up, then mean/min ms per step and tok/s "
+                        "over --steps steps (default 10)")
     r.add_argument("--warmup", type=int, default=3, help="--benchmark: untimed steps first")
     r.add_argument("--cuda-graph", action="store_true",
                    help="capture the training step (forward, backward, AdamW) once as a CUDA graph and replay it "

@@ -269,3 +269,14 @@ def test_a_failed_save_names_the_file_and_the_state_left(data, tmp_path, monkeyp
     assert (f"--save-path {state}: saving the training state at step 2 failed (No space left on device); "
             f"the last state saved is in {state}, at step 1") in err, err
     assert ckpt.load_training_state(state).step == 1
+
+
+def test_help_says_what_the_flags_take():
+    # -e's help named only an llm.c .bin (it takes a training state too), -s did not say 0 turns
+    # samples off, and --benchmark did not say how many steps it times by default
+    from llmcupy.train import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "llm.c model .bin, or a training state .npz (its model only), to start from" in text
+    assert "generate a sample every N steps (0: no samples)" in text
+    assert "over --steps steps (default 10)" in text
