@@ -280,3 +280,15 @@ def test_help_says_what_the_flags_take():
     assert "llm.c model .bin, or a training state .npz (its model only), to start from" in text
     assert "generate a sample every N steps (0: no samples)" in text
     assert "over --steps steps (default 10)" in text
+
+
+def test_sample_says_when_it_changes_the_context_window(capsys, tmp_path):
+    # -t 6 ran with a window of 4 without a word
+    import gen_inputs
+    from llmcupy import sample
+
+    bpe = gen_inputs.write_tiny_bpe(tmp_path / "tiny.tiktoken")
+    assert sample.main(["--init", "d1", "-n", "1", "-t", "6", "--bpe", str(bpe)]) == 0
+    assert "note: -t 6 is not a multiple of 4" in capsys.readouterr().err
+    assert sample.main(["--init", "d1", "-n", "1", "-t", "8", "--bpe", str(bpe)]) == 0
+    assert "note" not in capsys.readouterr().err
