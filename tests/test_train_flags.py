@@ -283,12 +283,12 @@ def test_help_says_what_the_flags_take():
 
 
 def test_sample_says_when_it_changes_the_context_window(capsys, tmp_path):
-    # -t 6 ran with a window of 4 without a word
+    # -t 6 ran with a window of 4 without a word (-n 0: the window is set up, no bytes are sampled)
     import gen_inputs
     from llmcupy import sample
 
     bpe = gen_inputs.write_tiny_bpe(tmp_path / "tiny.tiktoken")
-    assert sample.main(["--init", "d1", "-n", "1", "-t", "6", "--bpe", str(bpe)]) == 0
+    assert sample.main(["--init", "d1", "-n", "0", "-t", "6", "--bpe", str(bpe)]) == 0
     assert "note: -t 6 is not a multiple of 4" in capsys.readouterr().err
-    assert sample.main(["--init", "d1", "-n", "1", "-t", "8", "--bpe", str(bpe)]) == 0
+    assert sample.main(["--init", "d1", "-n", "0", "-t", "8", "--bpe", str(bpe)]) == 0
     assert "note" not in capsys.readouterr().err
