@@ -365,3 +365,26 @@ def test_load_state_dict_rejects_tampered_states(tmp_path):
     for change, pattern in cases:
         with pytest.raises(ValueError, match=pattern):
             DataLoader(str(tmp_path / "t_*.bin"), B, T, shuffle=True).load_state_dict({**good, **change})
+
+
+def test_checking_many_token_files_shows_a_progress_bar(tmp_path, monkeypatch):
+    # every id of every shard is read before training (seconds per billion tokens) with nothing shown
+    import tqdm
+
+    seen = []
+
+    class Bar:
+        def __init__(self, iterable, **kwargs):
+            seen.append((len(iterable), kwargs.get("desc"), kwargs.get("disable")))
+            self.iterable = iterable
+
+        def __iter__(self):
+            return iter(self.iterable)
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    for i in range(3):
+        write_tokens(tmp_path / f"shard_{i}.bin", np.arange(40) % 50257)
+    DataLoader(str(tmp_path / "shard_*.bin"), 2, 4, vocab_size=50257)
+    assert seen == [(3, "checking token files", None)]
+    DataLoader(str(tmp_path / "shard_0.bin"), 2, 4, vocab_size=50257)   # one file: no bar
+    assert len(seen) == 1
