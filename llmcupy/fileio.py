@@ -34,10 +34,19 @@ def read_header(f, path, what: str, *, unsigned: bool = False) -> np.ndarray:
     return np.frombuffer(raw, dtype="<u4" if unsigned else "<i4").copy()
 
 
+# llm.c's other file kinds, named when one is given in place of another (-e train.bin)
+KNOWN_MAGICS = {20240326: "an llm.c model file", 20240327: "an llm.c debug-state file",
+                20240328: "an llm.c tokenizer file", 20240520: "an llm.c token (data) file"}
+
+
 def check_magic_version(header, path, what: str, magic: int, versions, hint: str = "") -> int:
     """Checks header[0] (magic) and header[1] (version in ``versions``); returns the version."""
     hint = f" ({hint})" if hint else ""
     if int(header[0]) != magic:
+        kind = KNOWN_MAGICS.get(int(header[0]))
+        if kind is not None:   # another llm.c file given in the wrong place: say which it is
+            raise FileFormatError(f"{path}: bad magic number {int(header[0])} (expected {magic}): it is {kind}, "
+                                  f"not a {what}; check which file this flag takes")
         raise FileFormatError(f"{path}: bad magic number {int(header[0])} (expected {magic}): "
                               f"not a {what}{hint}")
     version = int(header[1])

@@ -227,7 +227,8 @@ def test_debug_state_errors(tmp_path):
         p.write_bytes(data)
         return p
 
-    with pytest.raises(FileFormatError, match=r"magic\.bin: bad magic number 20240326 \(expected 20240327\)"):
+    with pytest.raises(FileFormatError, match=r"magic\.bin: bad magic number 20240326 \(expected 20240327\): it is an "
+                                              r"llm\.c model file, not a llm\.c debug-state file"):
         ck.read_debug_state(variant("magic.bin", {0: 20240326}), TINY)
     with pytest.raises(FileFormatError, match=r"version\.bin: unsupported llm.c debug-state file version 1"):
         ck.read_debug_state(variant("version.bin", {1: 1}), TINY)
