@@ -11,6 +11,7 @@ in the destination's folder, are flushed and fsync'ed, and only then renamed ove
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -118,6 +119,13 @@ def atomic_write(path):
     ``path`` (if any) is then untouched. Missing parent folders are created.
     """
     path = Path(path)
+    # the rename replaces whatever the name holds: a folder failed naming the hidden temporary file,
+    # and a device or FIFO (--save-path /dev/null, as root) would be replaced by a regular file
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if path.exists() and not path.is_file():
+        raise OSError(errno.EEXIST, "exists and is not a regular file (a device, FIFO or socket), which the save "
+                      "would replace; give a file name", str(path))
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
@@ -149,6 +157,9 @@ def output_path_problem(path, *, makes_folders: bool = False) -> str | None:
     target = os.path.abspath(path)
     if os.path.isdir(target):
         return "it is a folder; give a file name"
+    if makes_folders and os.path.exists(target) and not os.path.isfile(target):
+        # atomic_write renames over the name: a device or FIFO would be replaced (and atomic_write refuses)
+        return "it exists and is not a regular file (a device, FIFO or socket); give a file name"
     folder = os.path.dirname(target)
     if makes_folders:
         while not os.path.exists(folder) and os.path.dirname(folder) != folder:

@@ -185,6 +185,31 @@ def test_atomic_write_error_and_success(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["f.bin"]
 
 
+
+def test_atomic_write_never_replaces_a_folder_or_a_special_file(tmp_path):
+    # a folder failed naming the hidden temporary (".dir.xxxx.tmp is a folder"); a FIFO or device
+    # (--save-path /dev/null as root) was replaced by a regular file
+    import os
+    import stat
+
+    from llmcupy._cli import message
+
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError) as exc:
+        with atomic_write(folder) as f:
+            f.write(b"x")
+    assert message(exc.value) == f"{folder} is a folder; give a file"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="exists and is not a regular file") as exc:
+        with atomic_write(fifo) as f:
+            f.write(b"x")
+    assert message(exc.value).startswith(f"{fifo}: exists and is not a regular file")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "fifo"]   # no temporary left behind
+
+
 # -- debug state
 
 

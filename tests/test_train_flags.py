@@ -63,6 +63,16 @@ def test_unwritable_output_locations_are_refused_at_start_up(data, tmp_path):
     refused_before_work(*run_train(tiny(data) + ["--save-every", 1, "--save-path", "/proc/st.npz"]),
                         "--save-path /proc/st.npz: cannot create a file in /proc")
     assert not list(tmp_path.glob("**/.llmcupy-write-check*"))   # the probe leaves nothing behind
+    # a FIFO or device (--save-path /dev/null) passed the check, then the save after training
+    # replaced it by a regular file (or, now, atomic_write refuses it: after the work)
+    import os
+    import stat
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refused_before_work(*run_train(tiny(data) + ["--save-path", fifo]),
+                        f"--save-path {fifo}: it exists and is not a regular file")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
 def test_missing_folders_of_the_save_path_are_made(data, tmp_path):
