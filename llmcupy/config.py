@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -87,7 +88,8 @@ def param_shapes(cfg: GPT2Config) -> dict[str, tuple]:
 
 
 def num_parameters(cfg: GPT2Config) -> int:
-    return int(sum(np.prod(s) for s in param_shapes(cfg).values()))
+    # Python integers: np.prod's int64 wraps for a corrupt header's huge sizes (negative byte counts)
+    return sum(math.prod(s) for s in param_shapes(cfg).values())
 
 
 def split_params(flat, cfg: GPT2Config) -> dict:

@@ -168,7 +168,38 @@ def load_safetensors(path) -> dict:
     try:
         return load_file(str(path))
     except (SafetensorError, ValueError, TypeError) as e:
+        if "bfloat16" in str(e):   # NumPy has no bfloat16: safetensors.numpy refuses bf16 exports
+            return _load_bf16_safetensors(path)
         raise ConvertError(f"{path}: cannot read safetensors file: {e}") from e
+
+
+def _load_bf16_safetensors(path) -> dict:
+    """A safetensors file holding BF16 (and F32/F16) tensors, read from its documented layout (an
+    8-byte little-endian header length, a JSON header of dtype, shape and data_offsets, the data);
+    BF16 is widened to fp32 exactly, as a version-5 model file is."""
+    from .checkpoint import bf16_to_fp32
+
+    dtypes = {"BF16": np.dtype("<u2"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4")}
+    raw = Path(path).read_bytes()
+    try:
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        base, out = 8 + n, {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype, shape, (start, end) = dtypes.get(info["dtype"]), tuple(info["shape"]), info["data_offsets"]
+            if dtype is None:
+                raise ConvertError(f"{path}: tensor {name!r} is {info['dtype']}; GPT-2 weights must be F32, F16 or BF16")
+            a = np.frombuffer(raw, dtype=dtype, count=(end - start) // dtype.itemsize, offset=base + start)
+            a = bf16_to_fp32(a) if info["dtype"] == "BF16" else a.astype(np.float32)
+            out[name] = a.reshape(shape)
+    except ConvertError:
+        raise
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConvertError(f"{path}: cannot read safetensors file: {e}") from e
+    warnings.warn(f"{path}: BF16 weights, widened to fp32 (the values keep bf16 precision)", stacklevel=3)
+    return out
 
 
 def _num_heads_from_config(path: Path) -> int | None:
@@ -216,6 +247,29 @@ def _heads_were_guessed(path: Path) -> bool:
     return not llmcupy_file and _num_heads_from_config(path) is None
 
 
+def _output_problem(args) -> str | None:
+    """Why an output cannot be written, checked before the input is read: a folder or a path under
+    a file was reported naming a temporary file (or "File exists"), and ``-o`` naming the input
+    replaced it (a training state's AdamW moments and data position lost to a model file)."""
+    from .fileio import output_path_problem
+
+    outputs = [(flag, path) for flag, path in (("-o", args.out), ("--safetensors", args.safetensors)) if path]
+    if len(outputs) == 2 and os.path.abspath(args.out) == os.path.abspath(args.safetensors):
+        return f"-o and --safetensors both name {args.out}; give them different files"
+    for flag, path in outputs:
+        problem = output_path_problem(path, makes_folders=True)   # atomic_write makes missing folders
+        if problem:
+            return f"{flag} {path}: {problem}"
+        try:
+            same = os.path.samefile(path, args.weights)
+        except OSError:   # one of them does not exist: no clash
+            same = False
+        if same:
+            return (f"{flag} {path} is the input file; writing there would replace {args.weights}. Give "
+                    f"{flag} another file")
+    return None
+
+
 def main(argv=None) -> int:
     from ._cli import fail
 
@@ -223,7 +277,7 @@ def main(argv=None) -> int:
         prog="python -m llmcupy.convert",
         description="Convert GPT-2 weights between Hugging Face safetensors, llm.c's model file and the trainer's "
                     "training state.")
-    parser.add_argument("weights", help="model.safetensors (e.g. data/gpt2/model.safetensors from python -m "
+    parser.add_argument("weights", help="model.safetensors (F32, F16 or BF16; e.g. data/gpt2/model.safetensors from python -m "
                         "llmcupy.download gpt2), a training state .npz, or an llm.c model .bin")
     parser.add_argument("-o", "--out", default=None,
                         help="output llm.c model file (default gpt2_124M.bin when --safetensors is not given; an "
@@ -240,8 +294,15 @@ def main(argv=None) -> int:
             print(f"error: {args.out} exists; pass -o {args.out} to replace it, or -o another file",
                   file=sys.stderr)
             return 2
+    problem = _output_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         c, flat = read_any(args.weights, args.num_heads)
+        if args.num_heads is not None and args.num_heads != c.num_heads:   # a .bin or .npz names its own
+            raise ConvertError(f"--num-heads {args.num_heads}: {args.weights} holds a model with NH = "
+                               f"{c.num_heads} (--num-heads applies to safetensors input only)")
         if args.num_heads is None and _heads_were_guessed(Path(args.weights)):
             print(f"note: no config.json beside {args.weights} gives the number of heads; guessed "
                   f"NH = C/{HEAD_SIZE} = {c.num_heads} (GPT-2's head size); pass --num-heads N if it differs")

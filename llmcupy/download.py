@@ -175,6 +175,13 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="download even if the file is present")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    from .fileio import output_folder_problem
+
+    out = args.out if args.out is not None else DEFAULT_OUT[args.name]
+    problem = output_folder_problem(out)
+    if problem:   # before the download, not after it
+        print(f"error: --out {out}: {problem}", file=sys.stderr)
+        return 2
     try:
         download(args.name, args.out, base_url=args.base_url, progress=False if args.quiet else None,
                  force=args.force)

@@ -11,6 +11,7 @@ in the destination's folder, are flushed and fsync'ed, and only then renamed ove
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -34,10 +35,19 @@ def read_header(f, path, what: str, *, unsigned: bool = False) -> np.ndarray:
     return np.frombuffer(raw, dtype="<u4" if unsigned else "<i4").copy()
 
 
+# llm.c's other file kinds, named when one is given in place of another (-e train.bin)
+KNOWN_MAGICS = {20240326: "an llm.c model file", 20240327: "an llm.c debug-state file",
+                20240328: "an llm.c tokenizer file", 20240520: "an llm.c token (data) file"}
+
+
 def check_magic_version(header, path, what: str, magic: int, versions, hint: str = "") -> int:
     """Checks header[0] (magic) and header[1] (version in ``versions``); returns the version."""
     hint = f" ({hint})" if hint else ""
     if int(header[0]) != magic:
+        kind = KNOWN_MAGICS.get(int(header[0]))
+        if kind is not None:   # another llm.c file given in the wrong place: say which it is
+            raise FileFormatError(f"{path}: bad magic number {int(header[0])} (expected {magic}): it is {kind}, "
+                                  f"not a {what}; check which file this flag takes")
         raise FileFormatError(f"{path}: bad magic number {int(header[0])} (expected {magic}): "
                               f"not a {what}{hint}")
     version = int(header[1])
@@ -109,6 +119,13 @@ def atomic_write(path):
     ``path`` (if any) is then untouched. Missing parent folders are created.
     """
     path = Path(path)
+    # the rename replaces whatever the name holds: a folder failed naming the hidden temporary file,
+    # and a device or FIFO (--save-path /dev/null, as root) would be replaced by a regular file
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if path.exists() and not path.is_file():
+        raise OSError(errno.EEXIST, "exists and is not a regular file (a device, FIFO or socket), which the save "
+                      "would replace; give a file name", str(path))
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
@@ -140,6 +157,9 @@ def output_path_problem(path, *, makes_folders: bool = False) -> str | None:
     target = os.path.abspath(path)
     if os.path.isdir(target):
         return "it is a folder; give a file name"
+    if makes_folders and os.path.exists(target) and not os.path.isfile(target):
+        # atomic_write renames over the name: a device or FIFO would be replaced (and atomic_write refuses)
+        return "it exists and is not a regular file (a device, FIFO or socket); give a file name"
     folder = os.path.dirname(target)
     if makes_folders:
         while not os.path.exists(folder) and os.path.dirname(folder) != folder:
@@ -158,3 +178,11 @@ def output_path_problem(path, *, makes_folders: bool = False) -> str | None:
     if os.path.exists(target) and not makes_folders and not os.access(target, os.W_OK):
         return "the file exists and is not writable"   # atomic_write replaces the file: only the folder counts
     return None
+
+
+def output_folder_problem(path) -> str | None:
+    """Why files cannot be written into the folder ``path`` (made if missing), or None: an existing
+    file there (or on the way there) was reported as a bare "File exists" from mkdir."""
+    if os.path.isfile(path):
+        return "it is a file; give a folder"
+    return output_path_problem(os.path.join(path, "file"), makes_folders=True)

@@ -35,6 +35,7 @@ import math
 import os
 import re
 import sys
+import zipfile
 
 import numpy as np
 
@@ -371,17 +372,29 @@ class Run:
         if not latest:
             print(f"-y 1: no complete checkpoint in {self.out_dir}; starting from the beginning")
             return 0
-        model_path, state_path, _ = self._paths(latest)
-        cfg, params = ckpt.read_model(model_path)
+        model_path, state_path, done_path = self._paths(latest)
+        # a damaged file of a complete checkpoint: say so in one line, and how to fall back to the one before
+        fall_back = f"remove {done_path} to resume from the checkpoint before it"
+        try:
+            cfg, params = ckpt.read_model(model_path)
+        except ckpt.FileFormatError as exc:
+            raise ckpt.CheckpointError(f"{exc}; {fall_back}") from exc
         if cfg != model.config:
             raise ckpt.CheckpointError(f"{model_path} holds a model {cfg}; this run's model is {model.config}")
         if not os.path.exists(state_path):
             raise ckpt.CheckpointError(
                 f"{state_path} is missing: the checkpoint at step {latest} was written by "
                 f"{self._writers(latest)} rank(s), this run has {self.world}")
-        with open(state_path, "rb") as f, np.load(f, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        meta = json.loads(arrays.pop("meta").tobytes().decode())
+        try:
+            with open(state_path, "rb") as f, np.load(f, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            meta = json.loads(arrays.pop("meta").tobytes().decode())   # JSON and UTF-8 errors are ValueErrors
+            if not isinstance(meta, dict) or not {"adam_m", "adam_v"} <= set(arrays):
+                raise ValueError("no metadata or AdamW moments in it")
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+            # was a traceback (zipfile.BadZipFile: File is not a zip file)
+            raise ckpt.CheckpointError(f"{state_path}: not a readable checkpoint state (truncated or corrupt?): "
+                                       f"{exc}; {fall_back}") from exc
         if meta.get("format") != STATE_FORMAT or meta.get("version") != STATE_VERSION:
             raise ckpt.CheckpointError(f"{state_path}: not a {STATE_FORMAT} version {STATE_VERSION} file")
         P = model.num_parameters()

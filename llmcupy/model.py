@@ -217,7 +217,15 @@ class GPT2:
         self.kernels = kernels or KernelChoice()
         self.xp = _backend.xp()
         # a copy on both backends: update() must not change the caller's array
-        self.params = self.xp.array(params, dtype=np.float32, copy=True)
+        try:
+            self.params = self.xp.array(params, dtype=np.float32, copy=True)
+        except Exception as exc:  # cupy's OutOfMemoryError
+            if not ("OutOfMemory" in type(exc).__name__ or isinstance(exc, MemoryError)):
+                raise
+            # before any activation exists: a smaller -b/-t (the usual advice) cannot help here
+            raise ModelError(f"out of memory allocating the model's {params.size:,} parameters "
+                             f"({params.nbytes / 2**20:.0f} MiB) ({exc}); the model alone does not fit in the "
+                             "free GPU memory: use a smaller model, or free the GPU of other processes") from exc
         self.p = split_params(self.params, config)
         self.grads = None
         self.g = None

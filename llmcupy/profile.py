@@ -377,6 +377,13 @@ def _profile(args, scope: contextlib.ExitStack) -> dict:
         raise SystemExit(f"error: -b and -t must be positive (got {B}, {T})")
     if args.steps < 1 or args.warmup < 0:
         raise SystemExit(f"error: --steps must be >= 1 and --warmup >= 0 (got {args.steps}, {args.warmup})")
+    for flag, value in (("--resume", args.resume), ("--save-every", args.save_every or None),
+                        ("--save-path", args.save_path), ("-o", args.log)):
+        if value is not None:   # parsed as the trainer's flags, but a profile neither resumes nor writes them
+            instead = " (-e takes a training state: -e STATE profiles its model)" if flag == "--resume" else ""
+            raise SystemExit(f"error: {flag} is the trainer's; the profile does not use it{instead}")
+    if args.seed < 0:   # NumPy's seeding would stop with a traceback
+        raise SystemExit(f"error: --seed must be >= 0 (got {args.seed})")
     kernels = kernel_choice(args)
     cfg, params, source = load_model(args)
     if T > cfg.max_seq_len:
@@ -496,6 +503,13 @@ def main(argv=None) -> int:
     from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
 
     args = build_parser().parse_args(argv)
+    if args.json:   # checked before the run: a path it cannot write was a traceback after the whole profile
+        from .fileio import output_path_problem
+
+        problem = output_path_problem(args.json)
+        if problem:
+            print(f"error: --json {args.json}: {problem}", file=sys.stderr)
+            return 2
     try:
         report = profile(args)
     except (ops_registry.OpError, ModelError, FileFormatError, OSError, _backend.BackendError, CompilerNotFound) as exc:

@@ -47,6 +47,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.num_tokens < 0:
         ap.error(f"-n/--num-tokens must not be negative (got {args.num_tokens})")
+    if args.seed % 2**64 == 0:   # the RNG keeps 64 bits; xorshift's zero state is a fixed point
+        ap.error(f"--seed {args.seed}: xorshift's state 0 never changes, so every token would be the "
+                 "vocabulary's first; give a nonzero seed")
     if args.seq_len is not None and args.seq_len < 1:
         ap.error(f"-t/--seq-len must be positive (got {args.seq_len})")
     try:
@@ -77,7 +80,10 @@ def generate(cfg: GPT2Config, params: np.ndarray, context: list[int], n: int, T:
     if T > cfg.max_seq_len:
         raise ModelError(f"-t {T} is larger than the model's context (max_seq_len = {cfg.max_seq_len})")
     # the forward pass needs T % 4 == 0 for the attention softmax; keep the window a multiple of 4
-    T = max(4, T - T % 4)
+    asked, T = T, max(4, T - T % 4)
+    if T != asked:   # said, not done silently: the user chose the window
+        print(f"note: -t {asked} is not a multiple of 4 (the default attention kernel needs one); the "
+              f"context window is {T}", file=sys.stderr)
     model = GPT2(cfg, params)
     rng = XorShiftRNG(seed)
     tokens = list(context)

@@ -247,6 +247,17 @@ def main(argv=None) -> int:
     parser.add_argument("--bpe", metavar="FILE",
                         help=f"gpt2.tiktoken BPE rank file (default: ${BPE_ENV}, else tiktoken's download)")
     args = parser.parse_args(argv)
+    from .fileio import output_path_problem
+
+    # checked first: a folder was reported naming a hidden temporary file, and -o on the BPE file
+    # itself replaced it (the only GPT-2 rank file of an offline machine)
+    problem = output_path_problem(args.out, makes_folders=True)
+    bpe = args.bpe or os.environ.get(BPE_ENV)
+    if problem is None and bpe and os.path.exists(args.out) and os.path.exists(bpe) and os.path.samefile(args.out, bpe):
+        problem = "it is the BPE file this reads; give another file"
+    if problem:
+        print(f"error: -o {args.out}: {problem}", file=sys.stderr)
+        return 2
     try:
         tok = write_tokenizer(args.out, get_encoding(args.bpe))
     except (TokenizerError, OSError, ValueError) as e:

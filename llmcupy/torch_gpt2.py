@@ -115,6 +115,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.B < 1 or args.T < 1:
         ap.error(f"--B and --T must be positive (got {args.B}, {args.T})")
+    # --seed -1 would stop in NumPy's seeding with a traceback
+    problem = f"--seed must be >= 0 (got {args.seed})" if args.seed < 0 else _output_problem(args)
+    if problem:   # before PyTorch runs the model
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     from .fileio import FileFormatError
 
     try:
@@ -123,6 +128,33 @@ def main(argv=None) -> int:
         from ._cli import fail
 
         return fail(exc)
+
+
+def _output_problem(args) -> str | None:
+    """Why an output cannot be written: a folder (reported as a hidden temporary file), a path under a
+    file, two outputs on one file, or an output on an input (--out-model on --data replaced the
+    token file by a model file)."""
+    import os
+
+    from .fileio import output_path_problem
+
+    outputs = [("--out-model", args.out_model), ("--out-state", args.out_state), ("--out-losses", args.out_losses)]
+    inputs = [(flag, path) for flag, path in (("--model", args.model), ("--data", args.data)) if path]
+    seen = {}
+    for flag, path in outputs:
+        if not path:
+            continue
+        key = os.path.abspath(path)
+        if key in seen:
+            return f"{seen[key]} and {flag} both name {path}; give different files"
+        seen[key] = flag
+        why = output_path_problem(path, makes_folders=True)   # atomic writes, which make missing folders
+        if why:
+            return f"{flag} {path}: {why}"
+        for source, read in inputs:
+            if os.path.exists(path) and os.path.exists(read) and os.path.samefile(path, read):
+                return f"{flag} {path} is the file {source} reads; writing there would replace it. Give another file"
+    return None
 
 
 def _write_gate_inputs(args) -> int:
@@ -158,9 +190,11 @@ def _write_gate_inputs(args) -> int:
     if args.out_losses:
         import json
 
+        from .fileio import atomic_write
+
         losses, _ = adamw_losses(params, cfg, x, y)
-        with open(args.out_losses, "w") as f:
-            json.dump(losses, f)
+        with atomic_write(args.out_losses) as f:
+            f.write(json.dumps(losses).encode())
     print(f"wrote {args.out_model} ({cfg.num_layers} layers, C={cfg.channels}) and {args.out_state} "
           f"(B={args.B}, T={args.T}, loss {loss:.6f})")
     return 0

@@ -67,11 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-v", "--val-every", type=int, default=20,
                    help="validation loss every N steps (0: no validation, no val file needed)")
     g.add_argument("-m", "--val-max-steps", type=int, default=20, help="at most N validation batches")
-    g.add_argument("-s", "--sample-every", type=int, default=20, help="generate a sample every N steps")
+    g.add_argument("-s", "--sample-every", type=int, default=20, help="generate a sample every N steps (0: no samples)")
     g.add_argument("-g", "--gen-len", type=int, default=64, help="generation length, start token included")
     m = p.add_argument_group("model")
     m.add_argument("-e", "--checkpoint", default=None,
-                   help=f"llm.c model .bin to start from (default {DEFAULT_MODEL} when --init is not given)")
+                   help=f"llm.c model .bin, or a training state .npz (its model only), to start from (default "
+                        f"{DEFAULT_MODEL} when --init and --resume are not given)")
     m.add_argument("--init", choices=sorted(PRESETS), help="start from scratch with this shape (d12 = GPT-2 124M)")
     m.add_argument("--seed", type=int, default=0, help="seed of --init")
     m.add_argument("--tokenizer", default=None, help=f"llm.c tokenizer .bin (default {DEFAULT_TOKENIZER} if present, "
@@ -85,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tf32", type=int, choices=(0, 1), default=1, help="TF32 for cuBLAS on sm_80+ (llm.c: on)")
     r.add_argument("--backend", choices=_backend.CHOICES, default=None)
     r.add_argument("--benchmark", action="store_true",
-                   help="one fixed batch, no validation or sampling: warm-up, then mean/min ms per step and tok/s")
+                   help="one fixed batch, no validation or sampling: warm-up, then mean/min ms per step and tok/s "
+                        "over --steps steps (default 10)")
     r.add_argument("--warmup", type=int, default=3, help="--benchmark: untimed steps first")
     r.add_argument("--cuda-graph", action="store_true",
                    help="capture the training step (forward, backward, AdamW) once as a CUDA graph and replay it "
@@ -217,6 +219,16 @@ def load_tokenizer(args):
         return None
 
 
+def check_tokenizer_covers(tokenizer, vocab_size: int, name: str) -> None:
+    """A tokenizer with fewer tokens than the model's vocabulary cannot decode every sampled id: the
+    first sample stopped the run with a traceback (ValueError: invalid token id) after training."""
+    from .tokenizer import TokenizerError
+
+    if len(tokenizer) < vocab_size:
+        raise TokenizerError(f"{name}: the tokenizer has {len(tokenizer)} tokens, fewer than the model's "
+                             f"vocabulary of {vocab_size}; give the model's tokenizer (or -s 0: no samples)")
+
+
 class Logger:
     def __init__(self, path, resume_step: int | None = None):
         # llm.c truncates the log at start-up. A run resumed at step S keeps the interrupted run's
@@ -299,6 +311,28 @@ def resolve_save_path(args) -> None:
         raise SystemExit("error: --benchmark saves no training state; drop --save-every/--save-path")
 
 
+def check_counts(args) -> None:
+    """Counts that would otherwise end in a traceback (--seed -1 in NumPy's seeding, --benchmark
+    --steps 0 in an empty minimum) or in a made-up number (-m 0 printed "val loss 0.000000")."""
+    if args.seed < 0:
+        raise SystemExit(f"error: --seed must be >= 0 (got {args.seed})")
+    for flag, value in (("-v/--val-every", args.val_every), ("-m/--val-max-steps", args.val_max_steps),
+                        ("-s/--sample-every", args.sample_every), ("-g/--gen-len", args.gen_len),
+                        ("--warmup", args.warmup)):
+        if value < 0:
+            raise SystemExit(f"error: {flag} must not be negative (got {value})")
+    if args.benchmark:
+        if args.steps is not None and args.steps < 1:
+            raise SystemExit(f"error: --benchmark needs --steps >= 1 timed steps (got {args.steps})")
+        return   # no validation or sampling: -v/-m/-s/-g do not apply
+    if args.val_every > 0 and args.val_max_steps == 0:
+        raise SystemExit("error: -m 0 leaves no validation batch to average; give -m 1 or more, or turn "
+                         "validation off with -v 0")
+    if args.sample_every > 0 and args.gen_len < 2:
+        raise SystemExit(f"error: -g {args.gen_len} generates no token (the start token counts); give -g 2 or "
+                         "more, or turn samples off with -s 0")
+
+
 def check_outputs(args, run) -> None:
     """Every file the run will write must be writable before any work is done (exit 2 naming the
     flag and the user's path), not after the model is allocated or the first steps are trained."""
@@ -315,6 +349,48 @@ def check_outputs(args, run) -> None:
             # in folder mode (-o DIR) the user named the folder, which mainline has made already
             named = run.out_dir if getattr(run, "out_dir", None) else args.log
             raise SystemExit(f"error: -o {named}: {problem}")
+    check_outputs_spare_inputs(args)
+
+
+def input_files(args) -> list[tuple[str, str]]:
+    """(flag, path) of every existing file the run may read: the token files (-i/-j globs), the
+    model (-e, or its default), the resumed state and the tokenizer files."""
+    import glob as _glob
+
+    found = []
+    for flag, pattern in (("-i", args.train_data), ("-j", args.val_data)):
+        found += [(flag, p) for p in sorted(_glob.glob(str(pattern)))] if pattern else []
+    model = args.checkpoint or (None if args.init or args.resume else DEFAULT_MODEL)
+    tokenizer = args.tokenizer or DEFAULT_TOKENIZER
+    for flag, path in (("-e", model), ("--resume", args.resume), ("--tokenizer", tokenizer),
+                       ("--bpe", getattr(args, "bpe", None))):
+        if path and os.path.isfile(path):
+            found.append((flag, path))
+    return found
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)   # symbolic and hard links to one file count as the same
+    except OSError:
+        return False
+
+
+def check_outputs_spare_inputs(args) -> None:
+    """The log (opened with truncation) and the saved state (replaced) must not be a file the run
+    reads: ``-o train.bin`` would wipe the training data before the first batch is read, and
+    ``--save-path`` over the -e model would replace the user's model by a training state. Only
+    --resume's state may be saved over (that is how a run continues)."""
+    log = args.log if args.log and not args.benchmark else None
+    if log and args.save_path and os.path.abspath(log) == os.path.abspath(args.save_path):
+        raise SystemExit(f"error: -o and --save-path both name {log}; give them different files")
+    for flag, path in input_files(args):
+        if log and _same_file(log, path):
+            raise SystemExit(f"error: -o {log} is the file {flag} reads ({path}); the log would overwrite it. "
+                             "Give -o another file")
+        if args.save_path and flag != "--resume" and _same_file(args.save_path, path):
+            raise SystemExit(f"error: --save-path {args.save_path} is the file {flag} reads ({path}); saving "
+                             "would replace it. Give --save-path another file")
 
 
 def check_attention_shape(kernels: KernelChoice, cfg: GPT2Config, B: int, T: int) -> None:
@@ -374,6 +450,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
         raise SystemExit(f"error: --steps must not be negative (got {args.steps})")
     if not math.isfinite(args.lr) or args.lr < 0:
         raise SystemExit(f"error: -l/--lr must be a finite number >= 0 (got {args.lr:g})")
+    check_counts(args)
     check_outputs(args, run)
     kernels = kernel_choice(args)
     cfg, params, source = load_model(args, state)
@@ -404,6 +481,9 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                                                        args.val_max_steps)
     # a tokenizer the user named must load before any work is done
     tokenizer = None if args.sample_every <= 0 or args.benchmark else load_tokenizer(args)
+    if tokenizer is not None:
+        check_tokenizer_covers(tokenizer, V, args.tokenizer or getattr(args, "bpe", None) or (
+            DEFAULT_TOKENIZER if os.path.exists(DEFAULT_TOKENIZER) else "tiktoken's GPT-2 encoding"))
 
     if args.sample_every > 0 and not args.benchmark and args.gen_len > T:
         # generate() fills one row of the B x T batch, as llm.c does: T tokens, the start token included
@@ -476,6 +556,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     total_ms = 0.0
     timed_steps = 0
     graph = None
+    step = start_step   # named by an interrupt's message
     try:
         for step in range(start_step, train_num_batches + 1):
             last = step == train_num_batches
@@ -494,7 +575,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                 generate(model, rng, tokenizer, args.gen_len)
             if last:
                 if args.save_at_end:
-                    save_state(model, train_loader, rng, step, args.save_path)
+                    save_state(model, train_loader, rng, step, args.save_path, kept)
                 break
             t0 = time.perf_counter()
             x, y = train_loader.next_batch()
@@ -515,9 +596,14 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                   f"{int(run.tokens_per_step / (ms / 1e3))} tok/s){run.suffix()}")
             logger.log(step, "trl", loss)
             if args.save_every and (step + 1) % args.save_every == 0:
-                save_state(model, train_loader, rng, step + 1, args.save_path)
+                save_state(model, train_loader, rng, step + 1, args.save_path, kept)
                 kept = f"the last state saved is in {args.save_path}, at step {step + 1}"
             run.maybe_checkpoint(model, train_loader, rng, step + 1)
+    except KeyboardInterrupt as exc:
+        if exc.args:   # raised by save_state after a completed save: its message says so
+            raise
+        # as for a non-finite loss: say which saved state a --resume would continue from
+        raise KeyboardInterrupt(f"during step {step + 1} ({kept or 'no training state was saved by this run'})") from None
     finally:
         logger.close()
     if timed_steps:
@@ -528,7 +614,9 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     return 0
 
 
-def save_state(model: GPT2, loader, rng, step: int, path: str) -> None:
+def save_state(model: GPT2, loader, rng, step: int, path: str, kept: str | None = None) -> None:
+    """Saves atomically; ``kept`` says which earlier state is left as it was (for a failed write's
+    message, as for a non-finite loss)."""
     params = model.params_numpy()
     if not np.isfinite(params).all():
         # the update diverged (the gradients overflowed) although the loss was still finite
@@ -549,6 +637,13 @@ def save_state(model: GPT2, loader, rng, step: int, path: str) -> None:
         previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
     try:
         ckpt.save_training_state(path, state)
+    except OSError as exc:
+        # a write error (a full disk) names no file: say which save failed and what is left
+        from ._cli import message
+
+        where = kept or "no earlier state was saved by this run"
+        raise OSError(f"--save-path {path}: saving the training state at step {step} failed "
+                      f"({message(exc)}); {where}") from exc
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)

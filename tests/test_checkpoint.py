@@ -125,6 +125,9 @@ def test_model_file_errors(tmp_path):
         ("heads.bin", [20240326, 3, 16, 100, 2, 3, 8, 128], P, r"heads\.bin: bad model header: .*channels 8 must be divisible by num_heads 3"),
         ("vp.bin", [20240326, 3, 16, 100, 2, 2, 8, 64], P, r"vp\.bin: bad model header: .*padded_vocab_size 64 < vocab_size 100"),
         ("zero.bin", [20240326, 3, 16, 100, 0, 2, 8, 128], P, r"zero\.bin: bad model header: .*num_layers"),
+        # a flipped high bit of C: the byte count wrapped in int64 ("expected -18446... bytes")
+        ("huge.bin", [20240326, 3, 16, 100, 2, 2, 1 << 30, 128], P,
+         r"huge\.bin: truncated llm.c model file: expected [1-9][0-9]{17,} bytes .* missing\)"),
     ]
     for name, fields, floats, pattern in cases:
         path = _raw_model(tmp_path / name, fields, floats)
@@ -182,6 +185,31 @@ def test_atomic_write_error_and_success(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["f.bin"]
 
 
+
+def test_atomic_write_never_replaces_a_folder_or_a_special_file(tmp_path):
+    # a folder failed naming the hidden temporary (".dir.xxxx.tmp is a folder"); a FIFO or device
+    # (--save-path /dev/null as root) was replaced by a regular file
+    import os
+    import stat
+
+    from llmcupy._cli import message
+
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError) as exc:
+        with atomic_write(folder) as f:
+            f.write(b"x")
+    assert message(exc.value) == f"{folder} is a folder; give a file"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="exists and is not a regular file") as exc:
+        with atomic_write(fifo) as f:
+            f.write(b"x")
+    assert message(exc.value).startswith(f"{fifo}: exists and is not a regular file")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "fifo"]   # no temporary left behind
+
+
 # -- debug state
 
 
@@ -224,7 +252,8 @@ def test_debug_state_errors(tmp_path):
         p.write_bytes(data)
         return p
 
-    with pytest.raises(FileFormatError, match=r"magic\.bin: bad magic number 20240326 \(expected 20240327\)"):
+    with pytest.raises(FileFormatError, match=r"magic\.bin: bad magic number 20240326 \(expected 20240327\): it is an "
+                                              r"llm\.c model file, not a llm\.c debug-state file"):
         ck.read_debug_state(variant("magic.bin", {0: 20240326}), TINY)
     with pytest.raises(FileFormatError, match=r"version\.bin: unsupported llm.c debug-state file version 1"):
         ck.read_debug_state(variant("version.bin", {1: 1}), TINY)

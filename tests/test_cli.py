@@ -1,6 +1,7 @@
 """python -m llmcupy.kernel end to end, as a user runs it (in the emulator)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -112,9 +113,13 @@ def test_all_with_a_block_size_skips_the_versions_that_do_not_offer_it():
     ("/proc/x.json", "--json /proc/x.json: cannot create a file in /proc"),
     ("{tmp}", "--json {tmp}: it is a folder; give a file name"),
     ("{tmp}/no/such/r.json", "--json {tmp}/no/such/r.json: the folder {tmp}/no/such does not exist"),
+    # a FIFO or device: the atomic write renamed the results over it (over /dev/null itself, as root)
+    ("{tmp}/fifo", "--json {tmp}/fifo: it exists and is not a regular file"),
 ])
 def test_an_unwritable_json_path_is_refused_before_anything_runs(tmp_path, where, message):
     where, message = where.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    if where.endswith("fifo"):
+        os.mkfifo(where)
     rc, out, err = run("softmax_forward", "5", "--json", where)
     assert rc == 2 and err.startswith(f"error: {message}") and len(err.strip().splitlines()) == 1, (rc, out, err)
     assert "PASS" not in out

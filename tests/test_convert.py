@@ -169,3 +169,63 @@ def test_errors(tmp_path, capsys):
     assert cv.main([str(tmp_path / "absent.safetensors"), "-o", str(tmp_path / "x.bin")]) == 2
     assert "absent.safetensors" in capsys.readouterr().err
     assert not (tmp_path / "x.bin").exists()
+
+
+def test_cli_refuses_outputs_it_cannot_write_or_that_are_its_input(tmp_path, capsys):
+    src = tmp_path / "model.safetensors"
+    save_file(hf_tensors(), str(src))
+    model = tmp_path / "model.bin"
+    assert cv.main([str(src), "-o", str(model), "--num-heads", str(NH)]) == 0
+    state = tmp_path / "state.npz"
+    config, params = ck.read_model(model)
+    ck.save_training_state(state, ck.TrainingState(config=config, params=params, step=0))
+    state_bytes = state.read_bytes()
+    capsys.readouterr()
+
+    def refused(argv, *needles):
+        assert cv.main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and all(n in err for n in needles), err
+
+    # -o naming the input replaced the training state (its AdamW moments and step) by a model file
+    refused([state, "-o", state], f"-o {state} is the input file", "Give -o another file")
+    assert state.read_bytes() == state_bytes
+    refused([src, "--safetensors", src], f"--safetensors {src} is the input file")
+    # a folder, or a path under a file, was reported naming a hidden temporary file / "File exists"
+    refused([model, "-o", tmp_path], f"-o {tmp_path}: it is a folder")
+    refused([model, "-o", model / "x.bin"], f"-o {model / 'x.bin'}: {model} is not a folder")
+    refused([model, "-o", tmp_path / "a.bin", "--safetensors", tmp_path / "a.bin"], "-o and --safetensors both name")
+    # --num-heads is the safetensors input's; one that disagrees with a model file's NH was ignored
+    refused([model, "-o", tmp_path / "b.bin", "--num-heads", NH * 2], f"holds a model with NH = {NH}")
+    assert not (tmp_path / "b.bin").exists()
+    assert cv.main([str(model), "-o", str(tmp_path / "c.bin"), "--num-heads", str(NH)]) == 0
+
+
+def _write_bf16_safetensors(path, tensors):
+    """A safetensors file with BF16 tensors, by its published layout (NumPy cannot write bfloat16)."""
+    header, blobs, offset = {}, [], 0
+    for name, a in tensors.items():
+        blob = ck.fp32_to_bf16(np.asarray(a, np.float32)).astype("<u2").tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+
+
+def test_bf16_safetensors_are_widened_exactly(tmp_path, capsys):
+    # "cannot read safetensors file: data type 'bfloat16' not understood": a BF16 export was refused
+    t = hf_tensors(buffers=False)
+    src = tmp_path / "bf16.safetensors"
+    _write_bf16_safetensors(src, t)
+    out = tmp_path / "bf16.bin"
+    with pytest.warns(UserWarning, match="BF16 weights, widened to fp32"):
+        assert cv.main([str(src), "-o", str(out), "--num-heads", str(NH)]) == 0
+    config, params = ck.read_model(out)
+    rounded = {k: ck.bf16_to_fp32(ck.fp32_to_bf16(np.asarray(v, np.float32))).reshape(v.shape) for k, v in t.items()}
+    ref_config, ref = cv.hf_to_llmc(rounded, num_heads=NH)
+    assert config == ref_config and np.array_equal(params, ref)
+    # a BF16 file with a broken header is still one clear error
+    src.write_bytes(src.read_bytes()[:200])
+    assert cv.main([str(src), "-o", str(tmp_path / "x.bin"), "--num-heads", str(NH)]) == 2
+    assert "cannot read safetensors file" in capsys.readouterr().err

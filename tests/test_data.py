@@ -105,6 +105,11 @@ def test_cli_errors(tmp_path, capsys, monkeypatch):
     tiny.write_text("too short\n\nfor a split")
     assert data.main(["tinyshakespeare", "--bpe", str(bpe), "--input", str(tiny), "--out", str(tmp_path)]) == 2
     assert "only" in capsys.readouterr().err
+    # --out on a file (or under one) said only "FILE: File exists"
+    for out, message in ((tiny, f"--out {tiny}: it is a file; give a folder"),
+                         (tiny / "sub", f"--out {tiny / 'sub'}: {tiny} is not a folder")):
+        assert data.main(["tinyshakespeare", "--bpe", str(bpe), "--input", str(tiny), "--out", str(out)]) == 2
+        assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):
         data.main(["wikipedia"])
 
@@ -139,6 +144,9 @@ def test_token_file_errors(tmp_path):
     body = np.arange(10, dtype="<u2").tobytes()
     cases = [
         ("magic.bin", [20240522, 1, 10], body, r"magic\.bin: bad magic number 20240522 \(expected 20240520\)"),
+        # another llm.c file in its place (-i gpt2_124M.bin) is named as what it is
+        ("model.bin", [20240326, 3, 10], body, r"model\.bin: bad magic number 20240326 \(expected 20240520\): it is "
+                                               r"an llm\.c model file, not a llm\.c token file"),
         ("version.bin", [20240520, 2, 10], body, r"version\.bin: unsupported llm.c token file version 2"),
         ("short.bin", None, b"\x00" * 10, r"short\.bin: truncated llm.c token file: the header needs 1024 bytes"),
         ("cut.bin", [20240520, 1, 10], body[:-4], r"cut\.bin: truncated llm.c token file: expected 1044 bytes .* has 1040 \(4 missing\)"),
@@ -360,3 +368,26 @@ def test_load_state_dict_rejects_tampered_states(tmp_path):
     for change, pattern in cases:
         with pytest.raises(ValueError, match=pattern):
             DataLoader(str(tmp_path / "t_*.bin"), B, T, shuffle=True).load_state_dict({**good, **change})
+
+
+def test_checking_many_token_files_shows_a_progress_bar(tmp_path, monkeypatch):
+    # every id of every shard is read before training (seconds per billion tokens) with nothing shown
+    import tqdm
+
+    seen = []
+
+    class Bar:
+        def __init__(self, iterable, **kwargs):
+            seen.append((len(iterable), kwargs.get("desc"), kwargs.get("disable")))
+            self.iterable = iterable
+
+        def __iter__(self):
+            return iter(self.iterable)
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    for i in range(3):
+        write_tokens(tmp_path / f"shard_{i}.bin", np.arange(40) % 50257)
+    DataLoader(str(tmp_path / "shard_*.bin"), 2, 4, vocab_size=50257)
+    assert seen == [(3, "checking token files", None)]
+    DataLoader(str(tmp_path / "shard_0.bin"), 2, 4, vocab_size=50257)   # one file: no bar
+    assert len(seen) == 1

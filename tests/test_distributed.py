@@ -200,6 +200,24 @@ def test_output_folder_holds_the_log_and_checkpoints(data, tmp_path):
     assert re.search(r"norm [0-9.]+ lr 3\.0000e-04$", stdout, re.M)   # warm-up: step 1 at lr/1, step 2 at lr
 
 
+def test_a_damaged_checkpoint_is_one_line_saying_how_to_fall_back(data, tmp_path):
+    # a truncated state_*.npz of a complete checkpoint stopped -y 1 with a traceback (BadZipFile)
+    out = tmp_path / "run"
+    rc, _, err = run_train(_args(data, "-b", "4", "-x", "2", "-n", "1", "-o", out, "-u", "1"))
+    assert rc == 0, err
+    state = out / "state_00000002_00000.npz"
+    state.write_bytes(state.read_bytes()[:3000])
+    rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-o", out, "-u", "1", "-y", "1"))
+    assert rc == 2, stdout + err
+    assert (f"{state}: not a readable checkpoint state (truncated or corrupt?)" in err
+            and f"remove {out / 'DONE_00000002'} to resume from the checkpoint before it" in err), err
+    assert len(err.strip().splitlines()) == 1, err
+    # as it says: without that DONE file, the checkpoint at step 1 is the newest complete one
+    (out / "DONE_00000002").unlink()
+    rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-o", out, "-u", "1", "-y", "1"))
+    assert rc == 0 and "resumed from" in stdout and "at step 1" in stdout, stdout + err
+
+
 # ---------------------------------------------------------------------------------------------
 # several processes (MPI)
 

@@ -253,6 +253,15 @@ def test_data_cli_downloads_then_tokenises(server, tmp_path, shared_text, capsys
     assert "downloading" in capsys.readouterr().out
 
 
+def test_an_out_folder_that_is_a_file_is_refused_before_downloading(tmp_path, capsys):
+    # it said only "FILE: File exists", and only after reaching the server
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert dl.main(["tinyshakespeare", "--out", str(afile), "--base-url", "http://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {afile}: it is a file; give a folder" in err and "cannot reach" not in err, err
+
+
 def test_unknown_name():
     with pytest.raises(ValueError, match="unknown download"):
         dl.download("gpt3")

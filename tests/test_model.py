@@ -553,7 +553,8 @@ class OutOfMemoryError(Exception):
 
 def test_out_of_memory_names_the_buffer_and_suggests_a_smaller_batch(monkeypatch):
     cfg = GPT2Config(max_seq_len=16, num_layers=1, num_heads=2, channels=8, vocab_size=100)
-    model = GPT2(cfg, init_params(cfg))
+    params = init_params(cfg)
+    model = GPT2(cfg, params)
 
     def no_memory(*args, **kwargs):
         raise OutOfMemoryError("out of memory allocating 1,234,567,890 bytes")
@@ -561,3 +562,7 @@ def test_out_of_memory_names_the_buffer_and_suggests_a_smaller_batch(monkeypatch
     monkeypatch.setattr(model.xp, "zeros", no_memory)
     with pytest.raises(ModelError, match=r"out of memory allocating the activations for B=2, T=8 .*smaller batch \(-b\)"):
         model.allocate(2, 8)
+    # the parameters: the trainer's catch-all said "during a step; try a smaller batch", which cannot help
+    monkeypatch.setattr(model.xp, "array", no_memory)
+    with pytest.raises(ModelError, match=r"allocating the model's 2,040 parameters .*the model alone does not fit"):
+        GPT2(cfg, params)

@@ -108,6 +108,19 @@ def test_errors(capsys, tmp_path):
     assert rc == 2 and "--steps must be >= 1" in capsys.readouterr().err
     rc = profile.main(["--init", "d2", "-b", "1", "-t", "8", "-i", str(tmp_path / "none*.bin")])
     assert rc == 2 and "no token files match" in capsys.readouterr().err
+    # a negative seed was NumPy's traceback; an unwritable --json one after the whole profile had run
+    rc = profile.main(["--init", "d2", "-b", "1", "-t", "8", "--random-data", "--seed", "-1"])
+    assert rc == 2 and "--seed must be >= 0 (got -1)" in capsys.readouterr().err
+    # the trainer's flags the profile cannot honour were ignored: --resume profiled gpt2_124M.bin instead
+    rc = profile.main(["--init", "d2", "-b", "1", "-t", "8", "--random-data", "--resume", str(tmp_path / "s.npz")])
+    assert rc == 2 and "--resume is the trainer's; the profile does not use it (-e takes" in capsys.readouterr().err
+    rc = profile.main(["--init", "d2", "-b", "1", "-t", "8", "--random-data", "-o", str(tmp_path / "log")])
+    assert rc == 2 and "-o is the trainer's" in capsys.readouterr().err
+    for where, why in ((tmp_path, "it is a folder"), (tmp_path / "f" / "p.json", "does not exist")):
+        rc = profile.main(["--init", "d2", "-b", "1", "-t", "8", "--random-data", "--json", str(where)])
+        captured = capsys.readouterr()
+        assert rc == 2 and f"--json {where}: " in captured.err and why in captured.err, captured.err
+        assert "profiling" not in captured.out
     with pytest.raises(SystemExit):  # train's flags are parsed strictly
         profile.build_parser().parse_args(["--no-such-flag"])
     p = profile.build_parser().parse_args([])

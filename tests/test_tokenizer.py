@@ -168,6 +168,22 @@ def test_cli_error(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "t.bin").exists()
 
 
+
+def test_cli_refuses_an_output_it_cannot_write_or_that_is_its_bpe_file(tiny_bpe, tmp_path, capsys, monkeypatch):
+    # -o on the BPE file replaced it by the tokenizer file; a folder was named as a hidden temporary
+    bpe = tmp_path / "gpt2.tiktoken"
+    bpe.write_bytes(Path(tiny_bpe).read_bytes())
+    monkeypatch.setenv(tk.BPE_ENV, str(bpe))
+    for argv, message in ((["--bpe", bpe, "-o", bpe], f"-o {bpe}: it is the BPE file this reads"),
+                          (["-o", bpe], f"-o {bpe}: it is the BPE file this reads"),     # through the variable
+                          (["-o", tmp_path], f"-o {tmp_path}: it is a folder"),
+                          (["-o", bpe / "t.bin"], f"-o {bpe / 't.bin'}: {bpe} is not a folder")):
+        assert tk.main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    assert bpe.read_bytes() == Path(tiny_bpe).read_bytes()
+
+
 def _write(path, header_fields, body=b""):
     h = np.zeros(256, dtype="<u4")
     h[:len(header_fields)] = header_fields

@@ -374,6 +374,19 @@ def test_gate_tools_refuse_bad_arguments(tmp_path, small_train_args):
     rc, _, err = _call(torch_gpt2.main, ["--init", "d1", "--T", 512] + out)
     assert rc == 2 and "larger than the model's context" in err, err
     assert not (tmp_path / "m.bin").exists()
+    # outputs are checked before PyTorch runs: --out-model on the --data file replaced the token file,
+    # a folder was named as a hidden temporary file, --seed -1 was NumPy's traceback
+    data = Path(small_train_args[3])          # the val token file
+    before = data.read_bytes()
+    for argv, needle in (
+            (["--data", data, "--out-model", data, "--out-state", tmp_path / "s.bin"],
+             f"--out-model {data} is the file --data reads"),
+            (["--out-model", tmp_path, "--out-state", tmp_path / "s.bin"], f"--out-model {tmp_path}: it is a folder"),
+            (["--out-model", tmp_path / "x", "--out-state", tmp_path / "x"], "--out-model and --out-state both name"),
+            (["--seed", -1] + out, "--seed must be >= 0")):
+        rc, _, err = _call(torch_gpt2.main, ["--init", "d1", "--B", 1, "--T", 8] + argv)
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    assert data.read_bytes() == before and not (tmp_path / "m.bin").exists()
     rc, _, err = _call(test_gpt2.main, ["--steps", 0])
     assert rc == 2 and "--steps must be at least 1" in err, err
     rc, _, err = _call(test_gpt2.main, ["--checkpoint", tmp_path / "nope.bin"])

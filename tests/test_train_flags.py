@@ -63,6 +63,16 @@ def test_unwritable_output_locations_are_refused_at_start_up(data, tmp_path):
     refused_before_work(*run_train(tiny(data) + ["--save-every", 1, "--save-path", "/proc/st.npz"]),
                         "--save-path /proc/st.npz: cannot create a file in /proc")
     assert not list(tmp_path.glob("**/.llmcupy-write-check*"))   # the probe leaves nothing behind
+    # a FIFO or device (--save-path /dev/null) passed the check, then the save after training
+    # replaced it by a regular file (or, now, atomic_write refuses it: after the work)
+    import os
+    import stat
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refused_before_work(*run_train(tiny(data) + ["--save-path", fifo]),
+                        f"--save-path {fifo}: it exists and is not a regular file")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
 def test_missing_folders_of_the_save_path_are_made(data, tmp_path):
@@ -70,6 +80,29 @@ def test_missing_folders_of_the_save_path_are_made(data, tmp_path):
     rc, out, err = run_train(tiny(data) + ["--save-every", 1, "--save-path", state])
     assert rc == 0, err
     assert ckpt.load_training_state(state).step == 1
+
+
+def test_outputs_never_overwrite_the_files_the_run_reads(data, tmp_path):
+    # -o truncates its file: naming the train data there wiped it before the first batch was read
+    # (the run then failed on a 0-byte token file); --save-path over the -e model replaced it
+    train = tmp_path / "train.bin"
+    train.write_bytes(data[1].read_bytes())
+    before = train.read_bytes()
+    argv = ["--init", "d1", "-b", 1, "-t", 16, "-v", 0, "-s", 0, "--steps", 1, "-i", train, "-j", data[3]]
+    refused_before_work(*run_train(argv + ["-o", train]), f"-o {train} is the file -i reads")
+    refused_before_work(*run_train(argv[:-4] + ["-i", data[1], "-j", train, "-o", train]),
+                        f"-o {train} is the file -j reads")
+    assert train.read_bytes() == before
+    model = tmp_path / "model.bin"
+    cfg = ckpt.GPT2Config.preset("d1")
+    from llmcupy.config import init_params
+    ckpt.write_model(model, cfg, init_params(cfg, seed=0))
+    model_bytes = model.read_bytes()
+    refused_before_work(*run_train(["-e", model] + argv[2:] + ["--save-path", model]),
+                        f"--save-path {model} is the file -e reads", "Give --save-path another file")
+    assert model.read_bytes() == model_bytes
+    same = tmp_path / "both"
+    refused_before_work(*run_train(argv + ["-o", same, "--save-path", same]), "-o and --save-path both name")
 
 
 # -- --save-path without --save-every ------------------------------------------------------------
@@ -150,9 +183,22 @@ def test_a_seq_len_the_attention_version_refuses_names_what_runs_it(data):
     (["-l", "nan"], "-l/--lr must be a finite number >= 0"),
     (["--kernel", "layernorm_forward=3:7"],
      "--kernel layernorm_forward=3:7: layernorm_forward version 3 runs at block sizes 32, 64"),
-], ids=["negative-lr", "nan-lr", "bad-block"])
+    # these ended in a traceback (NumPy's seeding; an empty min() after zero timed steps)...
+    (["--seed", -1], "--seed must be >= 0 (got -1)"),
+    (["--benchmark", "--warmup", -1], "--warmup must not be negative (got -1)"),
+    # ...or in a made-up number: -m 0 printed "val loss 0.000000" every -v steps and logged it
+    (["-v", 1, "-m", 0], "-m 0 leaves no validation batch"),
+    (["-v", -1], "-v/--val-every must not be negative"),
+    (["-s", 1, "-g", 1], "-g 1 generates no token"),
+], ids=["negative-lr", "nan-lr", "bad-block", "negative-seed", "negative-warmup",
+        "no-val-batches", "negative-val-every", "empty-sample"])
 def test_bad_values_are_refused_before_allocation(data, flags, needle):
     refused_before_work(*run_train(tiny(data) + flags), needle)
+
+
+def test_a_benchmark_without_timed_steps_is_refused(data):
+    # it ran the warm-up, then stopped with a traceback from min() of no times
+    refused_before_work(*run_train(tiny(data, steps=0) + ["--benchmark"]), "--benchmark needs --steps >= 1")
 
 
 def test_a_sample_longer_than_the_context_is_announced_once(data):
@@ -169,3 +215,90 @@ def test_sample_refuses_a_negative_token_count(capsys):
         sample.main(["--init", "d1", "-n", "-3"])
     assert exc.value.code == 2
     assert "-n/--num-tokens must not be negative (got -3)" in capsys.readouterr().err
+
+
+def test_sample_refuses_the_seed_xorshift_cannot_leave(capsys):
+    # --seed 0 sampled token 0 every time (xorshift's zero state stays zero): empty-looking output, exit 0
+    from llmcupy import sample
+
+    for seed in ("0", str(2**64)):
+        with pytest.raises(SystemExit) as exc:
+            sample.main(["--init", "d1", "-n", "3", "--seed", seed])
+        assert exc.value.code == 2
+        assert f"--seed {seed}: xorshift's state 0 never changes" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_a_step_says_which_saved_state_resumes(data, tmp_path, monkeypatch):
+    # it said only "interrupted"; the user had to guess whether (and where) a state was saved
+    from llmcupy.model import GPT2
+
+    real = GPT2.train_step
+
+    def step(self, x, y, lr, b1, b2, eps, wd, t):
+        if t == 3:
+            raise KeyboardInterrupt   # as Ctrl-C inside the step
+        return real(self, x, y, lr, b1, b2, eps, wd, t)
+
+    monkeypatch.setattr(GPT2, "train_step", step)
+    state = tmp_path / "st.npz"
+    rc, out, err = run_train(tiny(data, steps=5) + ["--save-every", 2, "--save-path", state])
+    assert rc == 130, out + err
+    assert f"interrupted during step 3 (the last state saved is in {state}, at step 2)" in err, err
+    assert ckpt.load_training_state(state).step == 2
+    rc, out, err = run_train(tiny(data, steps=5))
+    assert rc == 130 and "interrupted during step 3 (no training state was saved by this run)" in err, err
+
+
+def test_a_tokenizer_smaller_than_the_vocabulary_is_refused_before_training(data, tmp_path):
+    # it trained, then stopped at the first sample with a traceback (ValueError: invalid token id)
+    from llmcupy.tokenizer import Tokenizer
+
+    small = tmp_path / "tok300.bin"
+    Tokenizer([bytes([i % 256]) for i in range(300)], eot_id=299).save(small)
+    argv = ["--init", "d1", "-b", 1, "-t", 16, "-v", 0, "-s", 1, "-g", 8, "--steps", 2, "--tokenizer", small] + data
+    refused_before_work(*run_train(argv), f"{small}: the tokenizer has 300 tokens, fewer than the model's "
+                                          "vocabulary of 50257")
+
+
+def test_a_failed_save_names_the_file_and_the_state_left(data, tmp_path, monkeypatch):
+    # a full disk said only "error: No space left on device": no file, no word on the last good state
+    import errno
+
+    real, calls = ckpt.save_training_state, []
+
+    def full_disk(path, state):
+        calls.append(state.step)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, state)
+
+    monkeypatch.setattr(ckpt, "save_training_state", full_disk)
+    state = tmp_path / "st.npz"
+    rc, out, err = run_train(tiny(data, steps=3) + ["--save-every", 1, "--save-path", state])
+    assert rc == 2, out + err
+    assert (f"--save-path {state}: saving the training state at step 2 failed (No space left on device); "
+            f"the last state saved is in {state}, at step 1") in err, err
+    assert ckpt.load_training_state(state).step == 1
+
+
+def test_help_says_what_the_flags_take():
+    # -e's help named only an llm.c .bin (it takes a training state too), -s did not say 0 turns
+    # samples off, and --benchmark did not say how many steps it times by default
+    from llmcupy.train import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "llm.c model .bin, or a training state .npz (its model only), to start from" in text
+    assert "generate a sample every N steps (0: no samples)" in text
+    assert "over --steps steps (default 10)" in text
+
+
+def test_sample_says_when_it_changes_the_context_window(capsys, tmp_path):
+    # -t 6 ran with a window of 4 without a word (-n 0: the window is set up, no bytes are sampled)
+    import gen_inputs
+    from llmcupy import sample
+
+    bpe = gen_inputs.write_tiny_bpe(tmp_path / "tiny.tiktoken")
+    assert sample.main(["--init", "d1", "-n", "0", "-t", "6", "--bpe", str(bpe)]) == 0
+    assert "note: -t 6 is not a multiple of 4" in capsys.readouterr().err
+    assert sample.main(["--init", "d1", "-n", "0", "-t", "8", "--bpe", str(bpe)]) == 0
+    assert "note" not in capsys.readouterr().err
