@@ -397,6 +397,34 @@ def test_a_fault_in_kernel_code_is_an_exception_and_the_process_lives_on(workers
         assert total[0] == 128.0
 
 
+def test_a_stack_overflow_by_a_large_frame_is_caught_at_any_stack_size():
+    # DEEP's recursion is merged by g++ into frames of about 12 KiB. Without stack probing the first
+    # write of such a frame could land past the 4 KiB guard page: in unmapped memory (the handler
+    # then took it for the emulator's own fault and killed the process: a whole-suite run died in the
+    # test above) or in another fiber's stack. Where it lands depends on the stack size and on what
+    # the process has mapped below the stack, so try many sizes, each in a child process.
+    script = textwrap.dedent(f"""
+        import numpy as np, llmcupy
+        from llmcupy import sim
+        try:
+            llmcupy.RawModule(code={DEEP!r}).get_function("deep")((2,), (4,), (np.zeros(4, np.int32), np.int32(1 << 20)))
+        except sim.SimMemoryFaultError as exc:
+            print("CAUGHT", exc)
+    """)
+    failures = []
+    sizes = list(range(64, 84)) + [200, 257]
+    for batch in (sizes[i:i + 4] for i in range(0, len(sizes), 4)):
+        children = {kb: subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True, env=dict(os.environ, LLMCUPY_BACKEND="sim",
+                                                             LLMCUPY_SIM_STACK_KB=str(kb)))
+                    for kb in batch}
+        for kb, child in children.items():
+            out, err = child.communicate(timeout=300)
+            if child.returncode != 0 or "CAUGHT" not in out or "a fiber stack overflow" not in out:
+                failures.append(f"LLMCUPY_SIM_STACK_KB={kb}: exit {child.returncode}: {out[-300:]} {err[-500:]}")
+    assert not failures, "\n".join(failures)
+
+
 def test_trap_fails_the_launch_with_the_place_and_the_process_lives_on():
     # __trap() aborts a launch on a GPU (cudaErrorLaunchFailure); here an exception naming the place
     k = module("__global__ void t(float* x, int bad) {\n"

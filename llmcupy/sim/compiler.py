@@ -604,8 +604,14 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     # -fsanitize=float-cast-overflow: a check before each float-to-integer conversion, handled by
     # the emulator's header (no UBSan runtime): an out-of-range one stops the launch with an error,
     # since a GPU saturates where the CPU gives another value.
+    # -fstack-clash-protection: a frame larger than a page (a big local array, or a recursion GCC
+    # has merged into one frame) touches every page it allocates, top down, so a fiber stack overflow
+    # always faults in the stack's guard page and is reported as one. Without it the first write of
+    # such a frame could land below the guard page: in another fiber's stack (silently corrupting it)
+    # or unmapped memory, which the fault handler cannot tell from a fault of the emulator itself and
+    # so killed the process (LLMCUPY_SIM_STACK_KB=70: a 12 KiB frame of a recursive kernel).
     base_flags = ["-O2", "-g0", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread", "-w",
-                  "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique"]
+                  "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique", "-fstack-clash-protection"]
     # Only for the compile step: linked with -fsanitize, g++ would make the library load UBSan's
     # runtime (not wanted, and not on every machine).
     check_flags = ["-fsanitize=float-cast-overflow"]
