@@ -338,6 +338,8 @@ def check_outputs(args, run) -> None:
     flag and the user's path), not after the model is allocated or the first steps are trained."""
     from .fileio import output_path_problem
 
+    if args.benchmark and args.log:   # (it used to be accepted and silently left unwritten)
+        raise SystemExit("error: --benchmark writes no log (one fixed batch, timed; no validation); drop -o")
     resolve_save_path(args)
     if args.save_path is not None:   # written by atomic_write, which makes missing folders
         problem = output_path_problem(args.save_path, makes_folders=True)
@@ -761,7 +763,7 @@ def benchmark(model: GPT2, loader, args, run=None) -> int:
     replayed = args.cuda_graph and graph is not None and not graph.emulated
     print(f"launches per step: {max(launches)} kernel launches"
           + (" from the host (the graph replay launches the captured kernels itself)" if replayed
-             else " (catalogue kernels; cuBLAS calls through xp.matmul not included)"))
+             else " (catalogue kernels; cuBLAS calls not included)"))
     if _backend.is_sim():
         print("(times are the CPU emulator's, not a GPU's)")
     return 0

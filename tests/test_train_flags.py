@@ -201,6 +201,13 @@ def test_a_benchmark_without_timed_steps_is_refused(data):
     refused_before_work(*run_train(tiny(data, steps=0) + ["--benchmark"]), "--benchmark needs --steps >= 1")
 
 
+def test_a_benchmark_with_a_log_is_refused(data, tmp_path):
+    # -o was accepted and silently left unwritten
+    log = tmp_path / "bench.log"
+    refused_before_work(*run_train(tiny(data, steps=2) + ["--benchmark", "-o", log]), "--benchmark writes no log")
+    assert not log.exists()
+
+
 def test_a_sample_longer_than_the_context_is_announced_once(data):
     argv = ["--init", "d1", "-b", 1, "-t", 16, "-v", 0, "-s", 1, "-g", 300, "--steps", 1] + data
     rc, out, err = run_train(argv)
