@@ -271,6 +271,12 @@ def test_argument_checks_name_kernel_and_argument():
         k((1,), (64,), (out,))
     with pytest.raises(llmcupy.KernelArgumentError, match="exceeds CUDA's limit of 1024"):
         k((1,), (2048,), (out, np.int32(4)))
+    # per-dimension limits a GPU refuses ("invalid argument") even when the total is allowed
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"exit_then_barrier: grid y = 65536 exceeds CUDA's limit "
+                       r"of 65535"):
+        k((1, 65536), (64,), (out, np.int32(4)))
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"exit_then_barrier: block z = 65 exceeds CUDA's limit of 64"):
+        k((1,), (1, 1, 65), (out, np.int32(4)))
     # (out) is out, not a tuple: it would be taken element by element, "64 were given"
     with pytest.raises(llmcupy.KernelArgumentError, match=r"exit_then_barrier: args must be a tuple of its 2 "
                        r"argument\(s\) \(float\* out, int n\), got ndarray; a single argument is written \(x,\)"):
