@@ -52,6 +52,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ._cli import int_at_least
+
 SCHEMA = "llmcupy.bench/1"
 DEFAULT_OUT = os.path.join("bench", "results")
 # Emulator runs are correctness records, not GPU measurements: kept apart (and git-ignored) so they
@@ -923,8 +925,8 @@ def _parser() -> argparse.ArgumentParser:
                         "off otherwise). Versions that call cuBLAS under TF32 are checked at their op's TF32 "
                         "tolerance")
     p.add_argument("--backend", choices=("auto", "cuda", "sim"), default=None, help="cuda, sim or auto (default)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--repeat", type=int, default=50, help="timed launches per block size (GPU)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random inputs")
+    p.add_argument("--repeat", type=int_at_least(1), default=50, help="timed launches per block size (GPU)")
     p.add_argument("--no-isolate", action="store_true",
                    help="run the versions in this process (default: a forked child each in the emulator; on a "
                         "GPU one spawned child, replaced after a version fails)")

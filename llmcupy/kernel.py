@@ -23,6 +23,7 @@ import json
 import sys
 
 from . import harness
+from ._cli import int_at_least
 from . import ops as ops_registry
 from .ops import OpError
 from .runtime import backend as _backend
@@ -43,8 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every version of OP, or the whole catalogue without OP")
     p.add_argument("--block-size", type=int, help="run only this block size instead of the sweep")
     p.add_argument("--backend", choices=_backend.CHOICES, default=None, help="cuda, sim or auto (default: auto)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--repeat", type=int, default=50, help="timed launches per block size (GPU)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random inputs")
+    p.add_argument("--repeat", type=int_at_least(1), default=50, help="timed launches per block size (GPU)")
     p.add_argument("--order", choices=("forward", "reverse", "random"), help="emulator thread order")
     p.add_argument("--sanitize", nargs="?", const="all", metavar="CHECKS",
                    help="emulator: run under racecheck, memcheck and initcheck (or a comma-separated subset of "

@@ -358,6 +358,17 @@ def test_compare_refuses_an_emulator_record_against_a_gpu_record(tmp_path):
     assert run("compare", str(gpu), str(gpu))[0] == 0
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--seed", "-2"], "argument --seed: needs an integer >= 0, got -2"),
+    (["--repeat", "0"], "argument --repeat: needs an integer >= 1, got 0"),
+])
+def test_bad_numbers_are_usage_errors_before_the_run(monkeypatch, capsys, args, message):
+    monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("the benchmark ran with a bad number"))
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--ops", "gelu_forward", "--no-progress", *args])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_help_is_wrapped():
     proc = subprocess.run([sys.executable, "-m", "llmcupy.bench", "--help"], capture_output=True, text=True,
                           env=dict(__import__("os").environ, COLUMNS="80"))

@@ -66,6 +66,9 @@ def test_all_versions_of_one_op():
     (("softmax_forward", "4", "--arch", "80"), "--arch is for --compile-report"),
     (("--compile-report", "--B", "3"), "--compile-report takes no sizes (got --B)"),
     (("softmax_forward", "4", "--arch", "sm_8x"), "'sm_8x' is not a compute capability"),
+    # NumPy refuses a negative seed with a traceback; zero timed samples have no mean
+    (("softmax_forward", "4", "--seed", "-1"), "argument --seed: needs an integer >= 0, got -1"),
+    (("softmax_forward", "4", "--repeat", "0"), "argument --repeat: needs an integer >= 1, got 0"),
 ])
 def test_bad_usage_exits_2_with_the_choices(args, message):
     rc, out, err = run(*args)
