@@ -1091,11 +1091,17 @@ def main(argv=None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     saver = None if args.no_save else _SaveAsYouGo(out_dir)
-    record = run(args.ops, small=args.small, seed=args.seed, repeat=args.repeat, analyze=not args.no_analyze,
-                 gpu=args.gpu,
-                 isolate=False if args.no_isolate else None, command=command, progress=not args.no_progress,
-                 verbose=args.verbose, trainer=args.trainer_shapes, on_entry=saver,
-                 tf32=None if args.tf32 is None else bool(args.tf32))
+    try:
+        record = run(args.ops, small=args.small, seed=args.seed, repeat=args.repeat, analyze=not args.no_analyze,
+                     gpu=args.gpu,
+                     isolate=False if args.no_isolate else None, command=command, progress=not args.no_progress,
+                     verbose=args.verbose, trainer=args.trainer_shapes, on_entry=saver,
+                     tf32=None if args.tf32 is None else bool(args.tf32))
+    except KeyboardInterrupt:
+        kept = (f"; the versions that finished are in {saver.path} (marked partial)"
+                if saver is not None and saver.path is not None else "")
+        print(f"\ninterrupted{kept}", file=sys.stderr)
+        return 130
     c = record["summary"]
     print(f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
     if saver is not None:

@@ -23,7 +23,7 @@ import json
 import sys
 
 from . import harness
-from ._cli import int_at_least
+from ._cli import EXIT_INTERRUPTED, int_at_least
 from . import ops as ops_registry
 from .ops import OpError
 from .runtime import backend as _backend
@@ -224,6 +224,14 @@ def isolation(versions: int, backend: str) -> str | None:
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:   # before or after the versions' loop (which says what it kept)
+        print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv=None) -> int:
     parser = _parser()
     rest, size_flags = _split_size_flags(parser, list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(rest)
@@ -306,19 +314,49 @@ def main(argv=None) -> int:
         return 2
 
     isolate = isolation(len(plan), backend)
-    from .sim.compiler import CompilerNotFound
-
-    results, failed = [], 0
+    results = []
     run = _run_and_analyze if args.analyze else _run_one
     # a forked child per version in the emulator; on a GPU one spawned child until a version fails
     versions = harness.runner(isolate)
+    try:
+        failed = _run_plan(plan, versions, run, args, results)
+    except KeyboardInterrupt:
+        versions.close()
+        kept = f"; {args.json} holds the versions that finished" if args.json and results else ""
+        print(f"\ninterrupted after {len(results)} of {len(plan)} versions{kept}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if failed is None:   # nothing can run here (no compiler): said in one line
+        return 2
+    versions.close()
+    if args.analyze:
+        _print_comparisons(results)
+    if len(plan) > 1:
+        passed = sum(r.get("ok") is True for r in results)
+        skipped = sum(r.get("ok") is None for r in results)
+        print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    if len(plan) == 1 and results[0].get("ok") is None:
+        # one version asked for and it could not run (unavailable here, or the sizes refused):
+        # not a pass, as a script reading the exit status would take 0 for
+        print(f"error: {results[0]['op']} version {results[0]['version']} did not run: "
+              f"{results[0].get('skipped', 'skipped')}", file=sys.stderr)
+        return 2
+    return 1 if failed else 0
+
+
+def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
+    """Runs each (op, version, sizes) of ``plan`` through ``versions`` (a harness runner), printing
+    each result and appending it to ``results`` (and --json) as it comes; returns the number that
+    failed, or None when a single version cannot run here at all (no C++ compiler)."""
+    from .sim.compiler import CompilerNotFound
+
+    failed = 0
     for op_name, number, sizes in plan:
         try:
             result = versions.call(run, op_name, number, sizes, args)
         except CompilerNotFound as exc:
             if len(plan) == 1:   # nothing can run here: one line, exit 2 (with --all: each version FAILs)
                 print(f"error: {exc}", file=sys.stderr)
-                return 2
+                return None
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
         except (OpError, _backend.BackendError) as exc:
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
@@ -339,20 +377,7 @@ def main(argv=None) -> int:
         failed += result.get("ok") is False
         if args.json:  # after every version: a run stopped by a time limit keeps what it measured
             _write_json(args.json, results)
-    versions.close()
-    if args.analyze:
-        _print_comparisons(results)
-    if len(plan) > 1:
-        passed = sum(r.get("ok") is True for r in results)
-        skipped = sum(r.get("ok") is None for r in results)
-        print(f"{passed} passed, {failed} failed, {skipped} skipped")
-    if len(plan) == 1 and results[0].get("ok") is None:
-        # one version asked for and it could not run (unavailable here, or the sizes refused):
-        # not a pass, as a script reading the exit status would take 0 for
-        print(f"error: {results[0]['op']} version {results[0]['version']} did not run: "
-              f"{results[0].get('skipped', 'skipped')}", file=sys.stderr)
-        return 2
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":

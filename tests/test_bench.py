@@ -9,6 +9,7 @@ import datetime
 import importlib.util
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -397,3 +398,19 @@ def test_plot_formats_come_from_matplotlib(tmp_path):
     bench.check_plot_path(tmp_path / "x.svg")
     bench.check_plot_path(tmp_path / "x.PDF")
     bench.check_plot_path(tmp_path / "no_suffix")   # matplotlib's default format
+
+
+def test_ctrl_c_stops_the_run_in_one_line_and_keeps_the_partial_record(tmp_path):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _helpers import ctrl_c_after
+
+    rc, out, err = ctrl_c_after(["llmcupy.bench", "--backend", "sim", "--no-progress", "--no-analyze",
+                                 "--out", str(tmp_path)], "adamw v2")  # v1 is saved by then
+    assert rc == 130, (rc, out[-2000:], err)
+    assert "Traceback" not in out + err, err
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and err.strip().splitlines()[-1] == (
+        f"interrupted; the versions that finished are in {files[0]} (marked partial)"), err
+    record = json.loads(files[0].read_text())
+    assert record["partial"] is True and 1 <= len(record["results"]) < 90
+

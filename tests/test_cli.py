@@ -159,3 +159,23 @@ def test_a_bad_emulator_variable_is_a_value_error_from_the_python_api():
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
         assert proc.returncode == 0 and proc.stdout.startswith(f"ValueError: {variable}={value!r} is not valid"), \
             (proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_ctrl_c_stops_the_run_in_one_line_and_keeps_the_json(tmp_path):
+    import sys as _sys
+
+    _sys.path.insert(0, os.path.dirname(__file__))
+    from _helpers import ctrl_c_after
+
+    path = tmp_path / "results.json"
+    # the whole catalogue, once its second version printed (the first is in the JSON), far from done
+    rc, out, err = ctrl_c_after(["llmcupy.kernel", "--all", "--backend", "sim", "--json", str(path)],
+                                "adamw version 2:")
+    assert rc == 130, (rc, out[-2000:], err)
+    assert "Traceback" not in out + err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("interrupted after ") and f"{path} holds the versions that finished" in line, err
+    done = int(line.split()[2])
+    assert 1 <= done < 90 and len(json.loads(path.read_text())) == done
+    assert " passed, " not in out   # no summary line of a finished run
+

@@ -452,6 +452,24 @@ def _wrong_outputs():
     return {"ok": False}
 
 
+def _interrupted():
+    raise KeyboardInterrupt   # as Ctrl-C reaching the child
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_a_child_interrupted_stops_the_run_in_the_parent(start):
+    # Ctrl-C reaches the child too: it is not one version's failure but the end of the run, and
+    # the child is gone (nothing runs on unseen)
+    from llmcupy.harness import runner
+
+    with runner(start) as versions:
+        with pytest.raises(KeyboardInterrupt):
+            versions.call(_interrupted)
+        if start == "spawn":
+            assert versions._proc is None
+        assert versions.call(_pid_of_child) != os.getpid()   # the runner still works afterwards
+
+
 def test_spawned_runner_reuses_its_child_until_a_call_fails():
     # kernel --all on a GPU: one spawned child runs the versions (a spawn costs seconds of Python,
     # CuPy and a CUDA context); a crash or an exception costs a fresh child, for the next call only
@@ -484,8 +502,8 @@ def test_kernel_json_keeps_the_versions_finished_before_a_run_is_stopped(monkeyp
     monkeypatch.setattr(kernel, "isolation", lambda n, backend: None)
     monkeypatch.setattr(kernel, "_run_one", interrupted_at_version_2)
     path = tmp_path / "catalogue.json"
-    with pytest.raises(KeyboardInterrupt):
-        kernel.main(["gelu_forward", "--all", "--backend", "sim", "--json", str(path)])
+    assert kernel.main(["gelu_forward", "--all", "--backend", "sim", "--json", str(path)]) == 130
+    assert capsys.readouterr().err.strip() == f"interrupted after 1 of 2 versions; {path} holds the versions that finished"
     records = json.loads(path.read_text())
     assert [(r["op"], r["version"], r["ok"]) for r in records] == [("gelu_forward", 1, True)]
     assert not (tmp_path / "catalogue.json.tmp").exists()
