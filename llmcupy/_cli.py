@@ -6,6 +6,7 @@
          no GPU or compiler for what was asked
     3    a run stopped by a non-finite loss
     130  interrupted (Ctrl-C)
+    141  stdout closed before the output ended (``| head``), as a process killed by SIGPIPE
 """
 
 from __future__ import annotations
@@ -17,6 +18,25 @@ EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE = 3
 EXIT_INTERRUPTED = 130
+
+
+EXIT_BROKEN_PIPE = 141
+
+
+def run_main(main) -> int:
+    """``sys.exit(run_main(main))`` in a CLI's ``__main__``: ``main()``'s exit code, or quietly 141
+    when the reader of stdout went away (``--list | head``) instead of a BrokenPipeError traceback."""
+    import os
+
+    try:
+        code = main()
+        sys.stdout.flush()   # inside the try: what is still buffered may meet the closed pipe
+        return code
+    except BrokenPipeError:
+        # Python's recipe: stdout points at /dev/null, so the flush at interpreter exit cannot fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def os_error_message(exc: OSError) -> str:

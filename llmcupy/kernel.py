@@ -381,4 +381,6 @@ def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from llmcupy._cli import run_main
+
+    sys.exit(run_main(main))

@@ -179,3 +179,13 @@ def test_ctrl_c_stops_the_run_in_one_line_and_keeps_the_json(tmp_path):
     assert 1 <= done < 90 and len(json.loads(path.read_text())) == done
     assert " passed, " not in out   # no summary line of a finished run
 
+
+
+def test_output_piped_into_head_ends_quietly():
+    # `python -m llmcupy.kernel ... | head -1`: the reader goes away after one line
+    proc = subprocess.Popen([sys.executable, "-m", "llmcupy.kernel", "softmax_forward", "--all", "--backend", "sim"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("softmax_forward version 1:")
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141 and err == "", err
