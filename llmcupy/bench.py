@@ -976,14 +976,25 @@ def _defaults_main(argv) -> int:
                    help="write nothing; exit 1 when the file differs from what the results give")
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else defaults.default_path()
+    from ._cli import BadPath, check_output_file, fail
+
+    if not args.check and not os.path.isdir(args.results):
+        # a typo, or the default relative to another working folder: deriving from nothing would
+        # write a file with no GPU in it over the measured defaults (--check writes nothing: a
+        # fresh clone, whose bench/results holds no GPU run yet, checks against none)
+        return fail(ValueError(f"--results {args.results}: no such folder; give the folder of the recorded "
+                               f"--trainer-shapes runs (default {DEFAULT_OUT}, relative to the working folder)"))
+    if not args.check:
+        try:
+            check_output_file(out, "--out")   # a folder or special file: say so, not "unreadable defaults"
+        except BadPath as exc:
+            return fail(exc)
     try:
         doc = defaults.derive(args.results)
         current = defaults.load(out) if out.exists() else None
     except defaults.DefaultsError as exc:
-        from ._cli import fail
-
         return fail(exc)
-    print(defaults.format_doc(doc))
+    print(defaults.format_doc(doc, args.results))
     if args.check:
         same = current is not None and current.get("devices") == doc["devices"]
         print(f"{out}: {'up to date' if same else 'out of date: run python -m llmcupy.bench defaults'}")
