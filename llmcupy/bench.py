@@ -418,7 +418,17 @@ class _SaveAsYouGo:
 
 def load(path: str | os.PathLike) -> dict:
     """A results file: this module's record, or a ``python -m llmcupy.kernel --json`` list (wrapped)."""
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a benchmark record (not JSON: {exc})") from None
+
+    def entries(items) -> bool:   # what the formatting and comparing below index into
+        return isinstance(items, list) and all(isinstance(r, dict) and "op" in r and "version" in r for r in items)
+
+    if isinstance(data, list) and not entries(data):
+        raise ValueError(f"{path}: not a benchmark record (a list, but not of python -m llmcupy.kernel --json "
+                         "results, which have 'op' and 'version')")
     if isinstance(data, list):  # the kernel CLI's --json: a list of harness sweeps
         results = [_version_entry_from_raw(r) for r in data]
         backend = next((r.get("backend") for r in data if r.get("backend")), "unknown")
@@ -428,6 +438,9 @@ def load(path: str | os.PathLike) -> dict:
                 "ops": {}, "results": results}
     if not isinstance(data, dict) or "results" not in data:
         raise ValueError(f"{path}: not a benchmark record (no 'results')")
+    if not entries(data["results"]):
+        raise ValueError(f"{path}: not a benchmark record ('results' is not a list of entries with 'op' and "
+                         "'version')")
     return data
 
 
@@ -1039,8 +1052,9 @@ def main(argv=None) -> int:
         try:
             record = load(args.from_file)
         except (OSError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            from ._cli import fail
+
+            return fail(exc)   # names the file: "x.json: no such file", "x.json is a folder; give a file"
         for entry in record["results"]:
             if not args.ops or entry["op"] in args.ops:
                 print(format_entry(entry))

@@ -312,6 +312,25 @@ def test_compare_bad_file_is_a_usage_error(tmp_path):
     assert rc == 2 and "not a benchmark record" in stderr
 
 
+@pytest.mark.parametrize("content,message", [
+    (None, "{path}: no such file"),
+    ("not json", "{path}: not a benchmark record (not JSON: "),
+    ("[1, 2]", "{path}: not a benchmark record (a list, but not of python -m llmcupy.kernel --json results"),
+    ('{"results": 5}', "{path}: not a benchmark record ('results' is not a list of entries with 'op' and 'version')"),
+])
+@pytest.mark.parametrize("cli", [["--from", "{path}"], ["compare", "{path}", "{path}"]])
+def test_a_file_that_is_not_a_record_is_one_line_naming_it(tmp_path, capsys, cli, content, message):
+    # before: `--from` printed "[Errno 2] ...", a bare "Expecting value: line 1 column 1 (char 0)",
+    # or a traceback for JSON of another shape
+    path = tmp_path / "r.json"
+    if content is not None:
+        path.write_text(content)
+    rc = bench.main([a.replace("{path}", str(path)) for a in cli])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: " + message.replace("{path}", str(path))), err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def test_load_accepts_the_kernel_cli_json(tmp_path):
     """`python -m llmcupy.kernel --json` writes a list of sweeps; bench reads it too."""
     path = tmp_path / "k.json"
