@@ -1,6 +1,6 @@
 """python -m llmcupy.kernel: run any version of any op, validated against its CPU reference.
 
-    python -m llmcupy.kernel --list                      # every op and version (* = default)
+    python -m llmcupy.kernel --list [OP]                 # every op and version (* = default), or OP's
     python -m llmcupy.kernel softmax_forward 5           # validate version 5; on a GPU, sweep and time it
     python -m llmcupy.kernel softmax_forward 5 --block-size 256 --B 4 --T 512
     python -m llmcupy.kernel softmax_forward --all       # every version of one op
@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("op", nargs="?", help="op name (see --list)")
     p.add_argument("version", nargs="?", help="version number")
-    p.add_argument("--list", action="store_true", help="list every op and version")
+    p.add_argument("--list", action="store_true", help="list every op and version (or OP's)")
     p.add_argument("--all", action="store_true", help="every version of OP, or the whole catalogue without OP")
     p.add_argument("--block-size", type=int, help="run only this block size instead of the sweep")
     p.add_argument("--backend", choices=_backend.CHOICES, default=None, help="cuda, sim or auto (default: auto)")
@@ -137,9 +137,10 @@ def _catalogue_sizes(flags: list[tuple]) -> dict:
     return by_op
 
 
-def list_catalogue() -> str:
+def list_catalogue(names=None) -> str:
+    """``--list``: every op (or those of ``names``), its versions and sizes, and where the defaults come from."""
     blocks = []
-    for name in ops_registry.names():
+    for name in names or ops_registry.names():
         op = ops_registry.get(name)
         sizes = " ".join(f"{k}={v}" for k, v in op.sizes.items())
         blocks.append(op.describe() + f"\n       sizes: {sizes}")
@@ -251,6 +252,9 @@ def _main(argv=None) -> int:
             files = None
             if args.op:
                 files = [ops_registry.get(args.op).source]
+            if args.version is not None:
+                raise OpError(f"--compile-report compiles {args.op}'s whole kernel file, every version; give the op "
+                              f"without a version (got {args.version})")
             try:
                 rows = nvrtc.compile_report(files=files, archs=tuple(args.arch or nvrtc.DEFAULT_ARCHS))
             except nvrtc.NvrtcNotFound as exc:
@@ -266,8 +270,14 @@ def _main(argv=None) -> int:
                 raise OpError("--sanitize runs in the emulator only (add --backend sim); on a GPU use "
                               "compute-sanitizer")
         if args.list:
-            print(list_catalogue())
+            if args.version is not None or size_flags or args.all:
+                extra = args.version if args.version is not None else "--all" if args.all else size_flags[0][0]
+                raise OpError(f"--list lists versions, it runs nothing (got {extra}); give --list alone or --list OP")
+            print(list_catalogue([ops_registry.get(args.op).name] if args.op else None))
             return 0
+        for flag, given in (("--gpu", args.gpu), ("--no-lines", args.no_lines)):
+            if given and not args.analyze:
+                raise OpError(f"{flag} is for --analyze (the memory-traffic model); add --analyze")
         if args.analyze:
             from . import analyze
 

@@ -66,6 +66,14 @@ def test_all_versions_of_one_op():
     (("softmax_forward", "4", "--arch", "80"), "--arch is for --compile-report"),
     (("--compile-report", "--B", "3"), "--compile-report takes no sizes (got --B)"),
     (("softmax_forward", "4", "--arch", "sm_8x"), "'sm_8x' is not a compute capability"),
+    # flags and arguments that were silently ignored
+    (("--list", "softmax_forward", "3"), "--list lists versions, it runs nothing (got 3); give --list alone or --list OP"),
+    (("--list", "--B", "3"), "--list lists versions, it runs nothing (got --B)"),
+    (("--list", "softmaxx"), "unknown op 'softmaxx'; ops: "),
+    (("softmax_forward", "4", "--gpu", "t4"), "--gpu is for --analyze (the memory-traffic model); add --analyze"),
+    (("softmax_forward", "4", "--no-lines"), "--no-lines is for --analyze"),
+    (("--compile-report", "softmax_forward", "3"), "--compile-report compiles softmax_forward's whole kernel file, "
+                                                   "every version; give the op without a version (got 3)"),
     # NumPy refuses a negative seed with a traceback; zero timed samples have no mean
     (("softmax_forward", "4", "--seed", "-1"), "argument --seed: needs an integer >= 0, got -1"),
     (("softmax_forward", "4", "--repeat", "0"), "argument --repeat: needs an integer >= 1, got 0"),
@@ -73,6 +81,12 @@ def test_all_versions_of_one_op():
 def test_bad_usage_exits_2_with_the_choices(args, message):
     rc, out, err = run(*args)
     assert rc == 2 and message in err, (rc, out, err)
+
+
+def test_list_of_one_op():
+    rc, out, err = run("--list", "gelu_forward")
+    assert rc == 0, err
+    assert out.startswith("gelu_forward: ") and "softmax_forward" not in out and "* = default version." in out
 
 
 def test_compile_report_without_a_gpu():
