@@ -269,6 +269,10 @@ def _main(argv=None) -> int:
             if _backend.get_backend() != "sim":
                 raise OpError("--sanitize runs in the emulator only (add --backend sim); on a GPU use "
                               "compute-sanitizer")
+        if args.order and not args.compile_report and _backend.get_backend() != "sim":
+            # a GPU schedules threads itself: the order would be ignored without a word
+            raise OpError(f"--order {args.order} sets the emulator's thread order (add --backend sim); a GPU "
+                          "schedules its threads itself")
         if args.list:
             if args.version is not None or size_flags or args.all:
                 extra = args.version if args.version is not None else "--all" if args.all else size_flags[0][0]

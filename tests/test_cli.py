@@ -203,3 +203,20 @@ def test_output_piped_into_head_ends_quietly():
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 141 and err == "", err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--order", "reverse"], "--order reverse sets the emulator's thread order (add --backend sim)"),
+    (["--sanitize"], "--sanitize runs in the emulator only (add --backend sim)"),
+    (["--analyze"], "--analyze counts memory traffic in the emulator: add --backend sim"),
+])
+def test_emulator_only_flags_on_a_gpu_are_refused(monkeypatch, capsys, flags, message):
+    # on a GPU (faked: the backend answers cuda) an emulator-only flag must not be silently ignored
+    from llmcupy import kernel
+    from llmcupy.runtime import backend
+
+    monkeypatch.setattr(backend, "get_backend", lambda: "cuda")
+    monkeypatch.setattr(backend, "is_sim", lambda: False)
+    monkeypatch.setattr(kernel.harness, "sweep", lambda *a, **k: pytest.fail("a version ran"))
+    assert kernel.main(["softmax_forward", "4", *flags]) == 2
+    assert message in capsys.readouterr().err
