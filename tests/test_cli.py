@@ -220,3 +220,11 @@ def test_emulator_only_flags_on_a_gpu_are_refused(monkeypatch, capsys, flags, me
     monkeypatch.setattr(kernel.harness, "sweep", lambda *a, **k: pytest.fail("a version ran"))
     assert kernel.main(["softmax_forward", "4", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_sizes_too_large_for_memory_are_a_usage_error():
+    # before: a NumPy _ArrayMemoryError traceback, exit 1 (with --all: every version FAILed)
+    rc, out, err = run("softmax_forward", "1", "--backend", "sim", "--B", "100000", "--T", "100000")
+    assert rc == 2 and "Traceback" not in err, err
+    assert err.startswith("error: softmax_forward version 1 did not run: out of host memory for the inputs at "
+                          "B=100000 T=100000 V=") and err.rstrip().endswith("give smaller sizes"), err
