@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sanitize", nargs="?", const="all", metavar="CHECKS",
                    help="emulator: run under racecheck, memcheck and initcheck (or a comma-separated subset of "
                         "race,memory,init); a version with findings FAILs and its reports are printed")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--json", metavar="PATH", help="also write the results (or --compile-report's rows) as JSON")
     p.add_argument("--compile-report", action="store_true", help="NVRTC compile of kernels_cu (no GPU needed)")
     p.add_argument("--arch", type=_arch, nargs="+", default=None, metavar="ARCH",
                    help="compute capabilities for --compile-report: 80, sm_80 or 8.0 (default: 75 80 90)")
@@ -261,6 +261,9 @@ def _main(argv=None) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             print(nvrtc.format_report(rows))
+            if args.json:   # one row per file, architecture and kernel (registers, spills, shared memory);
+                # NVRTC's whole log is repeated in every row of a file: kept only where it says what failed
+                _write_json(args.json, [{k: v for k, v in r.items() if k != "log" or not r["ok"]} for r in rows])
             return 0 if all(r["ok"] for r in rows) else 1
         if args.sanitize:
             from .sim.launcher import parse_check
@@ -274,6 +277,8 @@ def _main(argv=None) -> int:
             raise OpError(f"--order {args.order} sets the emulator's thread order (add --backend sim); a GPU "
                           "schedules its threads itself")
         if args.list:
+            if args.json:
+                raise OpError("--json records what a run or --compile-report finds; --list runs nothing")
             if args.version is not None or size_flags or args.all:
                 extra = args.version if args.version is not None else "--all" if args.all else size_flags[0][0]
                 raise OpError(f"--list lists versions, it runs nothing (got {extra}); give --list alone or --list OP")
@@ -336,6 +341,8 @@ def _main(argv=None) -> int:
         failed = _run_plan(plan, versions, run, args, results)
     except KeyboardInterrupt:
         versions.close()
+        if args.json and results:   # the interrupt may have come between a version's end and its write
+            _write_json(args.json, results)
         kept = f"; {args.json} holds the versions that finished" if args.json and results else ""
         print(f"\ninterrupted after {len(results)} of {len(plan)} versions{kept}", file=sys.stderr)
         return EXIT_INTERRUPTED

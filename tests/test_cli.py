@@ -72,6 +72,7 @@ def test_all_versions_of_one_op():
     (("--list", "softmaxx"), "unknown op 'softmaxx'; ops: "),
     (("softmax_forward", "4", "--gpu", "t4"), "--gpu is for --analyze (the memory-traffic model); add --analyze"),
     (("softmax_forward", "4", "--no-lines"), "--no-lines is for --analyze"),
+    (("--list", "--json", "r.json"), "--json records what a run or --compile-report finds; --list runs nothing"),
     (("--compile-report", "softmax_forward", "3"), "--compile-report compiles softmax_forward's whole kernel file, "
                                                    "every version; give the op without a version (got 3)"),
     # NumPy refuses a negative seed with a traceback; zero timed samples have no mean
@@ -89,7 +90,7 @@ def test_list_of_one_op():
     assert out.startswith("gelu_forward: ") and "softmax_forward" not in out and "* = default version." in out
 
 
-def test_compile_report_without_a_gpu():
+def test_compile_report_without_a_gpu(tmp_path):
     pytest.importorskip("llmcupy.nvrtc")
     from llmcupy import nvrtc
 
@@ -97,9 +98,13 @@ def test_compile_report_without_a_gpu():
         nvrtc.find_nvrtc()
     except Exception as exc:  # noqa: BLE001 - NVRTC comes with the test extra; say why if it is missing
         pytest.skip(f"NVRTC not installed: {exc}")
-    rc, out, err = run("--compile-report", "softmax_forward", "--arch", "sm_80")
+    rc, out, err = run("--compile-report", "softmax_forward", "--arch", "sm_80", "--json", str(tmp_path / "r.json"))
     assert rc == 0, out + err
     assert "softmax_forward_kernel7" in out and "sm_80" in out and "1/1 compilations ok" in out
+    # --json used to be accepted and ignored here
+    rows = json.loads((tmp_path / "r.json").read_text())
+    k7 = [r for r in rows if r["kernel"] == "softmax_forward_kernel7"]
+    assert len(k7) == 1 and k7[0]["ok"] and k7[0]["arch"] == 80 and k7[0]["registers"] > 0, k7
 
 
 def test_size_flags_are_taken_out_before_the_positionals():
