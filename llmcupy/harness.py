@@ -250,18 +250,20 @@ class ForkedRunner(_Runner):
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
-        if pid == 0:  # child
-            os.close(read_fd)
-            payload, code = _call_in_child(fn, args, kwargs)
+        if pid == 0:  # child: whatever happens, it ends here and never returns into the parent's code
+            code = INTERRUPTED
             try:
+                os.close(read_fd)
+                payload, code = _call_in_child(fn, args, kwargs)
                 if code != INTERRUPTED:   # Ctrl-C: the parent stops the run, nothing to report
                     with os.fdopen(write_fd, "w") as f:
                         json.dump(payload, f, default=str)
                 sys.stdout.flush()
                 sys.stderr.flush()
-            except OSError:   # the parent is gone (interrupted): no traceback from the child
+            except BaseException:   # the parent is gone, or Ctrl-C while reporting: no traceback
                 pass
-            os._exit(code)
+            finally:
+                os._exit(code)
         os.close(write_fd)
         try:
             with os.fdopen(read_fd) as f:
