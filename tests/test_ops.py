@@ -133,6 +133,8 @@ def test_a_bad_call_is_an_op_error_naming_the_problem():
     x = np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)
     with pytest.raises(OpError, match=r"softmax_forward has no version 5.5; versions: 1, 2, 3"):
         op(x, version=5.5)           # not version 5
+    with pytest.raises(OpError, match=r"softmax_forward has no version True; versions: 1, 2, 3"):
+        op(x, version=True)          # not version 1
     with pytest.raises(OpError, match=r"softmax_forward version 5: block size 'a' is not a whole number \(its block "
                                       r"sizes: 32, 64, 128, 256, 512, 1024\)"):
         op(x, version=5, block_size="a")

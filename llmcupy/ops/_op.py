@@ -524,6 +524,8 @@ class Op:
         try:
             if isinstance(number, (float, np.floating)) and not float(number).is_integer():
                 raise ValueError(number)   # version=5.5 is no version, not version 5
+            if isinstance(number, (bool, np.bool_)):
+                raise ValueError(number)   # version=True is a mistake, not version 1
             number = int(number)
         except (TypeError, ValueError):
             number, given = None, repr(given)   # echo what was typed ("abc"), not None
