@@ -335,6 +335,18 @@ def test_compile_error_is_reported_with_the_line():
                           filename="broken.cu")
 
 
+def test_a_name_expression_that_names_no_kernel_says_so():
+    # before: only g++'s errors in the emulator's generated entry points ("llmcupy_sim_entries:4:163:
+    # error: expected primary-expression before 'int'"), nothing about the name given
+    with pytest.raises(sim.SimCompileError, match=r"the source compiles, but a kernel name or name expression "
+                                                  r"\(k, k<int>\) does not name a __global__ function as written"):
+        llmcupy.RawModule(code="__global__ void k(float* x) { x[0] = 1.0f; }", target="sim",
+                          name_expressions=["k<int>"])
+    with pytest.raises(sim.SimCompileError) as info:   # an error in the source itself: no such hint
+        llmcupy.RawModule(code="__global__ void k(float* x) { x[0] = nowhere; }", target="sim")
+    assert "the source compiles" not in str(info.value)
+
+
 def test_compile_cache_is_safe_across_processes(tmp_path):
     script = textwrap.dedent(f"""
         import os, numpy as np, llmcupy
