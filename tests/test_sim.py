@@ -347,6 +347,15 @@ def test_a_name_expression_that_names_no_kernel_says_so():
     assert "the source compiles" not in str(info.value)
 
 
+def test_options_given_as_one_string_are_refused():
+    # tuple("-DFOO=3") split it into characters: the define was lost ("'FOO' was not declared")
+    for make in (lambda: llmcupy.RawModule(code="__global__ void k(float* y) { y[0] = FOO; }", options="-DFOO=3"),
+                 lambda: llmcupy.RawKernel("__global__ void k(float* y) { y[0] = FOO; }", "k", options="-DFOO=3")):
+        with pytest.raises(TypeError, match=r"options must be a tuple of strings, one per option, e.g. "
+                                            r"\('-DFOO=3',\); got the string '-DFOO=3'"):
+            make()
+
+
 def test_compile_cache_is_safe_across_processes(tmp_path):
     script = textwrap.dedent(f"""
         import os, numpy as np, llmcupy

@@ -434,6 +434,10 @@ class RawModule:
                 code = f.read()
             filename = filename or str(path).replace("\\", "/").rsplit("/", 1)[-1]
         self.code = code
+        if isinstance(options, (str, bytes)):
+            # tuple("-DN=4") is ('-', 'D', 'N', ...): the define would be lost without a word
+            raise TypeError(f"options must be a tuple of strings, one per option, e.g. ({options!r},); got the "
+                            f"string {options!r}")
         self.options = tuple(options)
         self.filename = filename or "kernel.cu"
         self.backend = target or _backend.get_backend()
