@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
                         "race,memory,init); a version with findings FAILs and its reports are printed")
     p.add_argument("--json", metavar="PATH", help="also write the results (or --compile-report's rows) as JSON")
     p.add_argument("--compile-report", action="store_true", help="NVRTC compile of kernels_cu (no GPU needed)")
-    p.add_argument("--arch", type=_arch, nargs="+", default=None, metavar="ARCH",
+    p.add_argument("--arch", nargs="+", default=None, metavar="ARCH",
                    help="compute capabilities for --compile-report: 80, sm_80 or 8.0 (default: 75 80 90)")
     p.add_argument("--analyze", action="store_true",
                    help="emulator: memory-traffic metrics per launch and source line, occupancy and a roofline "
@@ -236,6 +236,22 @@ def _main(argv=None) -> int:
     parser = _parser()
     rest, size_flags = _split_size_flags(parser, list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(rest)
+    if args.arch:
+        # --arch is greedy: in `--compile-report --arch 86 softmax_forward` the op follows the archs
+        archs, moved = [], []
+        for token in args.arch:
+            if moved or (token in ops_registry.names() and args.op is None):
+                moved.append(token)
+                continue
+            try:
+                archs.append(_arch(token))
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"argument --arch: {exc}")
+        if moved:
+            if len(moved) > 2 or args.version is not None:
+                parser.error(f"unrecognized arguments: {' '.join(moved[2:] or [args.version])}")
+            args.op, args.version = moved[0], (moved[1] if len(moved) > 1 else None)
+        args.arch = archs
     try:
         if args.json:
             from ._cli import check_output_file

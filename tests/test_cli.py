@@ -101,6 +101,9 @@ def test_compile_report_without_a_gpu(tmp_path):
     rc, out, err = run("--compile-report", "softmax_forward", "--arch", "sm_80", "--json", str(tmp_path / "r.json"))
     assert rc == 0, out + err
     assert "softmax_forward_kernel7" in out and "sm_80" in out and "1/1 compilations ok" in out
+    # the op after the archs (--arch is greedy): was "'softmax_forward' is not a compute capability"
+    rc, out, err = run("--compile-report", "--arch", "sm_80", "softmax_forward")
+    assert rc == 0 and "softmax_forward_kernel7" in out and "1/1 compilations ok" in out, out + err
     # --json used to be accepted and ignored here
     rows = json.loads((tmp_path / "r.json").read_text())
     k7 = [r for r in rows if r["kernel"] == "softmax_forward_kernel7"]
