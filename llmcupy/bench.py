@@ -1051,10 +1051,16 @@ def main(argv=None) -> int:
     if args.from_file:
         try:
             record = load(args.from_file)
+            if args.ops:
+                plan_for(args.ops)   # a misspelt op: the choices, not an empty listing
         except (OSError, ValueError) as exc:
             from ._cli import fail
 
             return fail(exc)   # names the file: "x.json: no such file", "x.json is a folder; give a file"
+        if args.ops and not any(entry["op"] in args.ops for entry in record["results"]):
+            print(f"error: {args.from_file} has no results of {', '.join(args.ops)}; it has "
+                  f"{', '.join(dict.fromkeys(e['op'] for e in record['results'])) or 'none'}", file=sys.stderr)
+            return 2
         for entry in record["results"]:
             if not args.ops or entry["op"] in args.ops:
                 print(format_entry(entry))

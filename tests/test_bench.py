@@ -331,6 +331,19 @@ def test_a_file_that_is_not_a_record_is_one_line_naming_it(tmp_path, capsys, cli
     assert len(err.strip().splitlines()) == 1, err
 
 
+def test_from_with_ops_refuses_an_unknown_op_or_one_the_record_lacks(tmp_path, capsys):
+    # before: both printed nothing and exited 0
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps([{"op": "softmax_forward", "version": 5, "summary": "online", "backend": "sim",
+                                 "ok": True, "blocks": []}]))
+    assert bench.main(["--from", str(path), "--ops", "softmaxx"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown op 'softmaxx'; ops: adamw, ")
+    assert bench.main(["--from", str(path), "--ops", "gelu_forward"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {path} has no results of gelu_forward; it has softmax_forward"
+    assert bench.main(["--from", str(path), "--ops", "softmax_forward"]) == 0
+    assert "softmax_forward v5" in capsys.readouterr().out
+
+
 def test_load_accepts_the_kernel_cli_json(tmp_path):
     """`python -m llmcupy.kernel --json` writes a list of sweeps; bench reads it too."""
     path = tmp_path / "k.json"
