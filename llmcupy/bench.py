@@ -637,7 +637,8 @@ def _plot_op_panel(ax, op_name: str, entries: list, timed: bool):
     ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.set_xticks(range(len(axis)))
     ax.set_xticklabels([_block_label(b) for b in axis])
-    ax.set_xlim(-0.5, len(axis) - 0.5)
+    if axis:   # an op none of whose versions ran has no block size (matplotlib warns on an empty range)
+        ax.set_xlim(-0.5, len(axis) - 0.5)
     ax.set_xlabel("block size")
     ax.grid(True, which="major", alpha=0.35)
     skipped = [e for e in entries if e not in runnable]

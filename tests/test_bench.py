@@ -251,6 +251,20 @@ def test_plot_results_api_returns_a_figure(tmp_path):
 
 
 @needs_matplotlib
+def test_plot_of_an_op_none_of_whose_versions_ran_warns_nothing(tmp_path):
+    # before: matplotlib's "Attempting to set identical low and high xlims" UserWarning on the terminal
+    import warnings
+
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps([{"op": "attention_forward", "version": 5, "summary": "bf16", "backend": "sim",
+                                 "ok": None, "skipped": "unavailable: needs BF16", "blocks": []}]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bench.plot_results(bench.load(path), tmp_path / "p.png")
+    assert_png(tmp_path / "p.png", min_bytes=1000)
+
+
+@needs_matplotlib
 def test_emulator_plot_is_titled_correctness_only():
     rec = synthetic_gpu_record()
     rec.update(backend="sim", device="CPU emulator (sim)", timed=False)
