@@ -62,8 +62,16 @@ def sweep(op, number: int, sizes: dict | None = None, block_size: int | None = N
     merged = _default_sizes(op)
     merged.update({k: v for k, v in (sizes or {}).items() if v is not None})
     try:
-        inputs = op.make_inputs(np.random.default_rng(seed), **merged)
-        result["sizes"] = {k: int(v) for k, v in merged.items()}
+        try:
+            inputs = op.make_inputs(np.random.default_rng(seed), **merged)
+            result["sizes"] = {k: int(v) for k, v in merged.items()}
+            if op.validate_fn is not None:
+                # sizes the op itself refuses (C not a multiple of NH): its OpError, not the
+                # reference's NumPy error ("cannot reshape array of size 6144 into shape (1,32,3,5,12)")
+                op.validate_fn(inputs)
+        except OpError as exc:
+            result.update(ok=None, skipped=f"the sizes do not fit the op: {exc}")
+            return result
         ref = op.reference_fn(**{k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v)
                                  for k, v in inputs.items()})
     except MemoryError as exc:

@@ -236,3 +236,15 @@ def test_sizes_too_large_for_memory_are_a_usage_error():
     assert rc == 2 and "Traceback" not in err, err
     assert err.startswith("error: softmax_forward version 1 did not run: out of host memory for the inputs at "
                           "B=100000 T=100000 V=") and err.rstrip().endswith("give smaller sizes"), err
+
+
+@pytest.mark.parametrize("args,message", [
+    # the reference's NumPy traceback ("cannot reshape array of size 6144 ..."), exit 1
+    (("attention_forward", "1", "--NH", "5"), "attention_forward: C = 64 must be a multiple of NH = 5"),
+    # the op's OpError from make_inputs reported as the version's FAIL, exit 1
+    (("attention_backward", "3", "--NH", "5"), "attention_backward: C = 64 must be a multiple of NH = 5"),
+])
+def test_sizes_the_op_refuses_are_a_usage_error(args, message):
+    rc, out, err = run(*args, "--backend", "sim")
+    assert rc == 2 and "Traceback" not in err, (rc, out, err)
+    assert err.startswith(f"error: {args[0]} version {args[1]} did not run: the sizes do not fit the op: {message}"), err
