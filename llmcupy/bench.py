@@ -407,9 +407,10 @@ class _SaveAsYouGo:
     version to one file, so a run stopped by a time limit keeps what it measured."""
 
     def __init__(self, out_dir):
-        self.out_dir, self.path = out_dir, None
+        self.out_dir, self.path, self.record = out_dir, None, None
 
     def __call__(self, record: dict) -> None:
+        self.record = record   # the run's own dict, which it extends in place
         self.path = save(dict(record, partial=True), self.out_dir, self.path)
 
     def final(self, record: dict) -> Path:
@@ -1130,6 +1131,8 @@ def main(argv=None) -> int:
                      verbose=args.verbose, trainer=args.trainer_shapes, on_entry=saver,
                      tf32=None if args.tf32 is None else bool(args.tf32))
     except KeyboardInterrupt:
+        if saver is not None and saver.record is not None:
+            saver(saver.record)   # a version may have finished between its entry and the save
         kept = (f"; the versions that finished are in {saver.path} (marked partial)"
                 if saver is not None and saver.path is not None else "")
         print(f"\ninterrupted{kept}", file=sys.stderr)

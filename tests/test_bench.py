@@ -459,4 +459,6 @@ def test_ctrl_c_stops_the_run_in_one_line_and_keeps_the_partial_record(tmp_path)
         f"interrupted; the versions that finished are in {files[0]} (marked partial)"), err
     record = json.loads(files[0].read_text())
     assert record["partial"] is True and 1 <= len(record["results"]) < 90
+    shown = [line for line in out.splitlines() if re.match(r"\w+ v\d+\*?: ", line)]
+    assert len(record["results"]) >= len(shown), (record["results"], shown)   # every version it printed
 
