@@ -6,6 +6,7 @@
          no GPU or compiler for what was asked
     3    a run stopped by a non-finite loss
     130  interrupted (Ctrl-C)
+    141  stdout closed before the output ended (``| head``), as a process killed by SIGPIPE
 """
 
 from __future__ import annotations
@@ -17,6 +18,25 @@ EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE = 3
 EXIT_INTERRUPTED = 130
+
+
+EXIT_BROKEN_PIPE = 141
+
+
+def run_main(main) -> int:
+    """``sys.exit(run_main(main))`` in a CLI's ``__main__``: ``main()``'s exit code, or quietly 141
+    when the reader of stdout went away (``--list | head``) instead of a BrokenPipeError traceback."""
+    import os
+
+    try:
+        code = main()
+        sys.stdout.flush()   # inside the try: what is still buffered may meet the closed pipe
+        return code
+    except BrokenPipeError:
+        # Python's recipe: stdout points at /dev/null, so the flush at interpreter exit cannot fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def os_error_message(exc: OSError) -> str:
@@ -79,6 +99,23 @@ def check_output_folder(path, flag: str) -> None:
     problem = output_path_problem(os.path.join(path, "new-file"))  # the folder takes a new file
     if problem is not None:
         raise BadPath(f"{flag} {path}: {problem}")
+
+
+def int_at_least(low: int):
+    """An argparse ``type``: an int >= ``low``, else argparse's one-line usage error (exit 2) instead
+    of a traceback deep in the run (a negative seed in NumPy, zero timed samples in a mean)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"needs an integer >= {low}, got {value}")
+        return value
+
+    parse.__name__ = "int"   # argparse names the type in some messages
+    return parse
 
 
 class OneValue(argparse.Action):

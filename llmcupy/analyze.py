@@ -586,3 +586,13 @@ def format_correlation(c: dict | None) -> str:
     devices = sorted({os.path.basename(p["file"]) for p in c["pairs"]})
     return (f"rank correlation, model ({c['gpu']}) vs measured GPU times: Spearman rho = {c['rho']:.2f} over "
             f"{len(c['pairs'])} versions ({', '.join(devices)})")
+
+
+if __name__ == "__main__":
+    # no CLI of its own: `python -m llmcupy.analyze` used to exit 0 having done nothing
+    import sys
+
+    print("error: llmcupy.analyze is run through the kernel CLI: python -m llmcupy.kernel OP VERSION --analyze "
+          "(or OP --all --analyze; --backend sim), or from Python: llmcupy.analyze.analyze_version(op, version)",
+          file=sys.stderr)
+    sys.exit(2)

@@ -52,6 +52,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ._cli import int_at_least
+
 SCHEMA = "llmcupy.bench/1"
 DEFAULT_OUT = os.path.join("bench", "results")
 # Emulator runs are correctness records, not GPU measurements: kept apart (and git-ignored) so they
@@ -405,9 +407,10 @@ class _SaveAsYouGo:
     version to one file, so a run stopped by a time limit keeps what it measured."""
 
     def __init__(self, out_dir):
-        self.out_dir, self.path = out_dir, None
+        self.out_dir, self.path, self.record = out_dir, None, None
 
     def __call__(self, record: dict) -> None:
+        self.record = record   # the run's own dict, which it extends in place
         self.path = save(dict(record, partial=True), self.out_dir, self.path)
 
     def final(self, record: dict) -> Path:
@@ -416,7 +419,17 @@ class _SaveAsYouGo:
 
 def load(path: str | os.PathLike) -> dict:
     """A results file: this module's record, or a ``python -m llmcupy.kernel --json`` list (wrapped)."""
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a benchmark record (not JSON: {exc})") from None
+
+    def entries(items) -> bool:   # what the formatting and comparing below index into
+        return isinstance(items, list) and all(isinstance(r, dict) and "op" in r and "version" in r for r in items)
+
+    if isinstance(data, list) and not entries(data):
+        raise ValueError(f"{path}: not a benchmark record (a list, but not of python -m llmcupy.kernel --json "
+                         "results, which have 'op' and 'version')")
     if isinstance(data, list):  # the kernel CLI's --json: a list of harness sweeps
         results = [_version_entry_from_raw(r) for r in data]
         backend = next((r.get("backend") for r in data if r.get("backend")), "unknown")
@@ -426,6 +439,9 @@ def load(path: str | os.PathLike) -> dict:
                 "ops": {}, "results": results}
     if not isinstance(data, dict) or "results" not in data:
         raise ValueError(f"{path}: not a benchmark record (no 'results')")
+    if not entries(data["results"]):
+        raise ValueError(f"{path}: not a benchmark record ('results' is not a list of entries with 'op' and "
+                         "'version')")
     return data
 
 
@@ -622,7 +638,8 @@ def _plot_op_panel(ax, op_name: str, entries: list, timed: bool):
     ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.set_xticks(range(len(axis)))
     ax.set_xticklabels([_block_label(b) for b in axis])
-    ax.set_xlim(-0.5, len(axis) - 0.5)
+    if axis:   # an op none of whose versions ran has no block size (matplotlib warns on an empty range)
+        ax.set_xlim(-0.5, len(axis) - 0.5)
     ax.set_xlabel("block size")
     ax.grid(True, which="major", alpha=0.35)
     skipped = [e for e in entries if e not in runnable]
@@ -923,8 +940,8 @@ def _parser() -> argparse.ArgumentParser:
                         "off otherwise). Versions that call cuBLAS under TF32 are checked at their op's TF32 "
                         "tolerance")
     p.add_argument("--backend", choices=("auto", "cuda", "sim"), default=None, help="cuda, sim or auto (default)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--repeat", type=int, default=50, help="timed launches per block size (GPU)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random inputs")
+    p.add_argument("--repeat", type=int_at_least(1), default=50, help="timed launches per block size (GPU)")
     p.add_argument("--no-isolate", action="store_true",
                    help="run the versions in this process (default: a forked child each in the emulator; on a "
                         "GPU one spawned child, replaced after a version fails)")
@@ -974,14 +991,25 @@ def _defaults_main(argv) -> int:
                    help="write nothing; exit 1 when the file differs from what the results give")
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else defaults.default_path()
+    from ._cli import BadPath, check_output_file, fail
+
+    if not args.check and not os.path.isdir(args.results):
+        # a typo, or the default relative to another working folder: deriving from nothing would
+        # write a file with no GPU in it over the measured defaults (--check writes nothing: a
+        # fresh clone, whose bench/results holds no GPU run yet, checks against none)
+        return fail(ValueError(f"--results {args.results}: no such folder; give the folder of the recorded "
+                               f"--trainer-shapes runs (default {DEFAULT_OUT}, relative to the working folder)"))
+    if not args.check:
+        try:
+            check_output_file(out, "--out")   # a folder or special file: say so, not "unreadable defaults"
+        except BadPath as exc:
+            return fail(exc)
     try:
         doc = defaults.derive(args.results)
         current = defaults.load(out) if out.exists() else None
     except defaults.DefaultsError as exc:
-        from ._cli import fail
-
         return fail(exc)
-    print(defaults.format_doc(doc))
+    print(defaults.format_doc(doc, args.results))
     if args.check:
         same = current is not None and current.get("devices") == doc["devices"]
         print(f"{out}: {'up to date' if same else 'out of date: run python -m llmcupy.bench defaults'}")
@@ -1025,8 +1053,15 @@ def main(argv=None) -> int:
     if args.from_file:
         try:
             record = load(args.from_file)
+            if args.ops:
+                plan_for(args.ops)   # a misspelt op: the choices, not an empty listing
         except (OSError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            from ._cli import fail
+
+            return fail(exc)   # names the file: "x.json: no such file", "x.json is a folder; give a file"
+        if args.ops and not any(entry["op"] in args.ops for entry in record["results"]):
+            print(f"error: {args.from_file} has no results of {', '.join(args.ops)}; it has "
+                  f"{', '.join(dict.fromkeys(e['op'] for e in record['results'])) or 'none'}", file=sys.stderr)
             return 2
         for entry in record["results"]:
             if not args.ops or entry["op"] in args.ops:
@@ -1089,11 +1124,19 @@ def main(argv=None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     saver = None if args.no_save else _SaveAsYouGo(out_dir)
-    record = run(args.ops, small=args.small, seed=args.seed, repeat=args.repeat, analyze=not args.no_analyze,
-                 gpu=args.gpu,
-                 isolate=False if args.no_isolate else None, command=command, progress=not args.no_progress,
-                 verbose=args.verbose, trainer=args.trainer_shapes, on_entry=saver,
-                 tf32=None if args.tf32 is None else bool(args.tf32))
+    try:
+        record = run(args.ops, small=args.small, seed=args.seed, repeat=args.repeat, analyze=not args.no_analyze,
+                     gpu=args.gpu,
+                     isolate=False if args.no_isolate else None, command=command, progress=not args.no_progress,
+                     verbose=args.verbose, trainer=args.trainer_shapes, on_entry=saver,
+                     tf32=None if args.tf32 is None else bool(args.tf32))
+    except KeyboardInterrupt:
+        if saver is not None and saver.record is not None:
+            saver(saver.record)   # a version may have finished between its entry and the save
+        kept = (f"; the versions that finished are in {saver.path} (marked partial)"
+                if saver is not None and saver.path is not None else "")
+        print(f"\ninterrupted{kept}", file=sys.stderr)
+        return 130
     c = record["summary"]
     print(f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
     if saver is not None:
@@ -1113,4 +1156,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from llmcupy._cli import run_main
+
+    sys.exit(run_main(main))

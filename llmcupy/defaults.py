@@ -193,12 +193,13 @@ def write(doc: dict, path) -> Path:
     return path
 
 
-def format_doc(doc: dict) -> str:
+def format_doc(doc: dict, results_dir="bench/results") -> str:
     ignored = [f"ignored {line}" for line in doc.get("ignored", ())]
     if not doc["devices"]:
         return "\n".join(ignored + [
             "no GPU has been measured at the trainer's shapes (no `python -m llmcupy.bench --trainer-shapes` "
-            "run in bench/results/): the trainer uses the catalogue's defaults, llm.c's choices"])
+            f"run in {os.path.join(str(results_dir), '')}): the trainer uses the catalogue's defaults, llm.c's "
+            "choices"])
     lines = ignored
     for device, d in doc["devices"].items():
         tf32 = "" if "tf32" not in d else f", TF32 {'on' if d['tf32'] else 'off'}"

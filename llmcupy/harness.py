@@ -61,9 +61,26 @@ def sweep(op, number: int, sizes: dict | None = None, block_size: int | None = N
         return result
     merged = _default_sizes(op)
     merged.update({k: v for k, v in (sizes or {}).items() if v is not None})
-    inputs = op.make_inputs(np.random.default_rng(seed), **merged)
-    result["sizes"] = {k: int(v) for k, v in merged.items()}
-    ref = op.reference_fn(**{k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()})
+    try:
+        try:
+            inputs = op.make_inputs(np.random.default_rng(seed), **merged)
+            result["sizes"] = {k: int(v) for k, v in merged.items()}
+            if op.validate_fn is not None:
+                # sizes the op itself refuses (C not a multiple of NH): its OpError, not the
+                # reference's NumPy error ("cannot reshape array of size 6144 into shape (1,32,3,5,12)")
+                op.validate_fn(inputs)
+        except OpError as exc:
+            result.update(ok=None, skipped=f"the sizes do not fit the op: {exc}")
+            return result
+        ref = op.reference_fn(**{k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v)
+                                 for k, v in inputs.items()})
+    except MemoryError as exc:
+        # sizes too large for this machine's memory (the NumPy inputs or reference): the sizes asked
+        # for cannot run here, like sizes a version refuses -- not a failure of the kernel
+        sizes_text = " ".join(f"{k}={v}" for k, v in merged.items())
+        result.update(ok=None, skipped=f"out of host memory for the inputs at {sizes_text} ({exc}); give smaller "
+                                       "sizes")
+        return result
     bound = None
     if time_it and op.bound is not None:
         bound = _bound(op, inputs, repeat)
@@ -241,18 +258,30 @@ class ForkedRunner(_Runner):
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
-        if pid == 0:  # child
-            os.close(read_fd)
-            payload, code = _call_in_child(fn, args, kwargs)
-            with os.fdopen(write_fd, "w") as f:
-                json.dump(payload, f, default=str)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+        if pid == 0:  # child: whatever happens, it ends here and never returns into the parent's code
+            code = INTERRUPTED
+            try:
+                os.close(read_fd)
+                payload, code = _call_in_child(fn, args, kwargs)
+                if code != INTERRUPTED:   # Ctrl-C: the parent stops the run, nothing to report
+                    with os.fdopen(write_fd, "w") as f:
+                        json.dump(payload, f, default=str)
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except BaseException:   # the parent is gone, or Ctrl-C while reporting: no traceback
+                pass
+            finally:
+                os._exit(code)
         os.close(write_fd)
-        with os.fdopen(read_fd) as f:
-            data = f.read()
-        _, status = os.waitpid(pid, 0)
+        try:
+            with os.fdopen(read_fd) as f:
+                data = f.read()
+            _, status = os.waitpid(pid, 0)
+        except KeyboardInterrupt:
+            _kill_child(pid)
+            raise
+        if not data and os.WIFEXITED(status) and os.WEXITSTATUS(status) == INTERRUPTED:
+            raise KeyboardInterrupt   # the child was interrupted: the run stops, not only this version
         if data:
             payload = json.loads(data)
             if "value" in payload:
@@ -263,10 +292,29 @@ class ForkedRunner(_Runner):
         return {"ok": False, "error": f"the child exited with status {os.WEXITSTATUS(status)}"}
 
 
+# a child's exit status after Ctrl-C (the shell's 128 + SIGINT): the parent then stops the whole run
+INTERRUPTED = 130
+
+
+def _kill_child(pid: int) -> None:
+    """Ctrl-C in the parent: the child (interrupted too, or not: a SIGINT sent to the parent alone)
+    must not run on unseen; it holds no file of the run's, so it is killed and reaped."""
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
 def _call_in_child(fn, args, kwargs) -> tuple[dict, int]:
-    """A child's run of fn: ({"value": ...}, 0), or ({"error": ..., "trace": ...}, 1) if it raised."""
+    """A child's run of fn: ({"value": ...}, 0), or ({"error": ..., "trace": ...}, 1) if it raised,
+    ({"error": "interrupted"}, INTERRUPTED) on Ctrl-C."""
     try:
         return {"value": fn(*args, **kwargs)}, 0
+    except KeyboardInterrupt:
+        return {"error": "interrupted"}, INTERRUPTED
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
         return {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}, 1
 
@@ -316,6 +364,15 @@ class SpawnedRunner(_Runner):
             self._proc.join()
         self._proc = self._conn = None
 
+    def _kill(self) -> None:
+        """Ctrl-C: the child stops now (it may be in a long kernel, or idle and interrupted too)."""
+        if self._proc is None:
+            return
+        self._proc.kill()
+        self._proc.join()
+        self._conn.close()
+        self._proc = self._conn = None
+
     def call(self, fn, *args, **kwargs):
         if self._proc is None:
             self._start()
@@ -325,8 +382,14 @@ class SpawnedRunner(_Runner):
             data = self._conn.recv()
         except (EOFError, BrokenPipeError, OSError):  # the child died during the call
             pass
+        except KeyboardInterrupt:
+            self._kill()
+            raise
         if data is not None:
             payload = json.loads(data)
+            if payload.get("error") == "interrupted" and "trace" not in payload:
+                self._kill()
+                raise KeyboardInterrupt
             if "value" in payload:
                 value = payload["value"]
                 if isinstance(value, dict) and value.get("ok") is False:
@@ -338,6 +401,8 @@ class SpawnedRunner(_Runner):
         proc.join()
         self._conn.close()
         self._proc = self._conn = None
+        if proc.exitcode == INTERRUPTED:
+            raise KeyboardInterrupt
         if proc.exitcode is not None and proc.exitcode < 0:
             return {"ok": False, "error": f"the child process died with signal {-proc.exitcode} (see stderr)"}
         return {"ok": False, "error": f"the child exited with status {proc.exitcode} without a result"}
@@ -352,13 +417,18 @@ def _worker_main(conn, env: dict) -> None:
             message = conn.recv()
         except EOFError:
             break
+        except KeyboardInterrupt:   # Ctrl-C between calls: the parent stops the run
+            os._exit(INTERRUPTED)
         if message is None:
             break
         fn, args, kwargs = message
         payload, code = _call_in_child(fn, args, kwargs)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        conn.send(json.dumps(payload, default=str))
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            conn.send(json.dumps(payload, default=str))
+        except (OSError, KeyboardInterrupt):   # the parent is gone or stopping: no traceback here
+            os._exit(code or INTERRUPTED)
         if code != 0:
             conn.close()
             os._exit(code)

@@ -1,6 +1,6 @@
 """python -m llmcupy.kernel: run any version of any op, validated against its CPU reference.
 
-    python -m llmcupy.kernel --list                      # every op and version (* = default)
+    python -m llmcupy.kernel --list [OP]                 # every op and version (* = default), or OP's
     python -m llmcupy.kernel softmax_forward 5           # validate version 5; on a GPU, sweep and time it
     python -m llmcupy.kernel softmax_forward 5 --block-size 256 --B 4 --T 512
     python -m llmcupy.kernel softmax_forward --all       # every version of one op
@@ -23,6 +23,7 @@ import json
 import sys
 
 from . import harness
+from ._cli import EXIT_INTERRUPTED, int_at_least
 from . import ops as ops_registry
 from .ops import OpError
 from .runtime import backend as _backend
@@ -39,19 +40,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("op", nargs="?", help="op name (see --list)")
     p.add_argument("version", nargs="?", help="version number")
-    p.add_argument("--list", action="store_true", help="list every op and version")
+    p.add_argument("--list", action="store_true", help="list every op and version (or OP's)")
     p.add_argument("--all", action="store_true", help="every version of OP, or the whole catalogue without OP")
     p.add_argument("--block-size", type=int, help="run only this block size instead of the sweep")
     p.add_argument("--backend", choices=_backend.CHOICES, default=None, help="cuda, sim or auto (default: auto)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--repeat", type=int, default=50, help="timed launches per block size (GPU)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random inputs")
+    p.add_argument("--repeat", type=int_at_least(1), default=50, help="timed launches per block size (GPU)")
     p.add_argument("--order", choices=("forward", "reverse", "random"), help="emulator thread order")
     p.add_argument("--sanitize", nargs="?", const="all", metavar="CHECKS",
                    help="emulator: run under racecheck, memcheck and initcheck (or a comma-separated subset of "
                         "race,memory,init); a version with findings FAILs and its reports are printed")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--json", metavar="PATH", help="also write the results (or --compile-report's rows) as JSON")
     p.add_argument("--compile-report", action="store_true", help="NVRTC compile of kernels_cu (no GPU needed)")
-    p.add_argument("--arch", type=_arch, nargs="+", default=None, metavar="ARCH",
+    p.add_argument("--arch", nargs="+", default=None, metavar="ARCH",
                    help="compute capabilities for --compile-report: 80, sm_80 or 8.0 (default: 75 80 90)")
     p.add_argument("--analyze", action="store_true",
                    help="emulator: memory-traffic metrics per launch and source line, occupancy and a roofline "
@@ -136,9 +137,10 @@ def _catalogue_sizes(flags: list[tuple]) -> dict:
     return by_op
 
 
-def list_catalogue() -> str:
+def list_catalogue(names=None) -> str:
+    """``--list``: every op (or those of ``names``), its versions and sizes, and where the defaults come from."""
     blocks = []
-    for name in ops_registry.names():
+    for name in names or ops_registry.names():
         op = ops_registry.get(name)
         sizes = " ".join(f"{k}={v}" for k, v in op.sizes.items())
         blocks.append(op.describe() + f"\n       sizes: {sizes}")
@@ -223,9 +225,33 @@ def isolation(versions: int, backend: str) -> str | None:
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:   # before or after the versions' loop (which says what it kept)
+        print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv=None) -> int:
     parser = _parser()
     rest, size_flags = _split_size_flags(parser, list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(rest)
+    if args.arch:
+        # --arch is greedy: in `--compile-report --arch 86 softmax_forward` the op follows the archs
+        archs, moved = [], []
+        for token in args.arch:
+            if moved or (token in ops_registry.names() and args.op is None):
+                moved.append(token)
+                continue
+            try:
+                archs.append(_arch(token))
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"argument --arch: {exc}")
+        if moved:
+            if len(moved) > 2 or args.version is not None:
+                parser.error(f"unrecognized arguments: {' '.join(moved[2:] or [args.version])}")
+            args.op, args.version = moved[0], (moved[1] if len(moved) > 1 else None)
+        args.arch = archs
     try:
         if args.json:
             from ._cli import check_output_file
@@ -242,12 +268,18 @@ def main(argv=None) -> int:
             files = None
             if args.op:
                 files = [ops_registry.get(args.op).source]
+            if args.version is not None:
+                raise OpError(f"--compile-report compiles {args.op}'s whole kernel file, every version; give the op "
+                              f"without a version (got {args.version})")
             try:
                 rows = nvrtc.compile_report(files=files, archs=tuple(args.arch or nvrtc.DEFAULT_ARCHS))
             except nvrtc.NvrtcNotFound as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             print(nvrtc.format_report(rows))
+            if args.json:   # one row per file, architecture and kernel (registers, spills, shared memory);
+                # NVRTC's whole log is repeated in every row of a file: kept only where it says what failed
+                _write_json(args.json, [{k: v for k, v in r.items() if k != "log" or not r["ok"]} for r in rows])
             return 0 if all(r["ok"] for r in rows) else 1
         if args.sanitize:
             from .sim.launcher import parse_check
@@ -256,9 +288,21 @@ def main(argv=None) -> int:
             if _backend.get_backend() != "sim":
                 raise OpError("--sanitize runs in the emulator only (add --backend sim); on a GPU use "
                               "compute-sanitizer")
+        if args.order and not args.compile_report and _backend.get_backend() != "sim":
+            # a GPU schedules threads itself: the order would be ignored without a word
+            raise OpError(f"--order {args.order} sets the emulator's thread order (add --backend sim); a GPU "
+                          "schedules its threads itself")
         if args.list:
-            print(list_catalogue())
+            if args.json:
+                raise OpError("--json records what a run or --compile-report finds; --list runs nothing")
+            if args.version is not None or size_flags or args.all:
+                extra = args.version if args.version is not None else "--all" if args.all else size_flags[0][0]
+                raise OpError(f"--list lists versions, it runs nothing (got {extra}); give --list alone or --list OP")
+            print(list_catalogue([ops_registry.get(args.op).name] if args.op else None))
             return 0
+        for flag, given in (("--gpu", args.gpu), ("--no-lines", args.no_lines)):
+            if given and not args.analyze:
+                raise OpError(f"{flag} is for --analyze (the memory-traffic model); add --analyze")
         if args.analyze:
             from . import analyze
 
@@ -305,19 +349,51 @@ def main(argv=None) -> int:
         return 2
 
     isolate = isolation(len(plan), backend)
-    from .sim.compiler import CompilerNotFound
-
-    results, failed = [], 0
+    results = []
     run = _run_and_analyze if args.analyze else _run_one
     # a forked child per version in the emulator; on a GPU one spawned child until a version fails
     versions = harness.runner(isolate)
+    try:
+        failed = _run_plan(plan, versions, run, args, results)
+    except KeyboardInterrupt:
+        versions.close()
+        if args.json and results:   # the interrupt may have come between a version's end and its write
+            _write_json(args.json, results)
+        kept = f"; {args.json} holds the versions that finished" if args.json and results else ""
+        print(f"\ninterrupted after {len(results)} of {len(plan)} versions{kept}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if failed is None:   # nothing can run here (no compiler): said in one line
+        return 2
+    versions.close()
+    if args.analyze:
+        _print_comparisons(results)
+    if len(plan) > 1:
+        passed = sum(r.get("ok") is True for r in results)
+        skipped = sum(r.get("ok") is None for r in results)
+        print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    if len(plan) == 1 and results[0].get("ok") is None:
+        # one version asked for and it could not run (unavailable here, or the sizes refused):
+        # not a pass, as a script reading the exit status would take 0 for
+        print(f"error: {results[0]['op']} version {results[0]['version']} did not run: "
+              f"{results[0].get('skipped', 'skipped')}", file=sys.stderr)
+        return 2
+    return 1 if failed else 0
+
+
+def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
+    """Runs each (op, version, sizes) of ``plan`` through ``versions`` (a harness runner), printing
+    each result and appending it to ``results`` (and --json) as it comes; returns the number that
+    failed, or None when a single version cannot run here at all (no C++ compiler)."""
+    from .sim.compiler import CompilerNotFound
+
+    failed = 0
     for op_name, number, sizes in plan:
         try:
             result = versions.call(run, op_name, number, sizes, args)
         except CompilerNotFound as exc:
             if len(plan) == 1:   # nothing can run here: one line, exit 2 (with --all: each version FAILs)
                 print(f"error: {exc}", file=sys.stderr)
-                return 2
+                return None
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
         except (OpError, _backend.BackendError) as exc:
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
@@ -338,21 +414,10 @@ def main(argv=None) -> int:
         failed += result.get("ok") is False
         if args.json:  # after every version: a run stopped by a time limit keeps what it measured
             _write_json(args.json, results)
-    versions.close()
-    if args.analyze:
-        _print_comparisons(results)
-    if len(plan) > 1:
-        passed = sum(r.get("ok") is True for r in results)
-        skipped = sum(r.get("ok") is None for r in results)
-        print(f"{passed} passed, {failed} failed, {skipped} skipped")
-    if len(plan) == 1 and results[0].get("ok") is None:
-        # one version asked for and it could not run (unavailable here, or the sizes refused):
-        # not a pass, as a script reading the exit status would take 0 for
-        print(f"error: {results[0]['op']} version {results[0]['version']} did not run: "
-              f"{results[0].get('skipped', 'skipped')}", file=sys.stderr)
-        return 2
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from llmcupy._cli import run_main
+
+    sys.exit(run_main(main))

@@ -219,30 +219,47 @@ def format_result(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m llmcupy.launchbench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--init", default="narrow12",
-                   help="model shape: narrow12 (12 layers, C=64; default) or a preset such as d2, d12")
-    p.add_argument("-b", "--batch-size", type=int, default=1)
-    p.add_argument("-t", "--seq-len", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=20, help="replays of the step's calls; the best is reported")
-    p.add_argument("--fused", action="store_true", help="the step with every fusion (as python -m llmcupy.train --fused)")
-    p.add_argument("--json", help="also write the result to this file")
-    args = p.parse_args(argv)
     from . import _cli
+    from .config import PRESETS
     from .runtime import backend as _backend
 
+    inits = ("narrow12", *PRESETS)
+    p = argparse.ArgumentParser(prog="python -m llmcupy.launchbench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--init", default="narrow12", choices=inits, metavar="SHAPE",
+                   help=f"model shape: narrow12 (12 layers, C=64; default) or a preset: {', '.join(PRESETS)}")
+    p.add_argument("-b", "--batch-size", type=_cli.int_at_least(1), default=1)
+    p.add_argument("-t", "--seq-len", type=_cli.int_at_least(1), default=8)
+    p.add_argument("--repeats", type=_cli.int_at_least(1), default=20,
+                   help="replays of the step's calls; the best is reported")
+    p.add_argument("--fused", action="store_true", help="the step with every fusion (as python -m llmcupy.train --fused)")
+    p.add_argument("--json", help="also write the result to this file")
+    p.add_argument("--backend", choices=_backend.CHOICES, default=None, help="cuda, sim or auto (default: auto)")
+    args = p.parse_args(argv)
+    from .model import ModelError
+
     try:
+        if args.json:
+            _cli.check_output_file(args.json, "--json")   # before the measurement, not after it
+        if args.backend:
+            _backend.set_backend(args.backend)
         _backend.get_backend()  # cuda asked for (LLMCUPY_BACKEND) but unusable: one line, exit 2
-    except _backend.BackendError as exc:
-        return _cli.fail(exc)
-    r = measure(args.init, args.batch_size, args.seq_len, args.repeats, kernels=default_kernels(args.fused))
+        r = measure(args.init, args.batch_size, args.seq_len, args.repeats, kernels=default_kernels(args.fused))
+    except (_backend.BackendError, _cli.BadPath, ModelError) as exc:
+        return _cli.fail(exc)   # T past the model's context, out of memory: one line, exit 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return _cli.EXIT_INTERRUPTED
     r["fused"] = bool(args.fused)
     print(format_result(r))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(r, f, indent=2)
+        from .fileio import atomic_write
+
+        with atomic_write(args.json) as f:
+            f.write(json.dumps(r, indent=2).encode())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from llmcupy._cli import run_main
+
+    sys.exit(run_main(main))

@@ -463,8 +463,13 @@ def resolve_files(files=None, kernels_dir: Path | None = None) -> list[Path]:
     """``None`` -> every ``kernels_cu/*.cu``; else each entry is a path or an op name / file name in
     the kernels folder (``softmax_forward``, ``softmax_forward.cu``)."""
     kdir = Path(kernels_dir) if kernels_dir is not None else default_kernels_dir()
+    if kernels_dir is not None and not kdir.is_dir():
+        raise FileNotFoundError(f"--kernels-dir {kdir}: no such folder")
     if files is None:
-        return sorted(kdir.glob("*.cu"))
+        found = sorted(kdir.glob("*.cu"))
+        if not found:   # an empty report would read "0/0 compilations ok"
+            raise FileNotFoundError(f"no .cu files in {kdir}")
+        return found
     if isinstance(files, (str, Path)):
         files = [files]
     out = []
@@ -644,4 +649,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from llmcupy._cli import run_main
+
+    sys.exit(run_main(main))

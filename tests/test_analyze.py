@@ -451,3 +451,11 @@ def test_a_version_that_calls_cublas_has_a_partial_model_marked_as_such():
     assert v2.endswith("+ cuBLAS, not modelled") and "cuBLAS" not in v5
     assert "cuBLAS call(s), not modelled" in analyze.format_analysis(partial, lines=False)
     assert analyze.correlate([partial]) is None   # a partial time is never ranked against measurements
+
+
+def test_running_the_module_says_where_its_cli_is():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "llmcupy.analyze"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "python -m llmcupy.kernel OP VERSION --analyze" in proc.stderr, proc.stderr

@@ -9,6 +9,7 @@ import datetime
 import importlib.util
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -250,6 +251,20 @@ def test_plot_results_api_returns_a_figure(tmp_path):
 
 
 @needs_matplotlib
+def test_plot_of_an_op_none_of_whose_versions_ran_warns_nothing(tmp_path):
+    # before: matplotlib's "Attempting to set identical low and high xlims" UserWarning on the terminal
+    import warnings
+
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps([{"op": "attention_forward", "version": 5, "summary": "bf16", "backend": "sim",
+                                 "ok": None, "skipped": "unavailable: needs BF16", "blocks": []}]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bench.plot_results(bench.load(path), tmp_path / "p.png")
+    assert_png(tmp_path / "p.png", min_bytes=1000)
+
+
+@needs_matplotlib
 def test_emulator_plot_is_titled_correctness_only():
     rec = synthetic_gpu_record()
     rec.update(backend="sim", device="CPU emulator (sim)", timed=False)
@@ -311,6 +326,38 @@ def test_compare_bad_file_is_a_usage_error(tmp_path):
     assert rc == 2 and "not a benchmark record" in stderr
 
 
+@pytest.mark.parametrize("content,message", [
+    (None, "{path}: no such file"),
+    ("not json", "{path}: not a benchmark record (not JSON: "),
+    ("[1, 2]", "{path}: not a benchmark record (a list, but not of python -m llmcupy.kernel --json results"),
+    ('{"results": 5}', "{path}: not a benchmark record ('results' is not a list of entries with 'op' and 'version')"),
+])
+@pytest.mark.parametrize("cli", [["--from", "{path}"], ["compare", "{path}", "{path}"]])
+def test_a_file_that_is_not_a_record_is_one_line_naming_it(tmp_path, capsys, cli, content, message):
+    # before: `--from` printed "[Errno 2] ...", a bare "Expecting value: line 1 column 1 (char 0)",
+    # or a traceback for JSON of another shape
+    path = tmp_path / "r.json"
+    if content is not None:
+        path.write_text(content)
+    rc = bench.main([a.replace("{path}", str(path)) for a in cli])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: " + message.replace("{path}", str(path))), err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_from_with_ops_refuses_an_unknown_op_or_one_the_record_lacks(tmp_path, capsys):
+    # before: both printed nothing and exited 0
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps([{"op": "softmax_forward", "version": 5, "summary": "online", "backend": "sim",
+                                 "ok": True, "blocks": []}]))
+    assert bench.main(["--from", str(path), "--ops", "softmaxx"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown op 'softmaxx'; ops: adamw, ")
+    assert bench.main(["--from", str(path), "--ops", "gelu_forward"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {path} has no results of gelu_forward; it has softmax_forward"
+    assert bench.main(["--from", str(path), "--ops", "softmax_forward"]) == 0
+    assert "softmax_forward v5" in capsys.readouterr().out
+
+
 def test_load_accepts_the_kernel_cli_json(tmp_path):
     """`python -m llmcupy.kernel --json` writes a list of sweeps; bench reads it too."""
     path = tmp_path / "k.json"
@@ -358,6 +405,17 @@ def test_compare_refuses_an_emulator_record_against_a_gpu_record(tmp_path):
     assert run("compare", str(gpu), str(gpu))[0] == 0
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--seed", "-2"], "argument --seed: needs an integer >= 0, got -2"),
+    (["--repeat", "0"], "argument --repeat: needs an integer >= 1, got 0"),
+])
+def test_bad_numbers_are_usage_errors_before_the_run(monkeypatch, capsys, args, message):
+    monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("the benchmark ran with a bad number"))
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--ops", "gelu_forward", "--no-progress", *args])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_help_is_wrapped():
     proc = subprocess.run([sys.executable, "-m", "llmcupy.bench", "--help"], capture_output=True, text=True,
                           env=dict(__import__("os").environ, COLUMNS="80"))
@@ -386,3 +444,21 @@ def test_plot_formats_come_from_matplotlib(tmp_path):
     bench.check_plot_path(tmp_path / "x.svg")
     bench.check_plot_path(tmp_path / "x.PDF")
     bench.check_plot_path(tmp_path / "no_suffix")   # matplotlib's default format
+
+
+def test_ctrl_c_stops_the_run_in_one_line_and_keeps_the_partial_record(tmp_path):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _helpers import ctrl_c_after
+
+    rc, out, err = ctrl_c_after(["llmcupy.bench", "--backend", "sim", "--no-progress", "--no-analyze",
+                                 "--out", str(tmp_path)], "adamw v2")  # v1 is saved by then
+    assert rc == 130, (rc, out[-2000:], err)
+    assert "Traceback" not in out + err, err
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and err.strip().splitlines()[-1] == (
+        f"interrupted; the versions that finished are in {files[0]} (marked partial)"), err
+    record = json.loads(files[0].read_text())
+    assert record["partial"] is True and 1 <= len(record["results"]) < 90
+    shown = [line for line in out.splitlines() if re.match(r"\w+ v\d+\*?: ", line)]
+    assert len(record["results"]) >= len(shown), (record["results"], shown)   # every version it printed
+

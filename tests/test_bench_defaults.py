@@ -114,6 +114,7 @@ def test_a_run_stopped_early_gives_no_default_for_the_op_it_was_in():
 
 def test_no_gpu_results_give_a_file_naming_no_gpu(tmp_path):
     out = tmp_path / "defaults.json"
+    (tmp_path / "none").mkdir()
     rc, stdout, err = _call(["defaults", "--results", tmp_path / "none", "--out", out])
     assert rc == 0, err
     assert json.loads(out.read_text())["devices"] == {}
@@ -123,6 +124,21 @@ def test_no_gpu_results_give_a_file_naming_no_gpu(tmp_path):
     assert choice.version("layernorm_forward") == llmcupy.ops["layernorm_forward"].default_version
     assert "No default is measured yet" in defaults.provenance(out)
     assert defaults.load(tmp_path / "missing.json")["devices"] == {}
+
+
+def test_a_missing_results_folder_keeps_the_measured_defaults(results, tmp_path):
+    # a typo in --results, or the default bench/results seen from another working folder: before,
+    # it derived "no GPU measured" and wrote that over the file's measured defaults
+    out = tmp_path / "defaults.json"
+    assert _call(["defaults", "--results", results, "--out", out])[0] == 0
+    before = out.read_bytes()
+    rc, stdout, err = _call(["defaults", "--results", tmp_path / "reslts", "--out", out])
+    assert rc == 2 and err.strip() == (f"error: --results {tmp_path / 'reslts'}: no such folder; give the folder "
+                                       "of the recorded --trainer-shapes runs (default bench/results, relative "
+                                       "to the working folder)"), err
+    assert out.read_bytes() == before and GPU in json.loads(before)["devices"]
+    rc, _, err = _call(["defaults", "--results", results, "--out", tmp_path])
+    assert rc == 2 and err.strip() == f"error: --out {tmp_path}: it is a folder; give a file name", err
 
 
 def test_the_committed_file_is_what_the_committed_results_give():

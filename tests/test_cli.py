@@ -66,13 +66,31 @@ def test_all_versions_of_one_op():
     (("softmax_forward", "4", "--arch", "80"), "--arch is for --compile-report"),
     (("--compile-report", "--B", "3"), "--compile-report takes no sizes (got --B)"),
     (("softmax_forward", "4", "--arch", "sm_8x"), "'sm_8x' is not a compute capability"),
+    # flags and arguments that were silently ignored
+    (("--list", "softmax_forward", "3"), "--list lists versions, it runs nothing (got 3); give --list alone or --list OP"),
+    (("--list", "--B", "3"), "--list lists versions, it runs nothing (got --B)"),
+    (("--list", "softmaxx"), "unknown op 'softmaxx'; ops: "),
+    (("softmax_forward", "4", "--gpu", "t4"), "--gpu is for --analyze (the memory-traffic model); add --analyze"),
+    (("softmax_forward", "4", "--no-lines"), "--no-lines is for --analyze"),
+    (("--list", "--json", "r.json"), "--json records what a run or --compile-report finds; --list runs nothing"),
+    (("--compile-report", "softmax_forward", "3"), "--compile-report compiles softmax_forward's whole kernel file, "
+                                                   "every version; give the op without a version (got 3)"),
+    # NumPy refuses a negative seed with a traceback; zero timed samples have no mean
+    (("softmax_forward", "4", "--seed", "-1"), "argument --seed: needs an integer >= 0, got -1"),
+    (("softmax_forward", "4", "--repeat", "0"), "argument --repeat: needs an integer >= 1, got 0"),
 ])
 def test_bad_usage_exits_2_with_the_choices(args, message):
     rc, out, err = run(*args)
     assert rc == 2 and message in err, (rc, out, err)
 
 
-def test_compile_report_without_a_gpu():
+def test_list_of_one_op():
+    rc, out, err = run("--list", "gelu_forward")
+    assert rc == 0, err
+    assert out.startswith("gelu_forward: ") and "softmax_forward" not in out and "* = default version." in out
+
+
+def test_compile_report_without_a_gpu(tmp_path):
     pytest.importorskip("llmcupy.nvrtc")
     from llmcupy import nvrtc
 
@@ -80,9 +98,16 @@ def test_compile_report_without_a_gpu():
         nvrtc.find_nvrtc()
     except Exception as exc:  # noqa: BLE001 - NVRTC comes with the test extra; say why if it is missing
         pytest.skip(f"NVRTC not installed: {exc}")
-    rc, out, err = run("--compile-report", "softmax_forward", "--arch", "sm_80")
+    rc, out, err = run("--compile-report", "softmax_forward", "--arch", "sm_80", "--json", str(tmp_path / "r.json"))
     assert rc == 0, out + err
     assert "softmax_forward_kernel7" in out and "sm_80" in out and "1/1 compilations ok" in out
+    # the op after the archs (--arch is greedy): was "'softmax_forward' is not a compute capability"
+    rc, out, err = run("--compile-report", "--arch", "sm_80", "softmax_forward")
+    assert rc == 0 and "softmax_forward_kernel7" in out and "1/1 compilations ok" in out, out + err
+    # --json used to be accepted and ignored here
+    rows = json.loads((tmp_path / "r.json").read_text())
+    k7 = [r for r in rows if r["kernel"] == "softmax_forward_kernel7"]
+    assert len(k7) == 1 and k7[0]["ok"] and k7[0]["arch"] == 80 and k7[0]["registers"] > 0, k7
 
 
 def test_size_flags_are_taken_out_before_the_positionals():
@@ -156,3 +181,70 @@ def test_a_bad_emulator_variable_is_a_value_error_from_the_python_api():
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
         assert proc.returncode == 0 and proc.stdout.startswith(f"ValueError: {variable}={value!r} is not valid"), \
             (proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_ctrl_c_stops_the_run_in_one_line_and_keeps_the_json(tmp_path):
+    import sys as _sys
+
+    _sys.path.insert(0, os.path.dirname(__file__))
+    from _helpers import ctrl_c_after
+
+    path = tmp_path / "results.json"
+    # the whole catalogue, once its second version printed (the first is in the JSON), far from done
+    rc, out, err = ctrl_c_after(["llmcupy.kernel", "--all", "--backend", "sim", "--json", str(path)],
+                                "adamw version 2:")
+    assert rc == 130, (rc, out[-2000:], err)
+    assert "Traceback" not in out + err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("interrupted after ") and f"{path} holds the versions that finished" in line, err
+    done = int(line.split()[2])
+    assert 1 <= done < 90 and len(json.loads(path.read_text())) == done
+    assert " passed, " not in out   # no summary line of a finished run
+
+
+
+def test_output_piped_into_head_ends_quietly():
+    # `python -m llmcupy.kernel ... | head -1`: the reader goes away after one line
+    proc = subprocess.Popen([sys.executable, "-m", "llmcupy.kernel", "softmax_forward", "--all", "--backend", "sim"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("softmax_forward version 1:")
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141 and err == "", err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--order", "reverse"], "--order reverse sets the emulator's thread order (add --backend sim)"),
+    (["--sanitize"], "--sanitize runs in the emulator only (add --backend sim)"),
+    (["--analyze"], "--analyze counts memory traffic in the emulator: add --backend sim"),
+])
+def test_emulator_only_flags_on_a_gpu_are_refused(monkeypatch, capsys, flags, message):
+    # on a GPU (faked: the backend answers cuda) an emulator-only flag must not be silently ignored
+    from llmcupy import kernel
+    from llmcupy.runtime import backend
+
+    monkeypatch.setattr(backend, "get_backend", lambda: "cuda")
+    monkeypatch.setattr(backend, "is_sim", lambda: False)
+    monkeypatch.setattr(kernel.harness, "sweep", lambda *a, **k: pytest.fail("a version ran"))
+    assert kernel.main(["softmax_forward", "4", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sizes_too_large_for_memory_are_a_usage_error():
+    # before: a NumPy _ArrayMemoryError traceback, exit 1 (with --all: every version FAILed)
+    rc, out, err = run("softmax_forward", "1", "--backend", "sim", "--B", "100000", "--T", "100000")
+    assert rc == 2 and "Traceback" not in err, err
+    assert err.startswith("error: softmax_forward version 1 did not run: out of host memory for the inputs at "
+                          "B=100000 T=100000 V=") and err.rstrip().endswith("give smaller sizes"), err
+
+
+@pytest.mark.parametrize("args,message", [
+    # the reference's NumPy traceback ("cannot reshape array of size 6144 ..."), exit 1
+    (("attention_forward", "1", "--NH", "5"), "attention_forward: C = 64 must be a multiple of NH = 5"),
+    # the op's OpError from make_inputs reported as the version's FAIL, exit 1
+    (("attention_backward", "3", "--NH", "5"), "attention_backward: C = 64 must be a multiple of NH = 5"),
+])
+def test_sizes_the_op_refuses_are_a_usage_error(args, message):
+    rc, out, err = run(*args, "--backend", "sim")
+    assert rc == 2 and "Traceback" not in err, (rc, out, err)
+    assert err.startswith(f"error: {args[0]} version {args[1]} did not run: the sizes do not fit the op: {message}"), err

@@ -1,6 +1,8 @@
 """The eager launch path: launch plans (checked once per (op, version, shapes), then replayed),
 the stubbed-launch benchmark and the launch counter."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -147,6 +149,39 @@ def test_launch_benchmark_reports_both_paths():
         assert r[label]["us_per_op_call"] > 0 and r[label]["kernel_only_us_per_launch"] > 0
         assert r[label]["in_step_kernel_only_us_per_op_call"] > 0
     assert "us/launch" in launchbench.format_result(r)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--init", "d3"], "argument --init: invalid choice: 'd3' (choose from 'narrow12', 'd1', "),
+    (["-b", "0"], "argument -b/--batch-size: needs an integer >= 1, got 0"),
+    (["-t", "0"], "argument -t/--seq-len: needs an integer >= 1, got 0"),
+    (["--repeats", "0"], "argument --repeats: needs an integer >= 1, got 0"),
+    (["--init", "d1", "-t", "257"], "error: T=257 is larger than the model's context (max_seq_len=256)"),
+    (["--json", "{tmp}"], "error: --json {tmp}: it is a folder; give a file name"),
+    (["--backend", "sim", "--json", "{tmp}/no/such.json"], "error: --json {tmp}/no/such.json: the folder {tmp}/no does not exist"),
+])
+def test_launch_benchmark_bad_input_is_one_line_exit_2(argv, message, tmp_path, capsys):
+    # before: a traceback for an unknown --init, a zero size or T past the context, and --json
+    # opened only after the whole measurement
+    from llmcupy import launchbench
+
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    try:
+        rc = launchbench.main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and message.replace("{tmp}", str(tmp_path)) in err and "Traceback" not in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_launch_benchmark_cli_writes_its_json(tmp_path, capsys):
+    from llmcupy import launchbench
+
+    path = tmp_path / "launch.json"
+    assert launchbench.main(["--backend", "sim", "--init", "d1", "-t", "4", "--repeats", "1", "--json", str(path)]) == 0
+    r = json.loads(path.read_text())
+    assert r["model"] == "d1" and r["planned"]["us_per_op_call"] > 0 and "us/launch" in capsys.readouterr().out
 
 
 @pytest.mark.gpu

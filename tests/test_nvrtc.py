@@ -235,6 +235,16 @@ def test_compile_error_is_reported(have_nvrtc, tmp_path):
     assert nvrtc.main(["--arch", "80", "--kernels-dir", str(tmp_path), "broken", "fine"]) == 1
 
 
+def test_a_kernels_dir_without_kernels_is_one_line(tmp_path, capsys):
+    # before: an empty table, "0/0 compilations ok", exit 1 (a missing folder: "no kernel file ...")
+    for argv, message in ((["--kernels-dir", str(tmp_path / "nope")], f"error: --kernels-dir {tmp_path / 'nope'}: "
+                                                                      "no such folder"),
+                          (["--kernels-dir", str(tmp_path)], f"error: no .cu files in {tmp_path}")):
+        assert nvrtc.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert err.strip() == message and "compilations ok" not in out, (out, err)
+
+
 def test_missing_nvrtc_says_what_to_install(monkeypatch):
     monkeypatch.setattr(nvrtc, "_library_candidates", lambda: [])
     monkeypatch.setattr(nvrtc.ctypes.util, "find_library", lambda name: None)

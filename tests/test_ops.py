@@ -133,6 +133,8 @@ def test_a_bad_call_is_an_op_error_naming_the_problem():
     x = np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)
     with pytest.raises(OpError, match=r"softmax_forward has no version 5.5; versions: 1, 2, 3"):
         op(x, version=5.5)           # not version 5
+    with pytest.raises(OpError, match=r"softmax_forward has no version True; versions: 1, 2, 3"):
+        op(x, version=True)          # not version 1
     with pytest.raises(OpError, match=r"softmax_forward version 5: block size 'a' is not a whole number \(its block "
                                       r"sizes: 32, 64, 128, 256, 512, 1024\)"):
         op(x, version=5, block_size="a")
@@ -141,6 +143,25 @@ def test_a_bad_call_is_an_op_error_naming_the_problem():
     with pytest.raises(OpError, match=r"softmax_forward: out\['out'\] has dtype float64, expected float32"):
         op(x, version=5, out=np.empty((4, 100), np.float64))
     np.testing.assert_allclose(op(x, version=5.0, block_size=64.0), op.reference(x), atol=1e-6)
+
+
+def test_make_inputs_takes_a_seed_and_refuses_bad_sizes_naming_them():
+    # before: an int seed was an AttributeError ('int' object has no attribute 'uniform'), a
+    # misspelt size a bare TypeError, a negative size NumPy's "negative dimensions are not allowed"
+    op = llmcupy.ops["softmax_forward"]
+    a, b = op.make_inputs(3, B=1, T=2, V=5), op.make_inputs(np.random.default_rng(3), B=1, T=2, V=5)
+    np.testing.assert_array_equal(a["inp"], b["inp"])
+    with pytest.raises(OpError, match=r"softmax_forward.make_inputs has no size 'Q'; it takes B, T, V"):
+        op.make_inputs(0, Q=3)
+    with pytest.raises(OpError, match=r"softmax_forward.make_inputs: B must be a positive int, got -2"):
+        op.make_inputs(0, B=-2)
+    with pytest.raises(OpError, match=r"softmax_forward.make_inputs: V must be a positive int, got 0"):
+        op.make_inputs(0, V=0)
+    with pytest.raises(OpError, match=r"softmax_forward.make_inputs: rng must be a np.random.Generator or an int "
+                                      r"seed, got float"):
+        op.make_inputs(0.5)
+    mm = llmcupy.ops["matmul_forward"]
+    assert mm.make_inputs(0, B=1, T=2, C=4, OC=8, has_bias=0)["bias"] is None   # an option, not a size
 
 
 def test_ops_mapping_refuses_a_key_that_is_not_a_name_and_has_keys_and_values():

@@ -271,6 +271,12 @@ def test_argument_checks_name_kernel_and_argument():
         k((1,), (64,), (out,))
     with pytest.raises(llmcupy.KernelArgumentError, match="exceeds CUDA's limit of 1024"):
         k((1,), (2048,), (out, np.int32(4)))
+    # per-dimension limits a GPU refuses ("invalid argument") even when the total is allowed
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"exit_then_barrier: grid y = 65536 exceeds CUDA's limit "
+                       r"of 65535"):
+        k((1, 65536), (64,), (out, np.int32(4)))
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"exit_then_barrier: block z = 65 exceeds CUDA's limit of 64"):
+        k((1,), (1, 1, 65), (out, np.int32(4)))
     # (out) is out, not a tuple: it would be taken element by element, "64 were given"
     with pytest.raises(llmcupy.KernelArgumentError, match=r"exit_then_barrier: args must be a tuple of its 2 "
                        r"argument\(s\) \(float\* out, int n\), got ndarray; a single argument is written \(x,\)"):
@@ -327,6 +333,27 @@ def test_compile_error_is_reported_with_the_line():
     with pytest.raises(sim.SimCompileError, match=r"broken.cu:3"):
         llmcupy.RawModule(code="__global__ void k(float* x) {\n\n  x[0] = undefined_name;\n}\n", target="sim",
                           filename="broken.cu")
+
+
+def test_a_name_expression_that_names_no_kernel_says_so():
+    # before: only g++'s errors in the emulator's generated entry points ("llmcupy_sim_entries:4:163:
+    # error: expected primary-expression before 'int'"), nothing about the name given
+    with pytest.raises(sim.SimCompileError, match=r"the source compiles, but a kernel name or name expression "
+                                                  r"\(k, k<int>\) does not name a __global__ function as written"):
+        llmcupy.RawModule(code="__global__ void k(float* x) { x[0] = 1.0f; }", target="sim",
+                          name_expressions=["k<int>"])
+    with pytest.raises(sim.SimCompileError) as info:   # an error in the source itself: no such hint
+        llmcupy.RawModule(code="__global__ void k(float* x) { x[0] = nowhere; }", target="sim")
+    assert "the source compiles" not in str(info.value)
+
+
+def test_options_given_as_one_string_are_refused():
+    # tuple("-DFOO=3") split it into characters: the define was lost ("'FOO' was not declared")
+    for make in (lambda: llmcupy.RawModule(code="__global__ void k(float* y) { y[0] = FOO; }", options="-DFOO=3"),
+                 lambda: llmcupy.RawKernel("__global__ void k(float* y) { y[0] = FOO; }", "k", options="-DFOO=3")):
+        with pytest.raises(TypeError, match=r"options must be a tuple of strings, one per option, e.g. "
+                                            r"\('-DFOO=3',\); got the string '-DFOO=3'"):
+            make()
 
 
 def test_compile_cache_is_safe_across_processes(tmp_path):
@@ -474,6 +501,24 @@ def _wrong_outputs():
     return {"ok": False}
 
 
+def _interrupted():
+    raise KeyboardInterrupt   # as Ctrl-C reaching the child
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_a_child_interrupted_stops_the_run_in_the_parent(start):
+    # Ctrl-C reaches the child too: it is not one version's failure but the end of the run, and
+    # the child is gone (nothing runs on unseen)
+    from llmcupy.harness import runner
+
+    with runner(start) as versions:
+        with pytest.raises(KeyboardInterrupt):
+            versions.call(_interrupted)
+        if start == "spawn":
+            assert versions._proc is None
+        assert versions.call(_pid_of_child) != os.getpid()   # the runner still works afterwards
+
+
 def test_spawned_runner_reuses_its_child_until_a_call_fails():
     # kernel --all on a GPU: one spawned child runs the versions (a spawn costs seconds of Python,
     # CuPy and a CUDA context); a crash or an exception costs a fresh child, for the next call only
@@ -506,8 +551,8 @@ def test_kernel_json_keeps_the_versions_finished_before_a_run_is_stopped(monkeyp
     monkeypatch.setattr(kernel, "isolation", lambda n, backend: None)
     monkeypatch.setattr(kernel, "_run_one", interrupted_at_version_2)
     path = tmp_path / "catalogue.json"
-    with pytest.raises(KeyboardInterrupt):
-        kernel.main(["gelu_forward", "--all", "--backend", "sim", "--json", str(path)])
+    assert kernel.main(["gelu_forward", "--all", "--backend", "sim", "--json", str(path)]) == 130
+    assert capsys.readouterr().err.strip() == f"interrupted after 1 of 2 versions; {path} holds the versions that finished"
     records = json.loads(path.read_text())
     assert [(r["op"], r["version"], r["ok"]) for r in records] == [("gelu_forward", 1, True)]
     assert not (tmp_path / "catalogue.json.tmp").exists()

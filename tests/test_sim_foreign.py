@@ -7,6 +7,7 @@ stalling the run.
 """
 
 import multiprocessing
+import re
 import textwrap
 
 import numpy as np
@@ -374,6 +375,22 @@ def test_timeout_setting_is_checked():
     with pytest.raises(ValueError, match="timeout"):
         with sim.settings(timeout=-1):
             pass
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(order="random", seed="x"), "seed must be an int (the random thread order's seed), got 'x'"),
+    (dict(workers=0), "workers must be a whole number of worker threads >= 1, got 0"),
+    (dict(workers=2.5), "workers must be a whole number of worker threads >= 1, got 2.5"),
+    (dict(poison="no"), "poison must be True or False"),
+])
+def test_other_settings_are_checked_when_given(kwargs, message):
+    # before: accepted, then a bare TypeError/ValueError from the C structure at the next launch
+    # ("invalid literal for int() with base 10: 'no'"), or workers=0 silently taken as 1
+    with pytest.raises(ValueError, match=re.escape(message)):
+        with sim.settings(**kwargs):
+            pass
+    with sim.settings(order="random", seed=np.int64(3), workers=1, poison=False) as s:
+        assert (s.seed, s.workers, s.poison) == (3, 1, False)
 
 
 @pytest.mark.parametrize("order", ORDERS)

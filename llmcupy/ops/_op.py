@@ -524,6 +524,8 @@ class Op:
         try:
             if isinstance(number, (float, np.floating)) and not float(number).is_integer():
                 raise ValueError(number)   # version=5.5 is no version, not version 5
+            if isinstance(number, (bool, np.bool_)):
+                raise ValueError(number)   # version=True is a mistake, not version 1
             number = int(number)
         except (TypeError, ValueError):
             number, given = None, repr(given)   # echo what was typed ("abc"), not None
@@ -582,8 +584,23 @@ class Op:
         """Inputs by name, as NumPy arrays drawn as llm.c's test harness draws them (``rng``: a
         ``np.random.Generator``, seed 0 by default), at the emulator's small ``sim_sizes`` or, on a GPU,
         the benchmark's ``sizes``; keyword sizes (``B=2, T=64``...) override them. Pass them to the op
-        as ``op(**inputs)`` (moved to the GPU first on cuda: ``llmcupy.runtime.asarray``)."""
-        rng = rng if rng is not None else np.random.default_rng(0)
+        as ``op(**inputs)`` (moved to the GPU first on cuda: ``llmcupy.runtime.asarray``). An int
+        ``rng`` is a seed, as the CLIs' ``--seed``."""
+        import inspect
+
+        if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
+            rng = np.random.default_rng(0 if rng is None else int(rng))   # a negative seed: NumPy's ValueError
+        elif not isinstance(rng, np.random.Generator):
+            raise OpError(f"{self.name}.make_inputs: rng must be a np.random.Generator or an int seed, got "
+                          f"{type(rng).__name__}")
+        params = inspect.signature(self.make_inputs_fn).parameters
+        takes = [k for k in params if k != "rng"]   # the sizes and any option (matmul_forward's has_bias)
+        for name, value in sizes.items():
+            if name not in params:
+                raise OpError(f"{self.name}.make_inputs has no size {name!r}; it takes {', '.join(takes)}")
+            if name in self.sizes and value is not None and (
+                    isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+                raise OpError(f"{self.name}.make_inputs: {name} must be a positive int, got {value!r}")
         merged = dict(self.sim_sizes if _backend.is_sim() else self.sizes)
         merged.update({k: v for k, v in sizes.items() if v is not None})
         return self.make_inputs_fn(rng, **merged)

@@ -60,6 +60,21 @@ def _dims(value, what: str, kernel: str) -> tuple[int, int, int]:
     return dims + (1,) * (3 - len(dims))
 
 
+# CUDA's per-dimension limits (every GPU since compute capability 3.0): a launch beyond them fails
+# on a GPU with "invalid argument", so the emulator refuses it too instead of running it
+MAX_GRID_DIM = (2**31 - 1, 65535, 65535)
+MAX_BLOCK_DIM = (1024, 1024, 64)
+
+
+def _check_dim_limits(kernel: str, grid3: tuple, block3: tuple) -> None:
+    for what, dims, limits in (("grid", grid3, MAX_GRID_DIM), ("block", block3, MAX_BLOCK_DIM)):
+        for axis, d, limit in zip("xyz", dims, limits):
+            if d > limit:
+                raise KernelArgumentError(f"{kernel}: {what} {axis} = {d} exceeds CUDA's limit of {limit} "
+                                          f"(max {what} {limits}); spread the work over another dimension "
+                                          "or loop inside the kernel")
+
+
 class _Trusted:
     """``with TRUSTED:`` launches skip the per-argument checks against the C signature.
 
@@ -358,6 +373,7 @@ class RawKernel:
             raise KernelArgumentError(f"{self.name}: a block of {threads} threads exceeds CUDA's limit of 1024")
         if threads > self.max_threads_per_block:
             raise self._too_many_threads(threads)
+        _check_dim_limits(self.name, grid3, block3)
         if not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
             raise KernelArgumentError(f"{self.name}: shared_mem must be a non-negative int, got {shared_mem!r}")
         prepared = check_arguments(self.name, self.params, args, self.backend)
@@ -418,6 +434,10 @@ class RawModule:
                 code = f.read()
             filename = filename or str(path).replace("\\", "/").rsplit("/", 1)[-1]
         self.code = code
+        if isinstance(options, (str, bytes)):
+            # tuple("-DN=4") is ('-', 'D', 'N', ...): the define would be lost without a word
+            raise TypeError(f"options must be a tuple of strings, one per option, e.g. ({options!r},); got the "
+                            f"string {options!r}")
         self.options = tuple(options)
         self.filename = filename or "kernel.cu"
         self.backend = target or _backend.get_backend()

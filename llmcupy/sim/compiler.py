@@ -690,7 +690,14 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         for cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
             if proc.returncode != 0:
-                raise SimCompileError(f"the emulator could not compile {filename}:\n{proc.stderr.strip()}")
+                errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+                hint = ""
+                if errors and all(line.startswith("llmcupy_sim_entries:") for line in errors):
+                    # the source compiled; only the emulator's entry points naming each kernel did not
+                    hint = (f"\n(the source compiles, but a kernel name or name expression ({', '.join(kernels)}) "
+                            "does not name a __global__ function as written: a template kernel needs its "
+                            "arguments, \"k<float>\", a plain one none; one in a namespace its qualified name)")
+                raise SimCompileError(f"the emulator could not compile {filename}:\n{proc.stderr.strip()}{hint}")
         stack = Path(tmp) / "lib.stack"
         stack.write_text(str(_stack_from_su(Path(tmp))))
         # Atomic publish: a concurrent reader sees either no library or a complete one (the stack

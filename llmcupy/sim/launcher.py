@@ -296,6 +296,14 @@ def settings(order: str | None = None, seed: int | None = None, workers: int | N
     saved = _Settings(**vars(_settings))
     if timeout is not None and not timeout >= 0:
         raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
+    # checked here, not at the next launch (a C-level conversion there: "invalid literal for int()")
+    whole = (int, np.integer)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, whole)):
+        raise ValueError(f"seed must be an int (the random thread order's seed), got {seed!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, whole) or workers < 1):
+        raise ValueError(f"workers must be a whole number of worker threads >= 1, got {workers!r}")
+    if poison is not None and not isinstance(poison, (bool, np.bool_)):
+        raise ValueError(f"poison must be True or False (NaN in shared memory when each block starts), got {poison!r}")
     for key, value in (("order", order), ("seed", seed), ("workers", workers), ("poison", poison),
                        ("timeout", timeout), ("check", check)):
         if value is not None:
