@@ -74,10 +74,7 @@ def check_output_file(path, flag: str) -> None:
 
     from .fileio import output_path_problem
 
-    problem = output_path_problem(path)
-    if problem is None and os.path.exists(path) and not os.path.isfile(path):
-        # the writers (atomic_write) rename over the name: /dev/null would be replaced, as root
-        problem = "it exists and is not a regular file (a device, FIFO or socket); give a file name"
+    problem = output_path_problem(path, renamed_over=True)   # the writers are atomic_write: /dev/null, as root
     if problem is not None:
         raise BadPath(f"{flag} {os.fspath(path)}: {problem}")
 

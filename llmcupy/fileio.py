@@ -149,15 +149,17 @@ def atomic_write(path):
             os.close(dfd)
 
 
-def output_path_problem(path, *, makes_folders: bool = False) -> str | None:
+def output_path_problem(path, *, makes_folders: bool = False, renamed_over: bool = False) -> str | None:
     """Why ``path`` cannot be written, or None when it can: checked at start-up, so that a run does
     not compute for hours and then fail at its first write (naming a temporary file the user never
     chose). ``makes_folders``: the writer creates missing parent folders (:func:`atomic_write` does),
-    so the nearest existing one must take a new file; otherwise the parent itself must exist."""
+    so the nearest existing one must take a new file; otherwise the parent itself must exist.
+    ``renamed_over``: the writer is :func:`atomic_write` (implied by ``makes_folders``), so the name
+    must not hold a device, FIFO or socket."""
     target = os.path.abspath(path)
     if os.path.isdir(target):
         return "it is a folder; give a file name"
-    if makes_folders and os.path.exists(target) and not os.path.isfile(target):
+    if (makes_folders or renamed_over) and os.path.exists(target) and not os.path.isfile(target):
         # atomic_write renames over the name: a device or FIFO would be replaced (and atomic_write refuses)
         return "it exists and is not a regular file (a device, FIFO or socket); give a file name"
     folder = os.path.dirname(target)
