@@ -7,7 +7,9 @@
 Each new token runs a full forward pass over a (1, T) window and samples the last position's logits
 with llm.c's rule (temperature 1, no top-k, xorshift RNG seeded 1337 by default). The prompt is
 encoded with tiktoken's GPT-2 encoding (``--bpe FILE`` or ``LLMCUPY_GPT2_BPE`` offline); without a
-prompt, generation starts from <|endoftext|> as in the trainer.
+prompt, generation starts from <|endoftext|> as in the trainer. Tokens are decoded as the trainer does:
+``--tokenizer FILE`` (llm.c's gpt2_tokenizer.bin), else gpt2_tokenizer.bin in the working directory if
+present, else the tiktoken encoding; with none of them (offline, no prompt) the token ids are printed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--seq-len", type=int, default=None, help="context window (default: the model's)")
     ap.add_argument("--seed", type=int, default=1337, help="xorshift RNG seed (llm.c: 1337)")
     ap.add_argument("--bpe", default=None, help="gpt2.tiktoken file for offline tokenisation")
+    ap.add_argument("--tokenizer", default=None, help="llm.c tokenizer .bin to decode with (default "
+                    "gpt2_tokenizer.bin if present, else tiktoken's GPT-2 encoding; a prompt still needs tiktoken)")
     ap.add_argument("--backend", choices=_backend.CHOICES, default=None)
     args = ap.parse_args(argv)
     if args.num_tokens < 0:
@@ -65,13 +69,36 @@ def main(argv=None) -> int:
 
                 raise FileNotFoundError(missing_model_message(path))
             cfg, params, _ = ckpt.read_model_any(path)
-        enc = get_encoding(args.bpe)
-        tokenizer = Tokenizer.from_encoding(enc)
-        prompt = enc.encode(args.prompt, allowed_special={"<|endoftext|>"}) if args.prompt else []
+        # the prompt needs tiktoken's encoder; decoding only needs a token table, which may come
+        # from llm.c's tokenizer file, so an offline run without a prompt still works
+        enc = get_encoding(args.bpe) if args.prompt else None
+        prompt = enc.encode(args.prompt, allowed_special={"<|endoftext|>"}) if enc else []
+        tokenizer = decoding_tokenizer(args, enc)
+        if tokenizer is not None and len(tokenizer) < cfg.vocab_size:
+            raise TokenizerError(f"{args.tokenizer or 'the tokenizer'} has {len(tokenizer)} tokens, fewer than "
+                                 f"the model's vocabulary of {cfg.vocab_size}: give the model's tokenizer")
         generate(cfg, params, [EOT] + prompt, args.num_tokens, args.seq_len, args.seed, tokenizer)
         return 0
     except (ModelError, FileFormatError, OSError, TokenizerError, _backend.BackendError, CompilerNotFound) as exc:
         return fail(exc)   # bad or missing model file, tokenizer, shape: 2
+
+
+def decoding_tokenizer(args, enc) -> Tokenizer | None:
+    """The token table to print samples with, chosen as the trainer does. A file the user named must
+    load (an error); without one, no table at all prints token ids, as llm.c does."""
+    if args.tokenizer:
+        return Tokenizer.load(args.tokenizer)
+    if enc is not None or args.bpe:
+        return Tokenizer.from_encoding(enc if enc is not None else get_encoding(args.bpe))
+    try:
+        from .train import DEFAULT_TOKENIZER   # llm.c's decoder table, where the trainer looks for it
+
+        if os.path.exists(DEFAULT_TOKENIZER):
+            return Tokenizer.load(DEFAULT_TOKENIZER)
+        return Tokenizer.from_encoding(get_encoding())
+    except (OSError, FileFormatError, TokenizerError) as exc:
+        print(f"note: no tokenizer ({exc}); printing token ids", file=sys.stderr)
+        return None
 
 
 def generate(cfg: GPT2Config, params: np.ndarray, context: list[int], n: int, T: int | None, seed: int,

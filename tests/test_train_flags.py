@@ -309,3 +309,48 @@ def test_sample_says_when_it_changes_the_context_window(capsys, tmp_path):
     assert "note: -t 6 is not a multiple of 4" in capsys.readouterr().err
     assert sample.main(["--init", "d1", "-n", "0", "-t", "8", "--bpe", str(bpe)]) == 0
     assert "note" not in capsys.readouterr().err
+
+
+def test_sample_runs_offline_without_a_prompt(capsysbinary, tmp_path, monkeypatch):
+    # Without a prompt nothing needs tiktoken's encoder, yet offline without --bpe the run stopped
+    # with exit 2. Now it decodes with gpt2_tokenizer.bin if present (as the trainer does), else prints
+    # token ids with a note; a prompt still needs the encoder and says so. (The tiny BPE's tokens are
+    # not UTF-8, hence bytes.)
+    import gen_inputs
+    from llmcupy import sample
+    from llmcupy import tokenizer as tk
+
+    def offline(bpe_path=None):
+        if bpe_path is None:
+            raise tk.TokenizerError("cannot load tiktoken's GPT-2 encoding (offline)")
+        return tk.encoding_from_file(bpe_path)
+
+    def captured():
+        out, err = capsysbinary.readouterr()
+        return out, err.decode()
+
+    monkeypatch.setattr(sample, "get_encoding", offline)
+    monkeypatch.delenv(tk.BPE_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert sample.main(["--init", "d1", "-n", "3", "-t", "8"]) == 0
+    out, err = captured()
+    assert "note: no tokenizer" in err and "printing token ids" in err
+    assert len(out.split()) == 3 and all(t.isdigit() for t in out.split())
+
+    assert sample.main(["--init", "d1", "-n", "3", "-t", "8", "--prompt", "hi"]) == 2
+    assert "cannot load tiktoken's GPT-2 encoding" in captured()[1]
+
+    bpe = gen_inputs.write_tiny_bpe(tmp_path / "tiny.tiktoken")
+    tk.write_tokenizer(tmp_path / "gpt2_tokenizer.bin", tk.encoding_from_file(bpe))
+    assert sample.main(["--init", "d1", "-n", "3", "-t", "8"]) == 0
+    out, err = captured()
+    assert "note" not in err and out.endswith(b"\n")
+    with_file = out
+    # the same tokens as decoding with the encoding itself: the table came from the file
+    assert sample.main(["--init", "d1", "-n", "3", "-t", "8", "--bpe", str(bpe)]) == 0
+    assert captured()[0] == with_file
+
+    # a tokenizer file the user names must load; a short one is refused before sampling
+    (tmp_path / "bad.bin").write_bytes(b"\0" * 10)
+    assert sample.main(["--init", "d1", "-n", "3", "-t", "8", "--tokenizer", str(tmp_path / "bad.bin")]) == 2
+    assert "bad.bin" in captured()[1]
