@@ -201,7 +201,7 @@ def measure(init: str = "narrow12", B: int = 1, T: int = 8, repeats: int = 20, k
 def format_result(r: dict) -> str:
     lines = [f"launch path, kernels stubbed: {r['model']} ({r['layers']} layers), B={r['B']} T={r['T']}",
              f"  per training step: {r['op_calls_per_step']} op calls, {r['launches_per_step']} kernel launches "
-             f"({r['library_op_calls_per_step']} op calls also compute through cuBLAS/xp.matmul)",
+             f"({r['library_op_calls_per_step']} op calls also compute through cuBLAS, runtime.blas)",
              f"  {'path':<8} {'us/op call':>11} {'us/launch':>10} {'kernel-only us/op call':>23} "
              f"{'us/launch':>10} {'in-step':>8} {'step host ms':>13}"]
     for label in ("checked", "planned"):
@@ -212,7 +212,7 @@ def format_result(r: dict) -> str:
     c, p = r["checked"], r["planned"]
     lines.append(f"  Op.run speed-up: {c['us_per_op_call'] / p['us_per_op_call']:.1f}x over all calls, "
                  f"{c['kernel_only_us_per_op_call'] / p['kernel_only_us_per_op_call']:.1f}x over kernel-only calls")
-    lines.append("  (best of the repeats. 'kernel-only' leaves out the calls that also compute through cuBLAS/xp.matmul,"
+    lines.append("  (best of the repeats. 'kernel-only' leaves out the calls that also compute through cuBLAS (runtime.blas),"
                  " which the emulator runs as NumPy arithmetic; 'in-step': kernel-only us/op call inside whole steps,"
                  " with the model's fresh per-layer views; step host ms includes the model's own Python)")
     return "\n".join(lines)

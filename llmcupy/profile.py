@@ -327,7 +327,7 @@ def print_report(report: dict) -> None:
     print()
     if report.get("launches_per_step") is not None:
         print(f"launches per step: {report['launches_per_step']} kernel launches from {report['op_calls_per_step']} "
-              "op calls (catalogue kernels; cuBLAS calls through xp.matmul not included)")
+              "op calls (catalogue kernels; cuBLAS GEMMs, llmcupy.runtime.blas, not counted)")
     what = "GPU step" if gpu else "emulator step (CPU time, not a GPU's)"
     print(f"{what}: {step_ms:.3f} ms, {report['tokens_per_s']:.0f} tok/s (B={report['B']}, T={report['T']}; "
           f"wall clock, synchronised)")
