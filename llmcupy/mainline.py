@@ -307,14 +307,20 @@ class Run:
                 os.path.join(d, f"state_{step:08d}_{self.rank if rank is None else rank:05d}.npz"),
                 os.path.join(d, f"DONE_{step:08d}"))
 
-    def maybe_checkpoint(self, model, loader, rng, step: int) -> None:
-        """After step ``step`` (1-based count of steps done): a checkpoint every ``-n`` steps."""
+    def kept_text(self, step: int) -> str:
+        """Where a stopped run (non-finite loss, Ctrl-C) continues from: the checkpoint at ``step``."""
+        return f"the newest checkpoint is in {self.out_dir}, at step {step}: -y 1 resumes from it"
+
+    def maybe_checkpoint(self, model, loader, rng, step: int, kept: str | None = None) -> bool:
+        """After step ``step`` (1-based count of steps done): a checkpoint every ``-n`` steps.
+        True when one was written; ``kept`` says which earlier one is left (for the refusal)."""
         n = self.args.checkpoint_every
         if not n or step % n:
-            return
+            return False
         params = model.params_numpy()
         if not np.isfinite(params).all():
-            raise FloatingPointError(f"the parameters are not finite after step {step}; not saving a checkpoint")
+            raise FloatingPointError(f"the parameters are not finite after step {step}; not saving a checkpoint "
+                                     f"({kept or 'no checkpoint was saved by this run'})")
         model_path, state_path, done_path = self._paths(step)
         P = model.num_parameters()
         S, start, end = self._shard_bounds(P)
@@ -337,6 +343,7 @@ class Run:
                 f.write(f"{self.world}\n".encode())
             print(f"saved checkpoint at step {step} to {self.out_dir}")
             self._prune()
+        return True
 
     def _done_steps(self) -> list[int]:
         steps = []

@@ -496,6 +496,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     run.start(train_num_batches)
     rng = XorShiftRNG(1337)
     start_step = 0
+    kept = None   # which saved state is left as it was, for the message of a non-finite loss or Ctrl-C
     if state is not None:
         try:
             train_loader.load_state_dict(state.loaders["train"])
@@ -518,6 +519,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                              f"run's last step {train_num_batches}; give a larger -x")
         if run.resumed:
             source = f"{source}, resumed from {run.out_dir} at step {start_step}"
+            kept = run.kept_text(start_step)
 
     print_table([
         ("train data", args.train_data), ("val data", args.val_data), ("log file", args.log or "NULL"),
@@ -553,8 +555,8 @@ def _train(args, scope: contextlib.ExitStack) -> int:
         remove_stale_temporaries(args.save_path)
     resumed = state is not None or run.resumed
     logger = Logger(args.log, resume_step=start_step if resumed else None)
-    # which saved state is left as it was, for the message of a non-finite loss
-    kept = f"the state resumed from, {args.resume} at step {start_step}, is unchanged" if state is not None else None
+    if state is not None:
+        kept = f"the state resumed from, {args.resume} at step {start_step}, is unchanged"
     total_ms = 0.0
     timed_steps = 0
     graph = None
@@ -600,7 +602,8 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             if args.save_every and (step + 1) % args.save_every == 0:
                 save_state(model, train_loader, rng, step + 1, args.save_path, kept)
                 kept = f"the last state saved is in {args.save_path}, at step {step + 1}"
-            run.maybe_checkpoint(model, train_loader, rng, step + 1)
+            if run.maybe_checkpoint(model, train_loader, rng, step + 1, kept):
+                kept = run.kept_text(step + 1)
     except KeyboardInterrupt as exc:
         if exc.args:   # raised by save_state after a completed save: its message says so
             raise

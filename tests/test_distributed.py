@@ -218,6 +218,15 @@ def test_a_damaged_checkpoint_is_one_line_saying_how_to_fall_back(data, tmp_path
     assert rc == 0 and "resumed from" in stdout and "at step 1" in stdout, stdout + err
 
 
+def test_a_non_finite_loss_names_the_newest_checkpoint(data, tmp_path):
+    # said "no training state was saved by this run" although -n had saved a checkpoint at step 1
+    out = tmp_path / "run"
+    rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-n", "1", "-o", out, "-l", "1e30"))
+    assert rc == 3, stdout + err
+    assert (f"train loss is nan at step 2; stopping (the newest checkpoint is in {out}, at step 1: -y 1 resumes "
+            "from it)") in err, err
+
+
 # ---------------------------------------------------------------------------------------------
 # several processes (MPI)
 
