@@ -17,7 +17,8 @@ Flags (llm.c's letters where it has them):
   readable with ``-e``), one ``state_%08d_%05d.npz`` per rank (its m/v or their shard, its data
   loader and sampling RNG), then ``DONE_%08d`` once every rank has written (each file atomic, so a
   checkpoint without its DONE is ignored); ``-nk K`` keeps the last K (0: all); ``-y 1`` resumes
-  from the newest complete checkpoint in DIR (starts fresh if there is none).
+  from the newest complete checkpoint in DIR (starts fresh if there is none); without ``-y 1``,
+  ``-n`` into a folder holding complete checkpoints is refused (it would overwrite them).
 
 **The ``-o`` rule.** ``-o PATH`` names the log file (the FP32 trainer's meaning) unless PATH is a
 directory: an existing directory, a path ending in ``/``, or any path when ``-n`` or ``-y`` is
@@ -367,8 +368,10 @@ class Run:
                     pass
 
     def resume(self, model, loader, rng) -> int:
-        """-y 1: loads the newest complete checkpoint of -o DIR; returns its step (0: none)."""
-        if not self.args.resume_latest:
+        """-y 1: loads the newest complete checkpoint of -o DIR; returns its step (0: none).
+        Without -y 1, a run that will checkpoint (-n) into a folder holding complete checkpoints
+        is refused: it would overwrite them, and a later -y 1 could continue the earlier run's."""
+        if not self.args.resume_latest and not self.args.checkpoint_every:
             return 0
         steps = self._done_steps()
         latest = steps[-1] if steps else 0
@@ -376,6 +379,12 @@ class Run:
         if len(set(seen)) != 1:
             raise dist.DistError(f"the ranks see different newest checkpoints in {self.out_dir} "
                                  f"({', '.join(s.decode() for s in seen)}): is -o on a folder every node shares?")
+        if not self.args.resume_latest:
+            if latest:   # the same verdict on every rank (seen agrees): rank 0 says it for all
+                raise RunError(f"-o {self.out_dir} holds the checkpoints of an earlier run (the newest at step "
+                               f"{latest}); continue it with -y 1, or give another folder (this run's checkpoints "
+                               "would overwrite them)")
+            return 0
         if not latest:
             print(f"-y 1: no complete checkpoint in {self.out_dir}; starting from the beginning")
             return 0

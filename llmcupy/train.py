@@ -512,7 +512,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             raise SystemExit(f"error: {args.resume} is at step {start_step}, past this run's last step "
                              f"{train_num_batches}; give a larger --steps")
         source = f"resumed from {args.resume} at step {start_step}"
-    if args.resume_latest:
+    if args.resume_latest or args.checkpoint_every:
         start_step = run.resume(model, train_loader, rng)
         if start_step > train_num_batches:
             raise SystemExit(f"error: the newest checkpoint in {run.out_dir} is at step {start_step}, past this "

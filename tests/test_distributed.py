@@ -198,6 +198,12 @@ def test_output_folder_holds_the_log_and_checkpoints(data, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["DONE_00000002", "main.log", "model_00000002.bin",
                                                       "state_00000002_00000.npz"]
     assert re.search(r"norm [0-9.]+ lr 3\.0000e-04$", stdout, re.M)   # warm-up: step 1 at lr/1, step 2 at lr
+    # the same command again without -y 1 overwrote them, and a later -y 1 could continue either run
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-n", "1", "-o", out, "-l", "1e-3"))
+    assert rc == 2 and (f"-o {out} holds the checkpoints of an earlier run (the newest at step 2); continue it "
+                        "with -y 1, or give another folder") in err, stdout + err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_a_damaged_checkpoint_is_one_line_saying_how_to_fall_back(data, tmp_path):
