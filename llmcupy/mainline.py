@@ -373,6 +373,8 @@ class Run:
         is refused: it would overwrite them, and a later -y 1 could continue the earlier run's."""
         if not self.args.resume_latest and not self.args.checkpoint_every:
             return 0
+        if self.rank == 0:
+            self._remove_stale_temporaries()
         steps = self._done_steps()
         latest = steps[-1] if steps else 0
         seen = self.group.allgather_bytes(str(latest).encode()) if self.group.collective else [b"%d" % latest]
@@ -439,6 +441,21 @@ class Run:
             raise ckpt.CheckpointError(f"{state_path}: cannot resume from it ({exc})") from exc
         self.resumed = True
         return latest
+
+    def _remove_stale_temporaries(self) -> None:
+        """Deletes the hidden temporaries (see :func:`llmcupy.fileio.atomic_write`) that a run killed
+        mid-save (SIGTERM, SIGKILL, a lost node) left in the folder: as big as a model or a rank's
+        AdamW state each, and never reused. No rank writes a checkpoint before the first step, which
+        needs rank 0, so none of them is being written now."""
+        d = glob.escape(self.out_dir)
+        for pattern in (".model_*.bin.*.tmp", ".state_*.npz.*.tmp", ".DONE_*.*.tmp"):
+            for tmp in glob.glob(os.path.join(d, pattern)):
+                try:
+                    size = os.path.getsize(tmp)
+                    os.unlink(tmp)
+                    print(f"removed {tmp} ({size / 2**20:.1f} MiB), left by an interrupted save")
+                except OSError:
+                    pass
 
     def _writers(self, step: int) -> int:
         return len(glob.glob(os.path.join(glob.escape(self.out_dir), f"state_{step:08d}_*.npz")))

@@ -220,8 +220,13 @@ def test_a_damaged_checkpoint_is_one_line_saying_how_to_fall_back(data, tmp_path
     assert len(err.strip().splitlines()) == 1, err
     # as it says: without that DONE file, the checkpoint at step 1 is the newest complete one
     (out / "DONE_00000002").unlink()
+    # the temporaries of a run killed mid-save (SIGTERM) stayed in the folder for good
+    stale = [out / ".model_00000003.bin.k1ll3d.tmp", out / ".state_00000003_00000.npz.k1ll3d.tmp"]
+    for p in stale:
+        p.write_bytes(b"half")
     rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-o", out, "-u", "1", "-y", "1"))
     assert rc == 0 and "resumed from" in stdout and "at step 1" in stdout, stdout + err
+    assert not any(p.exists() for p in stale) and f"removed {stale[0]} (0.0 MiB), left by an interrupted save" in stdout
 
 
 def test_a_non_finite_loss_names_the_newest_checkpoint(data, tmp_path):
