@@ -387,13 +387,33 @@ def _nccl_comm_id(data: bytes, cupy_version: str | None = None):
 def exchange_id(url: str, rank: int, world_size: int, make_id, timeout: float) -> bytes:
     """Rank 0 calls ``make_id()`` (bytes) and hands it to every other rank through ``url``
     (``tcp://HOST:PORT`` or ``file:///path``); every rank returns the same bytes."""
+    check_rendezvous(url)
     u = urlparse(url)
     if u.scheme == "file":
         return _exchange_file(u.path, rank, world_size, make_id, timeout)
+    return _exchange_tcp(u.hostname, u.port, rank, world_size, make_id, timeout)
+
+
+def check_rendezvous(url: str) -> None:
+    """A --rendezvous URL exchange_id can use, or a DistError saying what to give instead."""
+    u = urlparse(url)
+    if u.scheme == "file":
+        # file://shared/rdv parses as host "shared", path "/rdv": it would have written /rdv
+        if u.netloc not in ("", "localhost") or not u.path:
+            raise DistError(f"--rendezvous {url!r}: expected file:///shared/path (three slashes: an absolute path)")
+        if u.path.endswith("/") or os.path.isdir(u.path):
+            # was "already exists ... remove it" (the user's shared folder), or a rename onto a folder
+            raise DistError(f"--rendezvous {url!r} names a folder; name a file that does not exist yet in a folder "
+                            f"every node sees, e.g. file://{u.path.rstrip('/')}/llmcupy-rendezvous")
+        return
     if u.scheme == "tcp":
-        if not u.hostname or not u.port:
+        try:
+            port = u.port
+        except ValueError:   # tcp://host:http or a port past 65535
+            port = None
+        if not u.hostname or not port:
             raise DistError(f"--rendezvous {url!r}: expected tcp://HOST:PORT")
-        return _exchange_tcp(u.hostname, u.port, rank, world_size, make_id, timeout)
+        return
     raise DistError(f"--rendezvous {url!r}: expected tcp://HOST:PORT or file:///shared/path")
 
 
@@ -523,6 +543,8 @@ def init(args):
         if world > 1:
             raise DistError("without MPI, give a rendezvous: --rendezvous tcp://HOST:PORT or file:///shared/path")
         url = None
+    else:
+        check_rendezvous(url)   # before a GPU is touched
     gpn = args.gpus_per_node
     import cupy
 

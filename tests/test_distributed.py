@@ -169,6 +169,22 @@ def test_rendezvous_hands_rank_0s_id_to_every_rank(tmp_path, scheme):
                                 1, 3, lambda: secret, timeout=0.5)
 
 
+def test_rendezvous_urls_that_cannot_work_are_refused_before_anything_is_written(tmp_path):
+    # a folder was "already exists ... remove it" (the user's shared folder), a new one with a
+    # trailing / a NotADirectoryError with a temporary left in it; file://shared/rdv wrote /rdv;
+    # tcp://host:abc a ValueError traceback
+    (tmp_path / "shared").mkdir()
+    cases = [(f"file://{tmp_path}/shared", "names a folder; name a file that does not exist yet"),
+             (f"file://{tmp_path}/new/", "names a folder"),
+             ("file://shared/rdv", "expected file:///shared/path"),
+             ("tcp://node1:abc", "expected tcp://HOST:PORT"), ("tcp://node1", "expected tcp://HOST:PORT")]
+    for url, message in cases:
+        for rank in (0, 1):
+            with pytest.raises(distributed.DistError, match=re.escape(message)):
+                distributed.exchange_id(url, rank, 2, lambda: b"id", timeout=0.5)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["shared"]
+
+
 def test_output_rule_and_bad_combinations(data, tmp_path):
     log = tmp_path / "log.txt"
     log.write_text("old")
