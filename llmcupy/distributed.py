@@ -553,7 +553,9 @@ def init(args):
     from cupy.cuda import nccl
 
     make = lambda: _nccl_id_bytes(nccl.get_unique_id())  # noqa: E731
-    data = make() if url is None else exchange_id(url, rank, world, make, timeout)
+    # ranks of one job start minutes apart (a queue, a slow file system) without a fault: the start-up
+    # floor of the collectives applies to the rendezvous too (a short --dist-timeout catches hangs later)
+    data = make() if url is None else exchange_id(url, rank, world, make, max(timeout, STARTUP_TIMEOUT))
     folder = None
     if url and urlparse(url).scheme == "file":
         folder = os.path.dirname(urlparse(url).path) or "."

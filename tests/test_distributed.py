@@ -185,6 +185,32 @@ def test_rendezvous_urls_that_cannot_work_are_refused_before_anything_is_written
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["shared"]
 
 
+def test_rendezvous_waits_the_start_up_floor_not_a_short_dist_timeout(monkeypatch):
+    # --dist-timeout 10 (to catch hung ranks quickly) gave a rank that started 11 s after rank 0
+    # "no rendezvous ... within 10 s", although collectives wait at least STARTUP_TIMEOUT until step 1
+    import argparse
+
+    waited = []
+
+    class Seen(Exception):
+        pass
+
+    def exchange(url, rank, world_size, make_id, timeout):
+        waited.append(timeout)
+        raise Seen
+
+    monkeypatch.setattr(distributed, "exchange_id", exchange)
+    monkeypatch.setattr(distributed, "_select_device", lambda local, rank: None)
+    monkeypatch.setattr(distributed._backend, "is_sim", lambda: False)
+    for k in distributed._MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    args = argparse.Namespace(world_size=2, rank=1, rendezvous="tcp://127.0.0.1:29500", dist_timeout=10.0,
+                              gpus_per_node=1)
+    with pytest.raises(Seen):
+        distributed.init(args)
+    assert waited == [distributed.STARTUP_TIMEOUT]
+
+
 def test_output_rule_and_bad_combinations(data, tmp_path):
     log = tmp_path / "log.txt"
     log.write_text("old")
