@@ -675,7 +675,10 @@ def remove_stale_temporaries(path: str) -> None:
 
 def progress(iterable, desc: str):
     """A progress bar on a terminal (tqdm's disable=None: none when stderr is not a TTY, so logs
-    get no \\r clutter); the plain iterable otherwise."""
+    get no \\r clutter), on rank 0 only (ranks sharing a terminal would draw over one another);
+    the plain iterable otherwise."""
+    if distributed.RANK != 0:
+        return iterable
     try:
         from tqdm import tqdm
     except ImportError:

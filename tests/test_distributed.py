@@ -211,6 +211,31 @@ def test_rendezvous_waits_the_start_up_floor_not_a_short_dist_timeout(monkeypatc
     assert waited == [distributed.STARTUP_TIMEOUT]
 
 
+def test_progress_bars_are_rank_0s(tmp_path, monkeypatch):
+    # on a terminal every rank drew its own "checking token files" and "validation" bars
+    import io
+
+    from llmcupy import train
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    rng = np.random.default_rng(2)
+    for i in range(2):
+        write_tokens(tmp_path / f"t{i}.bin", rng.integers(0, 50257, 65))
+    drawn = {}
+    for rank in (0, 1):
+        term = Terminal()
+        monkeypatch.setattr(sys, "stderr", term)
+        monkeypatch.setattr(distributed, "RANK", rank)
+        DataLoader(str(tmp_path / "t*.bin"), 2, 4, vocab_size=50257, process_rank=rank, num_processes=2)
+        list(train.progress(range(3), "validation"))
+        drawn[rank] = term.getvalue()
+    assert "checking token files" in drawn[0] and "validation" in drawn[0]
+    assert drawn[1] == ""
+
+
 def test_output_rule_and_bad_combinations(data, tmp_path):
     log = tmp_path / "log.txt"
     log.write_text("old")
