@@ -36,6 +36,7 @@ import math
 import os
 import re
 import sys
+import time
 import zipfile
 
 import numpy as np
@@ -375,6 +376,7 @@ class Run:
             return 0
         if self.rank == 0:
             self._remove_stale_temporaries()
+        self._check_shared()
         steps = self._done_steps()
         latest = steps[-1] if steps else 0
         seen = self.group.allgather_bytes(str(latest).encode()) if self.group.collective else [b"%d" % latest]
@@ -441,6 +443,38 @@ class Run:
             raise ckpt.CheckpointError(f"{state_path}: cannot resume from it ({exc})") from exc
         self.resumed = True
         return latest
+
+    def _check_shared(self) -> None:
+        """Every rank must write into the same folder: rank 0 writes the model and DONE there, each
+        rank its state file. A folder local to each node trained on without complaint and failed
+        only at -y 1, after the fault, with the ranks seeing different checkpoints. Rank 0 makes a
+        file of a fresh name; every rank looks for it (a name never looked up before is not in an
+        NFS client's negative cache, and a few seconds cover slower file systems)."""
+        g = self.group
+        if not g.collective or self.world == 1:
+            return
+        token = os.urandom(8).hex() if self.rank == 0 else ""
+        probe = None
+        if self.rank == 0:
+            probe = os.path.join(self.out_dir, f".llmcupy-shared-{token}")
+            with open(probe, "w"):
+                pass
+        try:
+            token = g.allgather_bytes(token.encode())[0].decode()
+            name = f".llmcupy-shared-{token}"
+            deadline = time.monotonic() + 5.0
+            while not (seen := os.path.exists(os.path.join(self.out_dir, name))) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            answers = g.allgather_bytes(b"1" if seen else b"0")
+        finally:
+            if probe is not None:
+                os.unlink(probe)
+        blind = [r for r, a in enumerate(answers) if a != b"1"]
+        if blind:   # every rank has the same answers: rank 0 says it for all
+            raise RunError(f"-o {self.out_dir} is not one folder for every rank: rank(s) {', '.join(map(str, blind))} "
+                           "do not see the files rank 0 writes there (a folder local to each node, or a relative "
+                           "path from different working folders?); checkpoints and -y 1 need a folder every "
+                           "rank shares")
 
     def _remove_stale_temporaries(self) -> None:
         """Deletes the hidden temporaries (see :func:`llmcupy.fileio.atomic_write`) that a run killed

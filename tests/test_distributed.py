@@ -349,6 +349,23 @@ def test_mismatched_flags_and_batch_not_divisible_are_refused(data, tmp_path):
     assert rc != 0 and "-d 192: the total batch size must be a positive multiple of B*T*ranks = 2*32*2 = 128" in err
 
 
+@needs_mpi
+def test_checkpoint_folder_that_is_not_shared_is_refused_at_start(data, tmp_path):
+    # a folder local to each node (here: a relative -o from different working folders) trained on
+    # and failed only at -y 1, after the fault ("the ranks see different newest checkpoints")
+    argv = _args(data, "-b", "2", "-x", "2", "-n", "1", "-o", "ck", "--dist-timeout", "120")
+    cmd = ["mpiexec"]
+    for r in range(2):
+        (tmp_path / f"node{r}").mkdir()
+        cmd += ([":"] if r else []) + ["-n", "1", "-wdir", str(tmp_path / f"node{r}"), sys.executable, "-m",
+                                       "llmcupy.train", *argv]
+    p = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    assert ("error: -o ck is not one folder for every rank: rank(s) 1 do not see the files rank 0 writes there"
+            in p.stderr and p.stderr.count("not one folder") == 1), p.stderr
+    assert "step " not in p.stdout and not list(tmp_path.rglob("*.npz"))
+
+
 def _rank_pid(mpiexec_pid: int, rank: int) -> int | None:
     """The pid of MPI rank ``rank`` among the descendants of our mpiexec (MPICH's PMI_RANK)."""
     def parent(pid):
