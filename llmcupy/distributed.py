@@ -505,8 +505,8 @@ def init(args):
     rank = args.rank if args.rank is not None else _env_int("LLMCUPY_RANK")
     url = args.rendezvous or os.environ.get("LLMCUPY_RENDEZVOUS")
     timeout = float(args.dist_timeout)
-    if timeout <= 0:
-        raise DistError(f"--dist-timeout must be positive (got {timeout:g})")
+    if not timeout > 0:   # nan too: no deadline would ever pass, a hung rank would hang every rank
+        raise DistError(f"--dist-timeout must be a positive number of seconds (got {timeout:g})")
     mpi = launched_by_mpi()
     sim = _backend.is_sim()
     if mpi:
@@ -534,7 +534,9 @@ def init(args):
         return SingleProcess()
     if world is None or rank is None:
         raise DistError("without MPI, give both --world-size and --rank (or LLMCUPY_WORLD_SIZE and LLMCUPY_RANK)")
-    if world < 1 or not 0 <= rank < world:
+    if world < 1:
+        raise DistError(f"--world-size must be at least 1 (got {world})")
+    if not 0 <= rank < world:
         raise DistError(f"--rank {rank} must lie in 0..{world - 1} (--world-size {world})")
     if sim:
         raise DistError("the emulator's collectives run over MPI: launch with mpiexec -n N python -m llmcupy.train "

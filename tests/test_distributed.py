@@ -236,6 +236,22 @@ def test_progress_bars_are_rank_0s(tmp_path, monkeypatch):
     assert drawn[1] == ""
 
 
+@pytest.mark.parametrize("world, rank, timeout, message", [
+    (0, 0, 600.0, "--world-size must be at least 1 (got 0)"),        # was "--rank 0 must lie in 0..-1"
+    (2, 2, 600.0, "--rank 2 must lie in 0..1"),
+    (2, 0, float("nan"), "--dist-timeout must be a positive number"),  # nan was accepted: no deadline
+    (2, 0, -1.0, "--dist-timeout must be a positive number"),
+])
+def test_world_rank_and_timeout_misuse(monkeypatch, world, rank, timeout, message):
+    import argparse
+
+    for k in distributed._MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    args = argparse.Namespace(world_size=world, rank=rank, rendezvous=None, dist_timeout=timeout, gpus_per_node=None)
+    with pytest.raises(distributed.DistError, match=re.escape(message)):
+        distributed.init(args)
+
+
 def test_output_rule_and_bad_combinations(data, tmp_path):
     log = tmp_path / "log.txt"
     log.write_text("old")
