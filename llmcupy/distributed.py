@@ -589,6 +589,23 @@ def abort_active(code: int) -> None:
         group.abort(code)
 
 
+def abort_unjoined(code) -> None:
+    """After an error before this rank joined MPI (a bad flag on one rank only, an input file missing
+    on one node): under mpirun, the others wait in MPI_Init for this rank, forever (MPICH's launcher
+    does not end the job when a process exits without joining). Joining now and aborting ends them.
+    Nothing to do without MPI, or once :func:`init` imported mpi4py (the group's own paths then)."""
+    if not launched_by_mpi() or "mpi4py.MPI" in sys.modules:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return
+    if MPI.COMM_WORLD.Get_size() > 1:
+        MPI.COMM_WORLD.Abort(code if isinstance(code, int) and code else 1)
+
+
 def check_same_flags(group, flags: dict) -> None:
     """Every rank must run with the same flags; rank 0 names the differences, every rank stops."""
     if group.world_size == 1:

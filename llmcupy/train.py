@@ -778,15 +778,18 @@ def benchmark(model: GPT2, loader, args, run=None) -> int:
 def main(argv=None) -> int:
     try:
         rc = _main(argv)
-    except BaseException:
+    except BaseException as exc:
         if distributed.ACTIVE is not None and distributed.ACTIVE.world_size > 1:
             import traceback
 
             traceback.print_exc()          # before MPI_Abort ends this process
             distributed.abort_active(1)
+        elif not isinstance(exc, SystemExit) or exc.code:
+            distributed.abort_unjoined(exc.code if isinstance(exc, SystemExit) else 1)
         raise
     if rc:
         distributed.abort_active(rc)   # the other ranks would wait for this one until the timeout
+        distributed.abort_unjoined(rc)
     return rc
 
 

@@ -382,6 +382,24 @@ def test_checkpoint_folder_that_is_not_shared_is_refused_at_start(data, tmp_path
     assert "step " not in p.stdout and not list(tmp_path.rglob("*.npz"))
 
 
+@needs_mpi
+def test_a_rank_that_fails_before_joining_ends_the_job(data, tmp_path):
+    # one rank's bad flag (or a file missing on its node) ended it before MPI_Init; the others
+    # waited in MPI_Init for it, forever and spinning, past any --dist-timeout
+    argv = _args(data, "-b", "2", "-x", "1", "--dist-timeout", "20")
+    cmd = ["mpiexec", "-n", "1", sys.executable, "-m", "llmcupy.train", *argv,
+           ":", "-n", "1", sys.executable, "-m", "llmcupy.train", *argv, "-b", "x"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)   # mpiexec and the ranks it started
+        proc.communicate()
+        pytest.fail("the job hung after one rank failed before joining MPI")
+    assert proc.returncode == 2 and "error: argument -b/--batch-size: invalid int value: 'x'" in err, err
+
+
 def _rank_pid(mpiexec_pid: int, rank: int) -> int | None:
     """The pid of MPI rank ``rank`` among the descendants of our mpiexec (MPICH's PMI_RANK)."""
     def parent(pid):
