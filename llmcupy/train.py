@@ -738,6 +738,9 @@ def graph_step(model: GPT2, graph, x, y, args, t: int):
 def benchmark(model: GPT2, loader, args, run=None) -> int:
     """One fixed batch, no validation or sampling: warm-up steps, then timed steps."""
     B, T = model.B, model.T
+    # every rank's tokens, as the training loop's step line and llm.c count them (not this rank's B*T)
+    tokens = run.tokens_per_step if run is not None else B * T
+    world = run.world if run is not None else 1
     x, y = loader.next_batch()
     steps = args.steps if args.steps is not None else 10
     times = []
@@ -760,10 +763,11 @@ def benchmark(model: GPT2, loader, args, run=None) -> int:
         if i >= args.warmup:
             times.append(ms)
             launches.append(launch_count() - launches_before)
-            print(f"step {i - args.warmup + 1:4d}/{steps}: train loss {loss:f} ({ms:f} ms, {int(B * T / (ms / 1e3))} tok/s)")
+            print(f"step {i - args.warmup + 1:4d}/{steps}: train loss {loss:f} ({ms:f} ms, {int(tokens / (ms / 1e3))} tok/s)")
     mean, best = float(np.mean(times)), float(np.min(times))
-    print(f"benchmark: B={B} T={T}, {steps} steps after {args.warmup} warm-up: mean {mean:.3f} ms/step, "
-          f"min {best:.3f} ms/step, {B * T / (mean / 1e3):.0f} tok/s"
+    print(f"benchmark: B={B} T={T}" + (f" on each of {world} ranks" if world > 1 else "")
+          + f", {steps} steps after {args.warmup} warm-up: mean {mean:.3f} ms/step, "
+          f"min {best:.3f} ms/step, {tokens / (mean / 1e3):.0f} tok/s"
           + (" with the CUDA graph" + (" (emulated: eager launches)" if graph.emulated else "")
              if args.cuda_graph else ""))
     replayed = args.cuda_graph and graph is not None and not graph.emulated

@@ -400,6 +400,20 @@ def test_a_rank_that_fails_before_joining_ends_the_job(data, tmp_path):
     assert proc.returncode == 2 and "error: argument -b/--batch-size: invalid int value: 'x'" in err, err
 
 
+@needs_mpi
+def test_benchmark_counts_every_ranks_tokens(data, tmp_path):
+    # 2 ranks at -b 2 -t 32 train 128 tokens a step; --benchmark counted one rank's 64 (half the
+    # throughput the training loop's step line and llm.c report)
+    rc, out, err = _mpi(2, _args(data, "-b", "2", "-x", "1", "--benchmark", "--warmup", "0", "--dist-timeout", "120"),
+                        tmp_path)
+    assert rc == 0, out[-2000:] + err[-2000:]
+    ms, tps = re.search(r"^step +1/1: train loss [0-9.]+ \(([0-9.]+) ms, (\d+) tok/s\)$", out, re.M).groups()
+    assert int(tps) == int(128 / (float(ms) / 1e3))
+    mean, total = re.search(r"^benchmark: B=2 T=32 on each of 2 ranks, 1 steps after 0 warm-up: mean ([0-9.]+) "
+                            r"ms/step, .* ([0-9]+) tok/s$", out, re.M).groups()
+    assert abs(int(total) - 128 / (float(mean) / 1e3)) <= 1
+
+
 def _rank_pid(mpiexec_pid: int, rank: int) -> int | None:
     """The pid of MPI rank ``rank`` among the descendants of our mpiexec (MPICH's PMI_RANK)."""
     def parent(pid):
