@@ -487,6 +487,15 @@ def _exchange_tcp(host, port, rank, world_size, make_id, timeout) -> bytes:
                 if n < 0:
                     raise DistError(f"rank {rank}: rank 0 refused this rank (world size {world_size})")
                 return _recv_exact(s, n)
+        except socket.gaierror as exc:
+            # a name no resolver knows (a typo) stays unknown: say so now, not after the whole timeout
+            if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+                raise DistError(f"rank {rank}: --rendezvous tcp://{host}:{port}: the host name {host!r} does not "
+                                f"resolve ({exc.strerror}); give rank 0's host name or address") from None
+            if time.monotonic() > deadline:
+                raise DistError(f"rank {rank}: no rendezvous at tcp://{host}:{port} within {timeout:g} s "
+                                f"({exc.strerror})") from None
+            time.sleep(0.2)
         except OSError:
             if time.monotonic() > deadline:
                 raise DistError(f"rank {rank}: no rendezvous at tcp://{host}:{port} within {timeout:g} s "

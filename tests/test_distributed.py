@@ -185,6 +185,22 @@ def test_rendezvous_urls_that_cannot_work_are_refused_before_anything_is_written
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["shared"]
 
 
+def test_tcp_rendezvous_host_that_does_not_resolve_is_said_at_once():
+    # a misspelt host was retried until the timeout (at least 300 s), then "no rendezvous ... within"
+    import socket
+
+    try:
+        socket.getaddrinfo("node1.invalid", 29500)
+        pytest.skip("this resolver answers for .invalid names")
+    except socket.gaierror as exc:
+        if exc.errno != socket.EAI_NONAME:
+            pytest.skip(f"no resolver to say the name is unknown here ({exc})")
+    t0 = time.monotonic()
+    with pytest.raises(distributed.DistError, match="the host name 'node1.invalid' does not resolve"):
+        distributed.exchange_id("tcp://node1.invalid:29500", 1, 2, lambda: b"id", timeout=60)
+    assert time.monotonic() - t0 < 30
+
+
 def test_rendezvous_waits_the_start_up_floor_not_a_short_dist_timeout(monkeypatch):
     # --dist-timeout 10 (to catch hung ranks quickly) gave a rank that started 11 s after rank 0
     # "no rendezvous ... within 10 s", although collectives wait at least STARTUP_TIMEOUT until step 1
