@@ -459,7 +459,12 @@ def _exchange_tcp(host, port, rank, world_size, make_id, timeout) -> bytes:
     deadline = time.monotonic() + timeout
     if rank == 0:
         data = make_id()
-        with socket.create_server(("", port), reuse_port=False) as server:
+        try:
+            server = socket.create_server(("", port), reuse_port=False)
+        except OSError as exc:   # was "[Errno 98] Address already in use", naming neither flag nor port
+            raise DistError(f"rank 0: cannot listen on port {port} for --rendezvous tcp://{host}:{port} "
+                            f"({exc.strerror}); choose a free port, the same for every rank") from None
+        with server:
             server.settimeout(timeout)
             joined = set()
             while len(joined) < world_size - 1:

@@ -201,6 +201,16 @@ def test_tcp_rendezvous_host_that_does_not_resolve_is_said_at_once():
     assert time.monotonic() - t0 < 30
 
 
+def test_tcp_rendezvous_port_in_use_is_named():
+    import socket
+
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(distributed.DistError, match=f"rank 0: cannot listen on port {port} for --rendezvous "
+                                                        f"tcp://127.0.0.1:{port} .*choose a free port"):
+            distributed.exchange_id(f"tcp://127.0.0.1:{port}", 0, 2, lambda: b"id", timeout=5)
+
+
 def test_rendezvous_waits_the_start_up_floor_not_a_short_dist_timeout(monkeypatch):
     # --dist-timeout 10 (to catch hung ranks quickly) gave a rank that started 11 s after rank 0
     # "no rendezvous ... within 10 s", although collectives wait at least STARTUP_TIMEOUT until step 1
