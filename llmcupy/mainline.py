@@ -402,9 +402,13 @@ class Run:
         if cfg != model.config:
             raise ckpt.CheckpointError(f"{model_path} holds a model {cfg}; this run's model is {model.config}")
         if not os.path.exists(state_path):
+            writers = self._done_world(done_path)
+            if writers == self.world:   # was "written by 0 rank(s)": a deleted file, not another world size
+                raise ckpt.CheckpointError(f"{state_path} is missing from the complete checkpoint at step {latest} "
+                                           f"(deleted?); {fall_back}")
             raise ckpt.CheckpointError(
                 f"{state_path} is missing: the checkpoint at step {latest} was written by "
-                f"{self._writers(latest)} rank(s), this run has {self.world}")
+                f"{writers if writers is not None else self._writers(latest)} rank(s), this run has {self.world}")
         try:
             with open(state_path, "rb") as f, np.load(f, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
@@ -490,6 +494,15 @@ class Run:
                     print(f"removed {tmp} ({size / 2**20:.1f} MiB), left by an interrupted save")
                 except OSError:
                     pass
+
+    @staticmethod
+    def _done_world(done_path: str) -> int | None:
+        """The world size a DONE file records (maybe_checkpoint writes it), or None if unreadable."""
+        try:
+            with open(done_path) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
 
     def _writers(self, step: int) -> int:
         return len(glob.glob(os.path.join(glob.escape(self.out_dir), f"state_{step:08d}_*.npz")))

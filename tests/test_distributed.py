@@ -327,6 +327,11 @@ def test_a_damaged_checkpoint_is_one_line_saying_how_to_fall_back(data, tmp_path
     assert (f"{state}: not a readable checkpoint state (truncated or corrupt?)" in err
             and f"remove {out / 'DONE_00000002'} to resume from the checkpoint before it" in err), err
     assert len(err.strip().splitlines()) == 1, err
+    # a deleted state file of the same world size was "written by 0 rank(s), this run has 1"
+    state.unlink()
+    rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-o", out, "-u", "1", "-y", "1"))
+    assert rc == 2 and (f"{state} is missing from the complete checkpoint at step 2 (deleted?); remove "
+                        f"{out / 'DONE_00000002'} to resume from the checkpoint before it") in err, stdout + err
     # as it says: without that DONE file, the checkpoint at step 1 is the newest complete one
     (out / "DONE_00000002").unlink()
     # the temporaries of a run killed mid-save (SIGTERM) stayed in the folder for good
