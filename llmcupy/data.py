@@ -279,9 +279,10 @@ class DataLoader:
             # scanning every id takes about a second per 500 M tokens: FineWeb-10B's shards take ~20 s
             from tqdm import tqdm
 
-            # disable=None: a bar on a terminal only (no \r clutter in logs); leave=False: gone when done
-            checked = tqdm(files, desc="checking token files", unit="file", leave=False, disable=None,
-                           file=sys.stderr)
+            # disable=None: a bar on a terminal only (no \r clutter in logs); leave=False: gone when done;
+            # rank 0's only: several ranks on one terminal (srun --pty) would draw over one another
+            checked = tqdm(files, desc="checking token files", unit="file", leave=False,
+                           disable=None if self.process_rank == 0 else True, file=sys.stderr)
         for path in checked:  # validate every shard up front so no error waits for epoch 2
             n = token_count(path)
             if n < need:

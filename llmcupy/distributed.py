@@ -387,13 +387,33 @@ def _nccl_comm_id(data: bytes, cupy_version: str | None = None):
 def exchange_id(url: str, rank: int, world_size: int, make_id, timeout: float) -> bytes:
     """Rank 0 calls ``make_id()`` (bytes) and hands it to every other rank through ``url``
     (``tcp://HOST:PORT`` or ``file:///path``); every rank returns the same bytes."""
+    check_rendezvous(url)
     u = urlparse(url)
     if u.scheme == "file":
         return _exchange_file(u.path, rank, world_size, make_id, timeout)
+    return _exchange_tcp(u.hostname, u.port, rank, world_size, make_id, timeout)
+
+
+def check_rendezvous(url: str) -> None:
+    """A --rendezvous URL exchange_id can use, or a DistError saying what to give instead."""
+    u = urlparse(url)
+    if u.scheme == "file":
+        # file://shared/rdv parses as host "shared", path "/rdv": it would have written /rdv
+        if u.netloc not in ("", "localhost") or not u.path:
+            raise DistError(f"--rendezvous {url!r}: expected file:///shared/path (three slashes: an absolute path)")
+        if u.path.endswith("/") or os.path.isdir(u.path):
+            # was "already exists ... remove it" (the user's shared folder), or a rename onto a folder
+            raise DistError(f"--rendezvous {url!r} names a folder; name a file that does not exist yet in a folder "
+                            f"every node sees, e.g. file://{u.path.rstrip('/')}/llmcupy-rendezvous")
+        return
     if u.scheme == "tcp":
-        if not u.hostname or not u.port:
+        try:
+            port = u.port
+        except ValueError:   # tcp://host:http or a port past 65535
+            port = None
+        if not u.hostname or not port:
             raise DistError(f"--rendezvous {url!r}: expected tcp://HOST:PORT")
-        return _exchange_tcp(u.hostname, u.port, rank, world_size, make_id, timeout)
+        return
     raise DistError(f"--rendezvous {url!r}: expected tcp://HOST:PORT or file:///shared/path")
 
 
@@ -439,7 +459,12 @@ def _exchange_tcp(host, port, rank, world_size, make_id, timeout) -> bytes:
     deadline = time.monotonic() + timeout
     if rank == 0:
         data = make_id()
-        with socket.create_server(("", port), reuse_port=False) as server:
+        try:
+            server = socket.create_server(("", port), reuse_port=False)
+        except OSError as exc:   # was "[Errno 98] Address already in use", naming neither flag nor port
+            raise DistError(f"rank 0: cannot listen on port {port} for --rendezvous tcp://{host}:{port} "
+                            f"({exc.strerror}); choose a free port, the same for every rank") from None
+        with server:
             server.settimeout(timeout)
             joined = set()
             while len(joined) < world_size - 1:
@@ -467,6 +492,15 @@ def _exchange_tcp(host, port, rank, world_size, make_id, timeout) -> bytes:
                 if n < 0:
                     raise DistError(f"rank {rank}: rank 0 refused this rank (world size {world_size})")
                 return _recv_exact(s, n)
+        except socket.gaierror as exc:
+            # a name no resolver knows (a typo) stays unknown: say so now, not after the whole timeout
+            if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+                raise DistError(f"rank {rank}: --rendezvous tcp://{host}:{port}: the host name {host!r} does not "
+                                f"resolve ({exc.strerror}); give rank 0's host name or address") from None
+            if time.monotonic() > deadline:
+                raise DistError(f"rank {rank}: no rendezvous at tcp://{host}:{port} within {timeout:g} s "
+                                f"({exc.strerror})") from None
+            time.sleep(0.2)
         except OSError:
             if time.monotonic() > deadline:
                 raise DistError(f"rank {rank}: no rendezvous at tcp://{host}:{port} within {timeout:g} s "
@@ -485,8 +519,8 @@ def init(args):
     rank = args.rank if args.rank is not None else _env_int("LLMCUPY_RANK")
     url = args.rendezvous or os.environ.get("LLMCUPY_RENDEZVOUS")
     timeout = float(args.dist_timeout)
-    if timeout <= 0:
-        raise DistError(f"--dist-timeout must be positive (got {timeout:g})")
+    if not timeout > 0:   # nan too: no deadline would ever pass, a hung rank would hang every rank
+        raise DistError(f"--dist-timeout must be a positive number of seconds (got {timeout:g})")
     mpi = launched_by_mpi()
     sim = _backend.is_sim()
     if mpi:
@@ -514,7 +548,9 @@ def init(args):
         return SingleProcess()
     if world is None or rank is None:
         raise DistError("without MPI, give both --world-size and --rank (or LLMCUPY_WORLD_SIZE and LLMCUPY_RANK)")
-    if world < 1 or not 0 <= rank < world:
+    if world < 1:
+        raise DistError(f"--world-size must be at least 1 (got {world})")
+    if not 0 <= rank < world:
         raise DistError(f"--rank {rank} must lie in 0..{world - 1} (--world-size {world})")
     if sim:
         raise DistError("the emulator's collectives run over MPI: launch with mpiexec -n N python -m llmcupy.train "
@@ -523,6 +559,8 @@ def init(args):
         if world > 1:
             raise DistError("without MPI, give a rendezvous: --rendezvous tcp://HOST:PORT or file:///shared/path")
         url = None
+    else:
+        check_rendezvous(url)   # before a GPU is touched
     gpn = args.gpus_per_node
     import cupy
 
@@ -531,7 +569,9 @@ def init(args):
     from cupy.cuda import nccl
 
     make = lambda: _nccl_id_bytes(nccl.get_unique_id())  # noqa: E731
-    data = make() if url is None else exchange_id(url, rank, world, make, timeout)
+    # ranks of one job start minutes apart (a queue, a slow file system) without a fault: the start-up
+    # floor of the collectives applies to the rendezvous too (a short --dist-timeout catches hangs later)
+    data = make() if url is None else exchange_id(url, rank, world, make, max(timeout, STARTUP_TIMEOUT))
     folder = None
     if url and urlparse(url).scheme == "file":
         folder = os.path.dirname(urlparse(url).path) or "."
@@ -561,6 +601,23 @@ def abort_active(code: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         group.abort(code)
+
+
+def abort_unjoined(code) -> None:
+    """After an error before this rank joined MPI (a bad flag on one rank only, an input file missing
+    on one node): under mpirun, the others wait in MPI_Init for this rank, forever (MPICH's launcher
+    does not end the job when a process exits without joining). Joining now and aborting ends them.
+    Nothing to do without MPI, or once :func:`init` imported mpi4py (the group's own paths then)."""
+    if not launched_by_mpi() or "mpi4py.MPI" in sys.modules:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return
+    if MPI.COMM_WORLD.Get_size() > 1:
+        MPI.COMM_WORLD.Abort(code if isinstance(code, int) and code else 1)
 
 
 def check_same_flags(group, flags: dict) -> None:

@@ -17,7 +17,8 @@ Flags (llm.c's letters where it has them):
   readable with ``-e``), one ``state_%08d_%05d.npz`` per rank (its m/v or their shard, its data
   loader and sampling RNG), then ``DONE_%08d`` once every rank has written (each file atomic, so a
   checkpoint without its DONE is ignored); ``-nk K`` keeps the last K (0: all); ``-y 1`` resumes
-  from the newest complete checkpoint in DIR (starts fresh if there is none).
+  from the newest complete checkpoint in DIR (starts fresh if there is none); without ``-y 1``,
+  ``-n`` into a folder holding complete checkpoints is refused (it would overwrite them).
 
 **The ``-o`` rule.** ``-o PATH`` names the log file (the FP32 trainer's meaning) unless PATH is a
 directory: an existing directory, a path ending in ``/``, or any path when ``-n`` or ``-y`` is
@@ -35,6 +36,7 @@ import math
 import os
 import re
 import sys
+import time
 import zipfile
 
 import numpy as np
@@ -307,14 +309,20 @@ class Run:
                 os.path.join(d, f"state_{step:08d}_{self.rank if rank is None else rank:05d}.npz"),
                 os.path.join(d, f"DONE_{step:08d}"))
 
-    def maybe_checkpoint(self, model, loader, rng, step: int) -> None:
-        """After step ``step`` (1-based count of steps done): a checkpoint every ``-n`` steps."""
+    def kept_text(self, step: int) -> str:
+        """Where a stopped run (non-finite loss, Ctrl-C) continues from: the checkpoint at ``step``."""
+        return f"the newest checkpoint is in {self.out_dir}, at step {step}: -y 1 resumes from it"
+
+    def maybe_checkpoint(self, model, loader, rng, step: int, kept: str | None = None) -> bool:
+        """After step ``step`` (1-based count of steps done): a checkpoint every ``-n`` steps.
+        True when one was written; ``kept`` says which earlier one is left (for the refusal)."""
         n = self.args.checkpoint_every
         if not n or step % n:
-            return
+            return False
         params = model.params_numpy()
         if not np.isfinite(params).all():
-            raise FloatingPointError(f"the parameters are not finite after step {step}; not saving a checkpoint")
+            raise FloatingPointError(f"the parameters are not finite after step {step}; not saving a checkpoint "
+                                     f"({kept or 'no checkpoint was saved by this run'})")
         model_path, state_path, done_path = self._paths(step)
         P = model.num_parameters()
         S, start, end = self._shard_bounds(P)
@@ -337,6 +345,7 @@ class Run:
                 f.write(f"{self.world}\n".encode())
             print(f"saved checkpoint at step {step} to {self.out_dir}")
             self._prune()
+        return True
 
     def _done_steps(self) -> list[int]:
         steps = []
@@ -360,15 +369,26 @@ class Run:
                     pass
 
     def resume(self, model, loader, rng) -> int:
-        """-y 1: loads the newest complete checkpoint of -o DIR; returns its step (0: none)."""
-        if not self.args.resume_latest:
+        """-y 1: loads the newest complete checkpoint of -o DIR; returns its step (0: none).
+        Without -y 1, a run that will checkpoint (-n) into a folder holding complete checkpoints
+        is refused: it would overwrite them, and a later -y 1 could continue the earlier run's."""
+        if not self.args.resume_latest and not self.args.checkpoint_every:
             return 0
+        if self.rank == 0:
+            self._remove_stale_temporaries()
+        self._check_shared()
         steps = self._done_steps()
         latest = steps[-1] if steps else 0
         seen = self.group.allgather_bytes(str(latest).encode()) if self.group.collective else [b"%d" % latest]
         if len(set(seen)) != 1:
             raise dist.DistError(f"the ranks see different newest checkpoints in {self.out_dir} "
                                  f"({', '.join(s.decode() for s in seen)}): is -o on a folder every node shares?")
+        if not self.args.resume_latest:
+            if latest:   # the same verdict on every rank (seen agrees): rank 0 says it for all
+                raise RunError(f"-o {self.out_dir} holds the checkpoints of an earlier run (the newest at step "
+                               f"{latest}); continue it with -y 1, or give another folder (this run's checkpoints "
+                               "would overwrite them)")
+            return 0
         if not latest:
             print(f"-y 1: no complete checkpoint in {self.out_dir}; starting from the beginning")
             return 0
@@ -382,9 +402,13 @@ class Run:
         if cfg != model.config:
             raise ckpt.CheckpointError(f"{model_path} holds a model {cfg}; this run's model is {model.config}")
         if not os.path.exists(state_path):
+            writers = self._done_world(done_path)
+            if writers == self.world:   # was "written by 0 rank(s)": a deleted file, not another world size
+                raise ckpt.CheckpointError(f"{state_path} is missing from the complete checkpoint at step {latest} "
+                                           f"(deleted?); {fall_back}")
             raise ckpt.CheckpointError(
                 f"{state_path} is missing: the checkpoint at step {latest} was written by "
-                f"{self._writers(latest)} rank(s), this run has {self.world}")
+                f"{writers if writers is not None else self._writers(latest)} rank(s), this run has {self.world}")
         try:
             with open(state_path, "rb") as f, np.load(f, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
@@ -423,6 +447,62 @@ class Run:
             raise ckpt.CheckpointError(f"{state_path}: cannot resume from it ({exc})") from exc
         self.resumed = True
         return latest
+
+    def _check_shared(self) -> None:
+        """Every rank must write into the same folder: rank 0 writes the model and DONE there, each
+        rank its state file. A folder local to each node trained on without complaint and failed
+        only at -y 1, after the fault, with the ranks seeing different checkpoints. Rank 0 makes a
+        file of a fresh name; every rank looks for it (a name never looked up before is not in an
+        NFS client's negative cache, and a few seconds cover slower file systems)."""
+        g = self.group
+        if not g.collective or self.world == 1:
+            return
+        token = os.urandom(8).hex() if self.rank == 0 else ""
+        probe = None
+        if self.rank == 0:
+            probe = os.path.join(self.out_dir, f".llmcupy-shared-{token}")
+            with open(probe, "w"):
+                pass
+        try:
+            token = g.allgather_bytes(token.encode())[0].decode()
+            name = f".llmcupy-shared-{token}"
+            deadline = time.monotonic() + 5.0
+            while not (seen := os.path.exists(os.path.join(self.out_dir, name))) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            answers = g.allgather_bytes(b"1" if seen else b"0")
+        finally:
+            if probe is not None:
+                os.unlink(probe)
+        blind = [r for r, a in enumerate(answers) if a != b"1"]
+        if blind:   # every rank has the same answers: rank 0 says it for all
+            raise RunError(f"-o {self.out_dir} is not one folder for every rank: rank(s) {', '.join(map(str, blind))} "
+                           "do not see the files rank 0 writes there (a folder local to each node, or a relative "
+                           "path from different working folders?); checkpoints and -y 1 need a folder every "
+                           "rank shares")
+
+    def _remove_stale_temporaries(self) -> None:
+        """Deletes the hidden temporaries (see :func:`llmcupy.fileio.atomic_write`) that a run killed
+        mid-save (SIGTERM, SIGKILL, a lost node) left in the folder: as big as a model or a rank's
+        AdamW state each, and never reused. No rank writes a checkpoint before the first step, which
+        needs rank 0, so none of them is being written now."""
+        d = glob.escape(self.out_dir)
+        for pattern in (".model_*.bin.*.tmp", ".state_*.npz.*.tmp", ".DONE_*.*.tmp"):
+            for tmp in glob.glob(os.path.join(d, pattern)):
+                try:
+                    size = os.path.getsize(tmp)
+                    os.unlink(tmp)
+                    print(f"removed {tmp} ({size / 2**20:.1f} MiB), left by an interrupted save")
+                except OSError:
+                    pass
+
+    @staticmethod
+    def _done_world(done_path: str) -> int | None:
+        """The world size a DONE file records (maybe_checkpoint writes it), or None if unreadable."""
+        try:
+            with open(done_path) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
 
     def _writers(self, step: int) -> int:
         return len(glob.glob(os.path.join(glob.escape(self.out_dir), f"state_{step:08d}_*.npz")))

@@ -496,6 +496,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
     run.start(train_num_batches)
     rng = XorShiftRNG(1337)
     start_step = 0
+    kept = None   # which saved state is left as it was, for the message of a non-finite loss or Ctrl-C
     if state is not None:
         try:
             train_loader.load_state_dict(state.loaders["train"])
@@ -511,13 +512,14 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             raise SystemExit(f"error: {args.resume} is at step {start_step}, past this run's last step "
                              f"{train_num_batches}; give a larger --steps")
         source = f"resumed from {args.resume} at step {start_step}"
-    if args.resume_latest:
+    if args.resume_latest or args.checkpoint_every:
         start_step = run.resume(model, train_loader, rng)
         if start_step > train_num_batches:
             raise SystemExit(f"error: the newest checkpoint in {run.out_dir} is at step {start_step}, past this "
                              f"run's last step {train_num_batches}; give a larger -x")
         if run.resumed:
             source = f"{source}, resumed from {run.out_dir} at step {start_step}"
+            kept = run.kept_text(start_step)
 
     print_table([
         ("train data", args.train_data), ("val data", args.val_data), ("log file", args.log or "NULL"),
@@ -553,8 +555,8 @@ def _train(args, scope: contextlib.ExitStack) -> int:
         remove_stale_temporaries(args.save_path)
     resumed = state is not None or run.resumed
     logger = Logger(args.log, resume_step=start_step if resumed else None)
-    # which saved state is left as it was, for the message of a non-finite loss
-    kept = f"the state resumed from, {args.resume} at step {start_step}, is unchanged" if state is not None else None
+    if state is not None:
+        kept = f"the state resumed from, {args.resume} at step {start_step}, is unchanged"
     total_ms = 0.0
     timed_steps = 0
     graph = None
@@ -600,7 +602,8 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             if args.save_every and (step + 1) % args.save_every == 0:
                 save_state(model, train_loader, rng, step + 1, args.save_path, kept)
                 kept = f"the last state saved is in {args.save_path}, at step {step + 1}"
-            run.maybe_checkpoint(model, train_loader, rng, step + 1)
+            if run.maybe_checkpoint(model, train_loader, rng, step + 1, kept):
+                kept = run.kept_text(step + 1)
     except KeyboardInterrupt as exc:
         if exc.args:   # raised by save_state after a completed save: its message says so
             raise
@@ -672,7 +675,10 @@ def remove_stale_temporaries(path: str) -> None:
 
 def progress(iterable, desc: str):
     """A progress bar on a terminal (tqdm's disable=None: none when stderr is not a TTY, so logs
-    get no \\r clutter); the plain iterable otherwise."""
+    get no \\r clutter), on rank 0 only (ranks sharing a terminal would draw over one another);
+    the plain iterable otherwise."""
+    if distributed.RANK != 0:
+        return iterable
     try:
         from tqdm import tqdm
     except ImportError:
@@ -732,6 +738,9 @@ def graph_step(model: GPT2, graph, x, y, args, t: int):
 def benchmark(model: GPT2, loader, args, run=None) -> int:
     """One fixed batch, no validation or sampling: warm-up steps, then timed steps."""
     B, T = model.B, model.T
+    # every rank's tokens, as the training loop's step line and llm.c count them (not this rank's B*T)
+    tokens = run.tokens_per_step if run is not None else B * T
+    world = run.world if run is not None else 1
     x, y = loader.next_batch()
     steps = args.steps if args.steps is not None else 10
     times = []
@@ -754,10 +763,11 @@ def benchmark(model: GPT2, loader, args, run=None) -> int:
         if i >= args.warmup:
             times.append(ms)
             launches.append(launch_count() - launches_before)
-            print(f"step {i - args.warmup + 1:4d}/{steps}: train loss {loss:f} ({ms:f} ms, {int(B * T / (ms / 1e3))} tok/s)")
+            print(f"step {i - args.warmup + 1:4d}/{steps}: train loss {loss:f} ({ms:f} ms, {int(tokens / (ms / 1e3))} tok/s)")
     mean, best = float(np.mean(times)), float(np.min(times))
-    print(f"benchmark: B={B} T={T}, {steps} steps after {args.warmup} warm-up: mean {mean:.3f} ms/step, "
-          f"min {best:.3f} ms/step, {B * T / (mean / 1e3):.0f} tok/s"
+    print(f"benchmark: B={B} T={T}" + (f" on each of {world} ranks" if world > 1 else "")
+          + f", {steps} steps after {args.warmup} warm-up: mean {mean:.3f} ms/step, "
+          f"min {best:.3f} ms/step, {tokens / (mean / 1e3):.0f} tok/s"
           + (" with the CUDA graph" + (" (emulated: eager launches)" if graph.emulated else "")
              if args.cuda_graph else ""))
     replayed = args.cuda_graph and graph is not None and not graph.emulated
@@ -772,15 +782,18 @@ def benchmark(model: GPT2, loader, args, run=None) -> int:
 def main(argv=None) -> int:
     try:
         rc = _main(argv)
-    except BaseException:
+    except BaseException as exc:
         if distributed.ACTIVE is not None and distributed.ACTIVE.world_size > 1:
             import traceback
 
             traceback.print_exc()          # before MPI_Abort ends this process
             distributed.abort_active(1)
+        elif not isinstance(exc, SystemExit) or exc.code:
+            distributed.abort_unjoined(exc.code if isinstance(exc, SystemExit) else 1)
         raise
     if rc:
         distributed.abort_active(rc)   # the other ranks would wait for this one until the timeout
+        distributed.abort_unjoined(rc)
     return rc
 
 

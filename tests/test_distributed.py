@@ -169,6 +169,115 @@ def test_rendezvous_hands_rank_0s_id_to_every_rank(tmp_path, scheme):
                                 1, 3, lambda: secret, timeout=0.5)
 
 
+def test_rendezvous_urls_that_cannot_work_are_refused_before_anything_is_written(tmp_path):
+    # a folder was "already exists ... remove it" (the user's shared folder), a new one with a
+    # trailing / a NotADirectoryError with a temporary left in it; file://shared/rdv wrote /rdv;
+    # tcp://host:abc a ValueError traceback
+    (tmp_path / "shared").mkdir()
+    cases = [(f"file://{tmp_path}/shared", "names a folder; name a file that does not exist yet"),
+             (f"file://{tmp_path}/new/", "names a folder"),
+             ("file://shared/rdv", "expected file:///shared/path"),
+             ("tcp://node1:abc", "expected tcp://HOST:PORT"), ("tcp://node1", "expected tcp://HOST:PORT")]
+    for url, message in cases:
+        for rank in (0, 1):
+            with pytest.raises(distributed.DistError, match=re.escape(message)):
+                distributed.exchange_id(url, rank, 2, lambda: b"id", timeout=0.5)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["shared"]
+
+
+def test_tcp_rendezvous_host_that_does_not_resolve_is_said_at_once():
+    # a misspelt host was retried until the timeout (at least 300 s), then "no rendezvous ... within"
+    import socket
+
+    try:
+        socket.getaddrinfo("node1.invalid", 29500)
+        pytest.skip("this resolver answers for .invalid names")
+    except socket.gaierror as exc:
+        if exc.errno != socket.EAI_NONAME:
+            pytest.skip(f"no resolver to say the name is unknown here ({exc})")
+    t0 = time.monotonic()
+    with pytest.raises(distributed.DistError, match="the host name 'node1.invalid' does not resolve"):
+        distributed.exchange_id("tcp://node1.invalid:29500", 1, 2, lambda: b"id", timeout=60)
+    assert time.monotonic() - t0 < 30
+
+
+def test_tcp_rendezvous_port_in_use_is_named():
+    import socket
+
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(distributed.DistError, match=f"rank 0: cannot listen on port {port} for --rendezvous "
+                                                        f"tcp://127.0.0.1:{port} .*choose a free port"):
+            distributed.exchange_id(f"tcp://127.0.0.1:{port}", 0, 2, lambda: b"id", timeout=5)
+
+
+def test_rendezvous_waits_the_start_up_floor_not_a_short_dist_timeout(monkeypatch):
+    # --dist-timeout 10 (to catch hung ranks quickly) gave a rank that started 11 s after rank 0
+    # "no rendezvous ... within 10 s", although collectives wait at least STARTUP_TIMEOUT until step 1
+    import argparse
+
+    waited = []
+
+    class Seen(Exception):
+        pass
+
+    def exchange(url, rank, world_size, make_id, timeout):
+        waited.append(timeout)
+        raise Seen
+
+    monkeypatch.setattr(distributed, "exchange_id", exchange)
+    monkeypatch.setattr(distributed, "_select_device", lambda local, rank: None)
+    monkeypatch.setattr(distributed._backend, "is_sim", lambda: False)
+    for k in distributed._MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    args = argparse.Namespace(world_size=2, rank=1, rendezvous="tcp://127.0.0.1:29500", dist_timeout=10.0,
+                              gpus_per_node=1)
+    with pytest.raises(Seen):
+        distributed.init(args)
+    assert waited == [distributed.STARTUP_TIMEOUT]
+
+
+def test_progress_bars_are_rank_0s(tmp_path, monkeypatch):
+    # on a terminal every rank drew its own "checking token files" and "validation" bars
+    import io
+
+    from llmcupy import train
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    rng = np.random.default_rng(2)
+    for i in range(2):
+        write_tokens(tmp_path / f"t{i}.bin", rng.integers(0, 50257, 65))
+    drawn = {}
+    for rank in (0, 1):
+        term = Terminal()
+        monkeypatch.setattr(sys, "stderr", term)
+        monkeypatch.setattr(distributed, "RANK", rank)
+        DataLoader(str(tmp_path / "t*.bin"), 2, 4, vocab_size=50257, process_rank=rank, num_processes=2)
+        list(train.progress(range(3), "validation"))
+        drawn[rank] = term.getvalue()
+    assert "checking token files" in drawn[0] and "validation" in drawn[0]
+    assert drawn[1] == ""
+
+
+@pytest.mark.parametrize("world, rank, timeout, message", [
+    (0, 0, 600.0, "--world-size must be at least 1 (got 0)"),        # was "--rank 0 must lie in 0..-1"
+    (2, 2, 600.0, "--rank 2 must lie in 0..1"),
+    (2, 0, float("nan"), "--dist-timeout must be a positive number"),  # nan was accepted: no deadline
+    (2, 0, -1.0, "--dist-timeout must be a positive number"),
+])
+def test_world_rank_and_timeout_misuse(monkeypatch, world, rank, timeout, message):
+    import argparse
+
+    for k in distributed._MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    args = argparse.Namespace(world_size=world, rank=rank, rendezvous=None, dist_timeout=timeout, gpus_per_node=None)
+    with pytest.raises(distributed.DistError, match=re.escape(message)):
+        distributed.init(args)
+
+
 def test_output_rule_and_bad_combinations(data, tmp_path):
     log = tmp_path / "log.txt"
     log.write_text("old")
@@ -198,6 +307,12 @@ def test_output_folder_holds_the_log_and_checkpoints(data, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["DONE_00000002", "main.log", "model_00000002.bin",
                                                       "state_00000002_00000.npz"]
     assert re.search(r"norm [0-9.]+ lr 3\.0000e-04$", stdout, re.M)   # warm-up: step 1 at lr/1, step 2 at lr
+    # the same command again without -y 1 overwrote them, and a later -y 1 could continue either run
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-n", "1", "-o", out, "-l", "1e-3"))
+    assert rc == 2 and (f"-o {out} holds the checkpoints of an earlier run (the newest at step 2); continue it "
+                        "with -y 1, or give another folder") in err, stdout + err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_a_damaged_checkpoint_is_one_line_saying_how_to_fall_back(data, tmp_path):
@@ -212,10 +327,29 @@ def test_a_damaged_checkpoint_is_one_line_saying_how_to_fall_back(data, tmp_path
     assert (f"{state}: not a readable checkpoint state (truncated or corrupt?)" in err
             and f"remove {out / 'DONE_00000002'} to resume from the checkpoint before it" in err), err
     assert len(err.strip().splitlines()) == 1, err
+    # a deleted state file of the same world size was "written by 0 rank(s), this run has 1"
+    state.unlink()
+    rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-o", out, "-u", "1", "-y", "1"))
+    assert rc == 2 and (f"{state} is missing from the complete checkpoint at step 2 (deleted?); remove "
+                        f"{out / 'DONE_00000002'} to resume from the checkpoint before it") in err, stdout + err
     # as it says: without that DONE file, the checkpoint at step 1 is the newest complete one
     (out / "DONE_00000002").unlink()
+    # the temporaries of a run killed mid-save (SIGTERM) stayed in the folder for good
+    stale = [out / ".model_00000003.bin.k1ll3d.tmp", out / ".state_00000003_00000.npz.k1ll3d.tmp"]
+    for p in stale:
+        p.write_bytes(b"half")
     rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-o", out, "-u", "1", "-y", "1"))
     assert rc == 0 and "resumed from" in stdout and "at step 1" in stdout, stdout + err
+    assert not any(p.exists() for p in stale) and f"removed {stale[0]} (0.0 MiB), left by an interrupted save" in stdout
+
+
+def test_a_non_finite_loss_names_the_newest_checkpoint(data, tmp_path):
+    # said "no training state was saved by this run" although -n had saved a checkpoint at step 1
+    out = tmp_path / "run"
+    rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-n", "1", "-o", out, "-l", "1e30"))
+    assert rc == 3, stdout + err
+    assert (f"train loss is nan at step 2; stopping (the newest checkpoint is in {out}, at step 1: -y 1 resumes "
+            "from it)") in err, err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,6 +394,55 @@ def test_mismatched_flags_and_batch_not_divisible_are_refused(data, tmp_path):
     assert err.count("different flags") == 1          # rank 0 says it, once
     rc, out, err = _mpi(2, base + ["-d", "192"], tmp_path, timeout=120)
     assert rc != 0 and "-d 192: the total batch size must be a positive multiple of B*T*ranks = 2*32*2 = 128" in err
+
+
+@needs_mpi
+def test_checkpoint_folder_that_is_not_shared_is_refused_at_start(data, tmp_path):
+    # a folder local to each node (here: a relative -o from different working folders) trained on
+    # and failed only at -y 1, after the fault ("the ranks see different newest checkpoints")
+    argv = _args(data, "-b", "2", "-x", "2", "-n", "1", "-o", "ck", "--dist-timeout", "120")
+    cmd = ["mpiexec"]
+    for r in range(2):
+        (tmp_path / f"node{r}").mkdir()
+        cmd += ([":"] if r else []) + ["-n", "1", "-wdir", str(tmp_path / f"node{r}"), sys.executable, "-m",
+                                       "llmcupy.train", *argv]
+    p = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    assert ("error: -o ck is not one folder for every rank: rank(s) 1 do not see the files rank 0 writes there"
+            in p.stderr and p.stderr.count("not one folder") == 1), p.stderr
+    assert "step " not in p.stdout and not list(tmp_path.rglob("*.npz"))
+
+
+@needs_mpi
+def test_a_rank_that_fails_before_joining_ends_the_job(data, tmp_path):
+    # one rank's bad flag (or a file missing on its node) ended it before MPI_Init; the others
+    # waited in MPI_Init for it, forever and spinning, past any --dist-timeout
+    argv = _args(data, "-b", "2", "-x", "1", "--dist-timeout", "20")
+    cmd = ["mpiexec", "-n", "1", sys.executable, "-m", "llmcupy.train", *argv,
+           ":", "-n", "1", sys.executable, "-m", "llmcupy.train", *argv, "-b", "x"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)   # mpiexec and the ranks it started
+        proc.communicate()
+        pytest.fail("the job hung after one rank failed before joining MPI")
+    assert proc.returncode == 2 and "error: argument -b/--batch-size: invalid int value: 'x'" in err, err
+
+
+@needs_mpi
+def test_benchmark_counts_every_ranks_tokens(data, tmp_path):
+    # 2 ranks at -b 2 -t 32 train 128 tokens a step; --benchmark counted one rank's 64 (half the
+    # throughput the training loop's step line and llm.c report)
+    rc, out, err = _mpi(2, _args(data, "-b", "2", "-x", "1", "--benchmark", "--warmup", "0", "--dist-timeout", "120"),
+                        tmp_path)
+    assert rc == 0, out[-2000:] + err[-2000:]
+    ms, tps = re.search(r"^step +1/1: train loss [0-9.]+ \(([0-9.]+) ms, (\d+) tok/s\)$", out, re.M).groups()
+    assert int(tps) == int(128 / (float(ms) / 1e3))
+    mean, total = re.search(r"^benchmark: B=2 T=32 on each of 2 ranks, 1 steps after 0 warm-up: mean ([0-9.]+) "
+                            r"ms/step, .* ([0-9]+) tok/s$", out, re.M).groups()
+    assert abs(int(total) - 128 / (float(mean) / 1e3)) <= 1
 
 
 def _rank_pid(mpiexec_pid: int, rank: int) -> int | None:
