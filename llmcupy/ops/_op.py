@@ -383,6 +383,27 @@ class OpError(ValueError):
     """Bad input to an op: unknown version, wrong shape or dtype, a violated constraint."""
 
 
+class UnknownVersionError(OpError, KeyError):
+    """``op.versions[N]`` for a version the op does not have: an OpError that is also the KeyError a
+    dict lookup raises, so code catching either keeps working."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])   # KeyError would print the message as a quoted repr
+
+
+class VersionTable(dict):
+    """``op.versions``: a plain dict of number -> :class:`Version` whose failed lookup names the op and
+    lists its versions (a notebook's ``op.versions[99]`` would otherwise say only ``KeyError: 99``)."""
+
+    def __init__(self, op_name: str, versions):
+        super().__init__(versions)
+        self.op_name = op_name
+
+    def __missing__(self, number):
+        listing = ", ".join(str(v) for v in sorted(self))
+        raise UnknownVersionError(f"{self.op_name} has no version {number!r}; versions: {listing}")
+
+
 @dataclass
 class Version:
     """One numbered kernel version of an op.
@@ -505,6 +526,10 @@ class Op:
     # is None may be None too. None for any other input is refused by name.
     optional_inputs: tuple = ()
     _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if not isinstance(self.versions, VersionTable):
+            self.versions = VersionTable(self.name, self.versions)
 
     def __repr__(self) -> str:
         # the dataclass's repr lists every field (kilobytes of functions); a notebook shows this
