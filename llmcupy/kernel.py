@@ -272,8 +272,10 @@ def _main(argv=None) -> int:
                 raise OpError(f"--compile-report compiles {args.op}'s whole kernel file, every version; give the op "
                               f"without a version (got {args.version})")
             try:
+                if args.arch:
+                    nvrtc.check_archs(args.arch)   # sm_99: exit 2 with the choices, not a failed compile
                 rows = nvrtc.compile_report(files=files, archs=tuple(args.arch or nvrtc.DEFAULT_ARCHS))
-            except nvrtc.NvrtcNotFound as exc:
+            except (nvrtc.NvrtcNotFound, ValueError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             print(nvrtc.format_report(rows))

@@ -615,6 +615,19 @@ def parse_arch(text) -> int:
     return int(norm)
 
 
+def check_archs(archs) -> None:
+    """Refuses, before anything compiles, a compute capability the installed NVRTC cannot target
+    (``--arch sm_99``): a ValueError listing the ones it can, rather than one failed compile per file."""
+    nv = find_nvrtc()
+    supported = nv.supported_archs()
+    unknown = [a for a in archs if int(a) not in supported]
+    if unknown:
+        major, minor = nv.version()
+        raise ValueError(f"--arch {', '.join(f'sm_{a}' for a in unknown)}: NVRTC {major}.{minor} cannot target "
+                         f"{'it' if len(unknown) == 1 else 'them'}; choose from "
+                         f"{', '.join(f'sm_{a}' for a in supported)}")
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -622,7 +635,7 @@ def main(argv=None) -> int:
                                  description="Compile kernels_cu/*.cu with NVRTC (no GPU needed) and report "
                                              "registers / spills / static shared memory per kernel.")
     ap.add_argument("files", nargs="*", help="op names or .cu paths (default: every kernels_cu/*.cu)")
-    ap.add_argument("--arch", nargs="+", default=[str(a) for a in DEFAULT_ARCHS],
+    ap.add_argument("--arch", nargs="+", default=None,
                     help="compute capabilities (default: 75 80 90); sm_80 / 8.0 are accepted too")
     ap.add_argument("--kernels-dir", type=Path, default=None,
                     help="the folder of the .cu files and common.cuh (default: the installed kernels_cu)")
@@ -630,7 +643,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     # `--arch 80 softmax_forward`: --arch is greedy, so non-numbers after it are files.
     archs, files = [], list(args.files)
-    for a in args.arch:
+    for a in args.arch if args.arch is not None else [str(a) for a in DEFAULT_ARCHS]:
         try:
             archs.append(parse_arch(a))
         except ValueError:
@@ -638,10 +651,12 @@ def main(argv=None) -> int:
     if not archs:
         ap.error("--arch needs at least one compute capability, e.g. --arch 80")
     try:
+        if args.arch is not None:
+            check_archs(archs)
         if args.verbose:
             print(describe_setup(), end="\n\n")
         rows = compile_report(files or None, tuple(archs), args.kernels_dir)
-    except (NvrtcNotFound, FileNotFoundError) as exc:
+    except (NvrtcNotFound, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(format_report(rows))

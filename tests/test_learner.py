@@ -17,3 +17,40 @@ def test_an_unknown_version_in_op_versions_lists_the_versions():
     with pytest.raises(KeyError):   # still the KeyError a dict lookup raises, for code that catches it
         op.versions[99]
     assert op.versions.get(99) is None and 99 not in op.versions and op.versions[5].number == 5
+
+
+def _call(main, argv):
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            rc = main([str(a) for a in argv])
+        except SystemExit as exc:
+            rc = exc.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _need_nvrtc():
+    from llmcupy import nvrtc
+
+    try:
+        nvrtc.find_nvrtc()
+    except nvrtc.NvrtcNotFound as exc:
+        pytest.skip(f"NVRTC is not installed: {exc}")
+
+
+@pytest.mark.parametrize("cli,argv", [
+    ("kernel", ["--compile-report", "softmax_forward", "--arch", "sm_99"]),
+    ("kernel", ["--compile-report", "--arch", "80", "sm_99", "softmax_forward"]),
+    ("nvrtc", ["softmax_forward", "--arch", "99", "80"]),
+])
+def test_an_arch_nvrtc_cannot_target_is_refused_with_the_choices(cli, argv):
+    # it used to compile the file, print a FAILED row and exit 1, as if the kernel were broken
+    _need_nvrtc()
+    import importlib
+
+    rc, out, err = _call(importlib.import_module(f"llmcupy.{cli}").main, argv)
+    assert rc == 2 and out == "", out + err
+    assert err.count("\n") == 1 and "--arch sm_99: NVRTC" in err and "choose from" in err and "sm_80" in err, err
