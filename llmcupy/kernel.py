@@ -143,7 +143,13 @@ def list_catalogue(names=None) -> str:
     for name in names or ops_registry.names():
         op = ops_registry.get(name)
         sizes = " ".join(f"{k}={v}" for k, v in op.sizes.items())
-        blocks.append(op.describe() + f"\n       sizes: {sizes}")
+        block = op.describe() + f"\n       sizes: {sizes}"
+        if names and op.tolerance_note:   # one op asked for: the reasons too, not just where to find them
+            import textwrap
+
+            block += "\n" + textwrap.fill(f"why this tolerance: {op.tolerance_note}", 100,
+                                           initial_indent=" " * 7, subsequent_indent=" " * 7)
+        blocks.append(block)
     return "\n\n".join(blocks) + "\n\n* = default version. " + defaults_provenance()
 
 

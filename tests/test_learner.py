@@ -54,3 +54,27 @@ def test_an_arch_nvrtc_cannot_target_is_refused_with_the_choices(cli, argv):
     rc, out, err = _call(importlib.import_module(f"llmcupy.{cli}").main, argv)
     assert rc == 2 and out == "", out + err
     assert err.count("\n") == 1 and "--arch sm_99: NVRTC" in err and "choose from" in err and "sm_80" in err, err
+
+
+def test_describe_says_what_a_version_must_meet_and_what_it_is_timed_against():
+    # describe() / --list used to show versions only: the tolerance, its reason and the upper bound
+    # were attributes a learner had to know about
+    text = llmcupy.ops["softmax_forward"].describe()
+    assert "tolerance: out within 0.0001 + 1.19e-07*|ref| (why: op.tolerance_note)" in text, text
+    assert "upper bound on a GPU: the device's copy bandwidth" in text, text
+    text = llmcupy.ops["matmul_forward"].describe()
+    assert "upper bound on a GPU: cuBLAS" in text and "with TF32 GEMMs (the trainer's default): out within 0.1" in text
+    assert "hyper, step exact" in llmcupy.ops["adamw_capturable"].describe()
+    assert "sqrt(C)" in llmcupy.ops["matmul_forward_tf32"].describe()   # a tolerance that grows with C
+
+
+def test_list_of_one_op_prints_why_its_tolerance_and_why_a_default_is_not_llmcs():
+    from llmcupy import kernel
+
+    rc, out, err = _call(kernel.main, ["--list", "encoder_backward"])
+    assert rc == 0, err
+    assert "why this tolerance: llm.c's fp32 tolerance" in out
+    # the footer said every * was llm.c's choice; encoder_backward's is not, and now says why
+    assert "default 2: not llm.c's 1" in out and "except encoder_backward, whose --list says why" in out
+    for name in llmcupy.ops:   # every op's tolerance has a written reason to print
+        assert llmcupy.ops[name].tolerance_note, name

@@ -525,6 +525,8 @@ class Op:
     # inputs that may be None (matmul_forward's bias: the LM head has none); an input whose default
     # is None may be None too. None for any other input is refused by name.
     optional_inputs: tuple = ()
+    # why the default is not llm.c's choice, where it is not (describe() and --list print it)
+    default_note: str = ""
     _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -570,7 +572,30 @@ class Op:
             if not v.deterministic:
                 state += "  [nondeterministic: fp32 atomics, results vary run to run]"
             lines.append(f" {mark}{n:>3}  {v.summary}{state}")
+        if self.default_note:
+            lines.append(f"       default {self.default_version}: {self.default_note}")
+        lines.append(f"       tolerance: {self.tolerance_text()} (why: op.tolerance_note)")
+        if self.bound is not None:
+            lines.append("       upper bound on a GPU: " + (
+                "the device's copy bandwidth for the bytes the op must move once (memory-bound)"
+                if self.bound.kind == "memory" else "cuBLAS computing the same result at the same shapes"))
         return "\n".join(lines)
+
+    def tolerance_text(self) -> str:
+        """``op.tolerance`` as a learner reads it: the bound on |out - ref| of each output (outputs with
+        the same bound grouped), and the TF32 ones; ``op.tolerance_note`` says why those numbers."""
+        def grouped(tolerances: dict) -> str:
+            groups: dict = {}
+            for name, tol in tolerances.items():
+                text = (f"within {tol}" if isinstance(tol, GrowingTolerance) else
+                        "exact" if tuple(tol) == (0, 0) else f"within {tol[0]:g} + {tol[1]:.3g}*|ref|")
+                groups.setdefault(text, []).append(name)
+            return "; ".join(f"{', '.join(names)} {text}" for text, names in groups.items())
+
+        text = grouped(self.tolerance)
+        if self.tf32_tolerance:
+            text += f"; with TF32 GEMMs (the trainer's default): {grouped(self.tf32_tolerance)}"
+        return text
 
     def source_code(self) -> str:
         """The text of the op's kernel file, ``kernels_cu/<op.source>`` (a header describing every
