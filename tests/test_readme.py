@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 
 def test_readme_python_example_runs():
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -145,3 +147,16 @@ def test_readme_kernel_commands_run_as_printed(tmp_path):
         proc = _run_readme_line(_readme_command(marker), tmp_path)
         assert proc.returncode == 0, (marker, proc.stdout[-2000:], proc.stderr[-2000:])
         assert "PASS" in proc.stdout or "* = default version" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_readme_pytorch_example_runs():
+    """The PyTorch interop block as printed: it named device="cuda", which a learner without a GPU (or
+    with the CPU build of torch) could not run; in the emulator it must run on CPU tensors."""
+    torch = pytest.importorskip("torch")
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"```python\n(import torch, llmcupy\n.*?)```", text, re.S)
+    assert block, "the README's PyTorch example is missing"
+    namespace = {}
+    exec(compile(block.group(1), "README.md", "exec"), namespace)
+    y = namespace["y"]
+    assert isinstance(y, torch.Tensor) and tuple(y.shape) == (4, 64, 768)
