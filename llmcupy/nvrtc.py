@@ -640,10 +640,14 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels-dir", type=Path, default=None,
                     help="the folder of the .cu files and common.cuh (default: the installed kernels_cu)")
     ap.add_argument("-v", "--verbose", action="store_true", help="also print where NVRTC and the headers came from")
+    ap.add_argument("--ptx", action="store_true",
+                    help="print the PTX of one file for one architecture (default 80) instead of the report: the "
+                         "instructions, where the report only counts registers; e.g. softmax_forward --ptx")
     args = ap.parse_args(argv)
     # `--arch 80 softmax_forward`: --arch is greedy, so non-numbers after it are files.
     archs, files = [], list(args.files)
-    for a in args.arch if args.arch is not None else [str(a) for a in DEFAULT_ARCHS]:
+    # --ptx prints one architecture: sm_80's unless --arch names another
+    for a in args.arch if args.arch is not None else ["80"] if args.ptx else [str(a) for a in DEFAULT_ARCHS]:
         try:
             archs.append(parse_arch(a))
         except ValueError:
@@ -655,6 +659,16 @@ def main(argv=None) -> int:
             check_archs(archs)
         if args.verbose:
             print(describe_setup(), end="\n\n")
+        if args.ptx:
+            if len(files) != 1 or len(archs) != 1:
+                raise ValueError(f"--ptx prints one file for one architecture (got {len(files)} file(s) and "
+                                 f"{len(archs)} arch(s)); e.g. python -m llmcupy.nvrtc softmax_forward --ptx --arch 80")
+            try:
+                print(file_ptx(resolve_files(files, args.kernels_dir)[0], archs[0], args.kernels_dir), end="")
+            except RuntimeError as exc:   # NVRTC's log of a file that does not compile
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            return 0
         rows = compile_report(files or None, tuple(archs), args.kernels_dir)
     except (NvrtcNotFound, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

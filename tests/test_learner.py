@@ -78,3 +78,17 @@ def test_list_of_one_op_prints_why_its_tolerance_and_why_a_default_is_not_llmcs(
     assert "default 2: not llm.c's 1" in out and "except encoder_backward, whose --list says why" in out
     for name in llmcupy.ops:   # every op's tolerance has a written reason to print
         assert llmcupy.ops[name].tolerance_note, name
+
+
+def test_nvrtc_prints_a_files_ptx_for_a_learner_to_read():
+    # the compile report counted registers and spills, but no CLI showed the instructions themselves
+    _need_nvrtc()
+    from llmcupy import nvrtc
+
+    rc, out, err = _call(nvrtc.main, ["softmax_forward", "--ptx"])
+    assert rc == 0, err
+    assert ".target sm_80" in out and out.count(".entry") == 8 and "shfl.sync.bfly" in out   # v3's butterfly
+    rc, out, err = _call(nvrtc.main, ["softmax_forward", "--ptx", "--arch", "90"])
+    assert rc == 0 and ".target sm_90" in out, err
+    rc, out, err = _call(nvrtc.main, ["--ptx"])
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "--ptx prints one file" in err, err
