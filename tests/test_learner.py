@@ -92,3 +92,21 @@ def test_nvrtc_prints_a_files_ptx_for_a_learner_to_read():
     assert rc == 0 and ".target sm_90" in out, err
     rc, out, err = _call(nvrtc.main, ["--ptx"])
     assert rc == 2 and out == "" and err.count("\n") == 1 and "--ptx prints one file" in err, err
+
+
+def test_readmes_register_example_matches_the_compile_report():
+    # the README said NVRTC 12.9 compiles fused_residual_forward 6 to 66 registers for sm_75 (so at most
+    # 896 threads on a T4); the kernel's __launch_bounds__(1024) holds it to 64, which fits 1024 threads
+    _need_nvrtc()
+    import re
+    from pathlib import Path
+
+    from llmcupy import nvrtc
+
+    rows = nvrtc.compile_report(files=["fused_residual_forward"], archs=(75,))
+    regs = {r["kernel"]: r["registers"] for r in rows}["fused_residual_forward_kernel6"]
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    claim = re.search(r"held it to (\d+)\)", readme)
+    # 64 is what __launch_bounds__(1024) allows (64K registers per block); another NVRTC may use fewer
+    assert claim and int(claim.group(1)) == 64 and regs <= 64, (claim and claim.group(0), regs)
+    assert "compiles `fused_residual_forward` 6 to 66 registers" not in readme
