@@ -110,3 +110,12 @@ def test_readmes_register_example_matches_the_compile_report():
     # 64 is what __launch_bounds__(1024) allows (64K registers per block); another NVRTC may use fewer
     assert claim and int(claim.group(1)) == 64 and regs <= 64, (claim and claim.group(0), regs)
     assert "compiles `fused_residual_forward` 6 to 66 registers" not in readme
+
+
+def test_a_version_shows_what_it_is_not_where_its_launcher_lives():
+    # repr(op.versions[7]) was the dataclass's: launch=<function _block_per_row.<locals>.launch at 0x...>
+    text = repr(llmcupy.ops["softmax_forward"].versions[7])
+    assert text == ("<version 7: block per row, 8 clamped loads in flight per thread, for very large C; "
+                    "block sizes 32, 64, 128, 256, 512, 1024 (default 256)>"), text
+    assert repr(llmcupy.ops["encoder_backward"].versions[1]).endswith("; nondeterministic>")
+    assert " at 0x" not in repr(llmcupy.ops["layernorm_backward"].versions)

@@ -436,6 +436,14 @@ class Version:
     def available(self) -> bool:
         return self.unavailable is None
 
+    def __repr__(self) -> str:
+        # the dataclass's repr shows the launcher's address; a notebook's op.versions shows this
+        state = (f"; unavailable: {self.unavailable}" if self.unavailable else "") + (
+            "; nondeterministic" if not self.deterministic else "")
+        sizes = ", ".join(map(str, self.block_sizes))
+        return (f"<version {self.number}: {self.summary}; block sizes {sizes} (default "
+                f"{self.default_block_size}){state}>")
+
 
 @dataclass
 class Bound:
