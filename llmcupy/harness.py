@@ -16,6 +16,7 @@ import traceback
 
 import numpy as np
 
+from . import ops as ops_registry
 from .ops import OpError, check_outputs
 from .runtime import backend as _backend
 from .runtime import blas
@@ -167,6 +168,9 @@ def format_sweep(result: dict) -> str:
         return "\n".join(lines)
     sizes = " ".join(f"{k}={v}" for k, v in result.get("sizes", {}).items())
     lines.append(f"  backend {result['backend']} ({result['device']}), sizes {sizes}")
+    if result["op"] in ops_registry.names():
+        # the bound the errors below are held to: a large "rel" on a tiny reference value still passes
+        lines.append(f"  PASS when every element is within tolerance: {ops_registry.get(result['op']).tolerance_text()}")
     bound = result.get("bound")
     if bound:
         if bound["kind"] == "memory":

@@ -119,3 +119,13 @@ def test_a_version_shows_what_it_is_not_where_its_launcher_lives():
                     "block sizes 32, 64, 128, 256, 512, 1024 (default 256)>"), text
     assert repr(llmcupy.ops["encoder_backward"].versions[1]).endswith("; nondeterministic>")
     assert " at 0x" not in repr(llmcupy.ops["layernorm_backward"].versions)
+
+
+def test_a_kernel_run_states_the_tolerance_its_errors_are_held_to():
+    # `layernorm_forward 3` printed "out: max abs 4.77e-07 rel 1.05e-02  PASS" with no bound in sight:
+    # a 1% relative error passing looked like a bug (it is a tiny reference value, within atol)
+    from llmcupy import kernel
+
+    rc, out, err = _call(kernel.main, ["layernorm_forward", "3", "--B", "2", "--T", "4", "--block-size", "64"])
+    assert rc == 0, out + err
+    assert "  PASS when every element is within tolerance: out, mean, rstd within 1e-05 + 1.19e-07*|ref|\n" in out
