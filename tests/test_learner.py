@@ -129,3 +129,21 @@ def test_a_kernel_run_states_the_tolerance_its_errors_are_held_to():
     rc, out, err = _call(kernel.main, ["layernorm_forward", "3", "--B", "2", "--T", "4", "--block-size", "64"])
     assert rc == 0, out + err
     assert "  PASS when every element is within tolerance: out, mean, rstd within 1e-05 + 1.19e-07*|ref|\n" in out
+
+
+def test_a_read_only_or_strided_out_array_is_an_op_error_naming_the_output():
+    # these reached the launch and failed there as a KernelArgumentError naming kernel6's argument 1,
+    # not the out= entry the caller passed (and not the OpError the README promises for a bad out=)
+    import numpy as np
+
+    op = llmcupy.ops["fused_residual_forward"]
+    inputs = op.make_inputs()
+    shape = inputs["residual"].shape
+    frozen = np.empty(shape, np.float32)
+    frozen.setflags(write=False)
+    with pytest.raises(OpError, match=r"^fused_residual_forward: out\['normed'\] is read-only"):
+        op(**inputs, out={"normed": frozen})
+    with pytest.raises(OpError, match=r"^fused_residual_forward: out\['normed'\] is not C-contiguous"):
+        op(**inputs, out={"normed": np.empty(shape[::-1], np.float32).T})
+    normed = np.empty(shape, np.float32)
+    assert op(**inputs, out={"normed": normed})[1] is normed

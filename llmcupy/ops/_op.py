@@ -789,6 +789,13 @@ class Op:
                         and getattr(outputs[name], "dtype", like.dtype) != like.dtype):
                     raise OpError(f"{self.name}: out[{name!r}] has dtype {outputs[name].dtype}, expected "
                                   f"{like.dtype.name}")
+                flags = getattr(outputs.get(name), "flags", None)
+                if flags is not None:   # else the launch's argument check would name a kernel, not out=
+                    if not flags.c_contiguous:
+                        raise OpError(f"{self.name}: out[{name!r}] is not C-contiguous (strides "
+                                      f"{tuple(outputs[name].strides)}); pass a C-ordered array")
+                    if not getattr(flags, "writeable", True):
+                        raise OpError(f"{self.name}: out[{name!r}] is read-only; pass a writable array")
                 if name in outputs:
                     continue
                 if not isinstance(like, _Meta):
