@@ -45,7 +45,10 @@ def block_sizes_for(version, pinned: int | None):
 
 def sweep(op, number: int, sizes: dict | None = None, block_size: int | None = None, seed: int = 0,
           time_it: bool | None = None, repeat: int = 50) -> dict:
-    """Validates (and on a GPU times) one version at every block size of its sweep."""
+    """Validates (and on a GPU times) one version at every block size of its sweep. ``op``: an Op or its
+    name."""
+    if isinstance(op, str):
+        op = ops_registry.get(op)   # an unknown name: the OpError listing the ops
     version = op.version(number)
     backend = _backend.get_backend()
     time_it = (backend == "cuda") if time_it is None else time_it

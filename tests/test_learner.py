@@ -147,3 +147,14 @@ def test_a_read_only_or_strided_out_array_is_an_op_error_naming_the_output():
         op(**inputs, out={"normed": np.empty(shape[::-1], np.float32).T})
     normed = np.empty(shape, np.float32)
     assert op(**inputs, out={"normed": normed})[1] is normed
+
+
+def test_harness_and_analyze_take_an_op_by_name():
+    # analyze_version("softmax_forward", 4) and harness.sweep("softmax_forward", 4) failed with
+    # "AttributeError: 'str' object has no attribute 'version'"
+    from llmcupy import analyze, harness
+
+    assert harness.sweep("softmax_forward", 4, sizes={"B": 1, "T": 2, "V": 40})["ok"] is True
+    assert analyze.analyze_version("softmax_forward", 4, sizes={"B": 1, "T": 2, "V": 40})["version"] == 4
+    with pytest.raises(OpError, match="unknown op 'softmax'; ops: "):
+        harness.sweep("softmax", 4)
