@@ -323,7 +323,10 @@ def _main(argv=None) -> int:
             print("give an op and a version, --all, or --list", file=sys.stderr)
             return 2
         if args.arch and not args.compile_report:
-            raise OpError("--arch is for --compile-report (the NVRTC compile check)")
+            archs = " ".join(f"sm_{a}" for a in args.arch)
+            raise OpError("--arch is for --compile-report (the NVRTC compile check of an op's whole file, every "
+                          f"version): python -m llmcupy.kernel --compile-report {args.op or ''} --arch {archs}"
+                          .replace("  ", " "))
         if args.op:
             op = ops_registry.get(args.op)
             sizes = _parse_sizes(op, size_flags)

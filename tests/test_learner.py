@@ -158,3 +158,16 @@ def test_harness_and_analyze_take_an_op_by_name():
     assert analyze.analyze_version("softmax_forward", 4, sizes={"B": 1, "T": 2, "V": 40})["version"] == 4
     with pytest.raises(OpError, match="unknown op 'softmax'; ops: "):
         harness.sweep("softmax", 4)
+
+
+def test_arch_with_a_version_names_the_command_to_run_instead():
+    # `kernel softmax_forward 1 --arch sm_99` said only "--arch is for --compile-report"
+    from llmcupy import kernel
+
+    rc, out, err = _call(kernel.main, ["softmax_forward", "1", "--arch", "sm_99"])
+    assert rc == 2 and err.count("\n") == 1, err
+    suggested = err.split(": python -m llmcupy.kernel ")[1].split()
+    assert suggested == ["--compile-report", "softmax_forward", "--arch", "sm_99"], err
+    _need_nvrtc()
+    rc, out, err = _call(kernel.main, suggested)   # which then says what sm_99 is not
+    assert rc == 2 and "choose from" in err, err
