@@ -75,7 +75,9 @@ def test_list_of_one_op_prints_why_its_tolerance_and_why_a_default_is_not_llmcs(
     assert rc == 0, err
     assert "why this tolerance: llm.c's fp32 tolerance" in out
     # the footer said every * was llm.c's choice; encoder_backward's is not, and now says why
-    assert "default 2: not llm.c's 1" in out and "except encoder_backward, whose --list says why" in out
+    assert "default 2: not llm.c's 1" in out and "except encoder_backward, matmul_forward, whose --list says" in out
+    # matmul_forward's * is neither llm.c's FP32 trainer's 4 nor its file's fastest, 3
+    assert "default 2: not llm.c's choices" in llmcupy.ops["matmul_forward"].describe()
     for name in llmcupy.ops:   # every op's tolerance has a written reason to print
         assert llmcupy.ops[name].tolerance_note, name
 
