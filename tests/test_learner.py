@@ -173,3 +173,10 @@ def test_arch_with_a_version_names_the_command_to_run_instead():
     _need_nvrtc()
     rc, out, err = _call(kernel.main, suggested)   # which then says what sm_99 is not
     assert rc == 2 and "choose from" in err, err
+
+
+def test_a_modules_repr_names_its_file_backend_and_kernels():
+    # it was `<llmcupy.runtime.module.RawModule object at 0x...>`
+    text = repr(llmcupy.ops["gelu_forward"].module())
+    assert text == f"<llmcupy.RawModule gelu_forward.cu on {llmcupy.get_backend()}: kernels gelu_forward_kernel1, " \
+                   "gelu_forward_kernel2>", text
