@@ -143,7 +143,9 @@ def list_catalogue(names=None) -> str:
     for name in names or ops_registry.names():
         op = ops_registry.get(name)
         sizes = " ".join(f"{k}={v}" for k, v in op.sizes.items())
-        block = op.describe() + f"\n       sizes: {sizes}"
+        small = " ".join(f"{k}={v}" for k, v in op.sim_sizes.items())
+        # a run in the emulator uses the small sizes: say so, or its "sizes B=2 T=8" looks like a mistake
+        block = op.describe() + f"\n       sizes: {sizes} (on a GPU; in the emulator {small})"
         if names and op.tolerance_note:   # one op asked for: the reasons too, not just where to find them
             import textwrap
 

@@ -180,3 +180,12 @@ def test_a_modules_repr_names_its_file_backend_and_kernels():
     text = repr(llmcupy.ops["gelu_forward"].module())
     assert text == f"<llmcupy.RawModule gelu_forward.cu on {llmcupy.get_backend()}: kernels gelu_forward_kernel1, " \
                    "gelu_forward_kernel2>", text
+
+
+def test_list_shows_the_sizes_a_run_in_the_emulator_uses():
+    # --list showed only the spec's sizes (B=8 T=1024 V=50257) while `kernel softmax_forward 5` in the
+    # emulator ran at B=2 T=8 V=2053, with nothing saying why
+    from llmcupy import kernel
+
+    rc, out, err = _call(kernel.main, ["--list", "softmax_forward"])
+    assert rc == 0 and "sizes: B=8 T=1024 V=50257 (on a GPU; in the emulator B=2 T=8 V=2053)" in out, out
