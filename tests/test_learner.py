@@ -189,3 +189,10 @@ def test_list_shows_the_sizes_a_run_in_the_emulator_uses():
 
     rc, out, err = _call(kernel.main, ["--list", "softmax_forward"])
     assert rc == 0 and "sizes: B=8 T=1024 V=50257 (on a GPU; in the emulator B=2 T=8 V=2053)" in out, out
+
+
+def test_op_names_complete_in_a_notebook():
+    # `llmcupy.ops["softm<TAB>` completed nothing: the module-as-mapping gave IPython no keys
+    # (IPython's dict-key completer asks any object for this; no shell is started here, since a
+    # process-wide InteractiveShell would outlive the test)
+    assert llmcupy.ops._ipython_key_completions_() == sorted(llmcupy.ops)
