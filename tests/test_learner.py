@@ -196,3 +196,17 @@ def test_op_names_complete_in_a_notebook():
     # (IPython's dict-key completer asks any object for this; no shell is started here, since a
     # process-wide InteractiveShell would outlive the test)
     assert llmcupy.ops._ipython_key_completions_() == sorted(llmcupy.ops)
+
+
+def test_a_pytorch_tensor_is_taken_as_out_and_written_in_place():
+    # out=torch.empty(...) was refused with "out['out'] has dtype torch.float32, expected float32"
+    torch = pytest.importorskip("torch")
+    op = llmcupy.ops["gelu_forward"]
+    x, into = torch.randn(4, 8), torch.empty(4, 8)
+    y = op(x, out=into)
+    assert isinstance(y, torch.Tensor) and y.data_ptr() == into.data_ptr()
+    assert torch.equal(into, op(x))
+    with pytest.raises(OpError, match=r"out\['out'\] is a non-contiguous PyTorch tensor"):
+        op(x, out=torch.empty(8, 4).T)
+    with pytest.raises(OpError, match=r"out\['out'\] has dtype float64, expected float32"):
+        op(x, out=torch.empty(4, 8, dtype=torch.float64))

@@ -849,6 +849,15 @@ class Op:
         out = self._out_dict(out)
         self._check_none(arrays)
         torch_in = any(_is_torch(a) for a in arrays.values())
+        if out and any(_is_torch(a) for a in out.values()):
+            # a tensor's dtype is torch.float32, not a NumPy dtype: without this the out= check refused
+            # it ("has dtype torch.float32, expected float32"). Written through in place, so no copy.
+            for k, a in out.items():
+                if _is_torch(a) and not a.is_contiguous():
+                    raise OpError(f"{self.name}: out[{k!r}] is a non-contiguous PyTorch tensor, so the kernel "
+                                  "would write a copy; pass a contiguous tensor")
+            out = {k: (_from_torch(self.name, k, a, kind="output") if _is_torch(a) else a) for k, a in out.items()}
+            torch_in = True
         if torch_in:
             copied = [k for k, a in arrays.items() if _is_torch(a) and not a.is_contiguous()]
             arrays = {k: (_from_torch(self.name, k, a) if _is_torch(a) else a) for k, a in arrays.items()}
@@ -967,18 +976,19 @@ def _is_torch(a) -> bool:
     return type(a).__module__.startswith("torch") and hasattr(a, "__dlpack__")
 
 
-def _from_torch(op_name: str, name: str, t):
-    """A zero-copy view of a PyTorch tensor as the backend's array type (CuPy or NumPy)."""
+def _from_torch(op_name: str, name: str, t, kind: str = "input"):
+    """A zero-copy view of a PyTorch tensor as the backend's array type (CuPy or NumPy); ``kind``
+    ("input" or "output") names it in an error."""
     backend = _backend.get_backend()
     if backend == "cuda":
         if not t.is_cuda:
-            raise OpError(f"{op_name}: input {name!r} is a PyTorch CPU tensor; the cuda backend needs "
+            raise OpError(f"{op_name}: {kind} {name!r} is a PyTorch CPU tensor; the cuda backend needs "
                           "a CUDA tensor (tensor.cuda())")
         import cupy
 
         return cupy.from_dlpack(t.detach().contiguous())
     if t.device.type != "cpu":
-        raise OpError(f"{op_name}: input {name!r} is a PyTorch {t.device.type} tensor; the emulator "
+        raise OpError(f"{op_name}: {kind} {name!r} is a PyTorch {t.device.type} tensor; the emulator "
                       "runs on the CPU and needs a CPU tensor (tensor.cpu())")
     return np.from_dlpack(t.detach().contiguous())
 
