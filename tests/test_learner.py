@@ -210,3 +210,18 @@ def test_a_pytorch_tensor_is_taken_as_out_and_written_in_place():
         op(x, out=torch.empty(8, 4).T)
     with pytest.raises(OpError, match=r"out\['out'\] has dtype float64, expected float32"):
         op(x, out=torch.empty(4, 8, dtype=torch.float64))
+
+
+@pytest.mark.gpu
+def test_a_torch_cuda_tensor_is_written_in_place_as_out_on_a_gpu():
+    torch = pytest.importorskip("torch")
+    llmcupy.set_backend("cuda")
+    try:
+        x, into = torch.randn(4, 8, 64, device="cuda"), torch.empty(4, 8, 64, device="cuda")
+        y = llmcupy.ops["gelu_forward"](x, version=2, out=into)
+        assert y.is_cuda and y.data_ptr() == into.data_ptr()
+        assert torch.allclose(into, torch.nn.functional.gelu(x, approximate="tanh"), atol=1e-5)
+        with pytest.raises(OpError, match="output 'out' is a PyTorch CPU tensor"):
+            llmcupy.ops["gelu_forward"](x, version=2, out=into.cpu())
+    finally:
+        llmcupy.set_backend("sim")
