@@ -595,7 +595,8 @@ class Op:
         def grouped(tolerances: dict) -> str:
             groups: dict = {}
             for name, tol in tolerances.items():
-                text = (f"within {tol}" if isinstance(tol, GrowingTolerance) else
+                text = (f"within {tol.sigmas:g} * {tol.per_term:.3g} * sqrt({tol.size}) + {tol.rtol:.3g}*|ref|"
+                        if isinstance(tol, GrowingTolerance) else
                         "exact" if tuple(tol) == (0, 0) else f"within {tol[0]:g} + {tol[1]:.3g}*|ref|")
                 groups.setdefault(text, []).append(name)
             return "; ".join(f"{', '.join(names)} {text}" for text, names in groups.items())
