@@ -395,7 +395,8 @@ class VersionTable(dict):
     """``op.versions``: a plain dict of number -> :class:`Version` whose failed lookup names the op and
     lists its versions (a notebook's ``op.versions[99]`` would otherwise say only ``KeyError: 99``)."""
 
-    def __init__(self, op_name: str, versions):
+    def __init__(self, versions=(), op_name: str = "the op"):
+        # (versions first, as dict's: copy.copy, dataclasses.asdict and pickle rebuild it that way)
         super().__init__(versions)
         self.op_name = op_name
 
@@ -539,7 +540,7 @@ class Op:
 
     def __post_init__(self):
         if not isinstance(self.versions, VersionTable):
-            self.versions = VersionTable(self.name, self.versions)
+            self.versions = VersionTable(self.versions, self.name)
 
     def __repr__(self) -> str:
         # the dataclass's repr lists every field (kilobytes of functions); a notebook shows this
