@@ -440,9 +440,16 @@ def file_ptx(path, arch: int, kernels_dir: Path | None = None) -> str:
     opts = [o for o in compile_options(arch, kernels_dir) if not o.startswith(("--gpu-architecture", "-Xptxas"))]
     opts.append(f"--gpu-architecture=compute_{int(arch)}")
     prog = ctypes.c_void_p()
-    nv.check(nv.lib.nvrtcCreateProgram(ctypes.byref(prog), path.read_text().encode(), path.name.encode(), 0, None,
+    code = path.read_text()
+    nv.check(nv.lib.nvrtcCreateProgram(ctypes.byref(prog), code.encode(), path.name.encode(), 0, None,
                                        None), "nvrtcCreateProgram")
     try:
+        from .sim.compiler import global_kernel_names
+
+        # the template kernels the ops instantiate (flash_attention.cu's are all templates): without
+        # their name expressions NVRTC emits no code for them and the PTX has none of their entries
+        for expr in global_kernel_names(code) + template_instantiations(path.name):
+            nv.check(nv.lib.nvrtcAddNameExpression(prog, expr.encode()), f"nvrtcAddNameExpression({expr})")
         copts = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
         if nv.lib.nvrtcCompileProgram(prog, len(opts), copts) != 0:
             size = ctypes.c_size_t()
@@ -481,9 +488,20 @@ def resolve_files(files=None, kernels_dir: Path | None = None) -> list[Path]:
         name = p.name if p.suffix in (".cu", ".cuh") else p.name + ".cu"
         if (kdir / name).is_file():
             out.append(kdir / name)
+            continue
+        source = _op_source(str(f))   # an op whose kernels live in another op's file (flash_attention_forward)
+        if source is not None and (kdir / source).is_file():
+            out.append(kdir / source)
         else:
             raise FileNotFoundError(f"no kernel file {f!r} (looked for {p} and {kdir / name})")
     return out
+
+
+def _op_source(name: str) -> str | None:
+    """The kernel file of the op ``name`` (``matmul_gelu_forward`` -> ``matmul_forward.cu``), or None."""
+    from . import ops
+
+    return ops.get(name).source if name in ops else None
 
 
 def compile_file(path, arch: int, kernels_dir: Path | None = None) -> CompileResult:

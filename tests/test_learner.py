@@ -225,3 +225,15 @@ def test_a_torch_cuda_tensor_is_written_in_place_as_out_on_a_gpu():
             llmcupy.ops["gelu_forward"](x, version=2, out=into.cpu())
     finally:
         llmcupy.set_backend("sim")
+
+
+def test_ptx_of_an_op_whose_kernels_are_templates_in_another_ops_file():
+    # `nvrtc flash_attention_forward --ptx` said "no kernel file" (its kernels live in flash_attention.cu),
+    # and flash_attention.cu's PTX held no entry at all: its kernels are templates NVRTC only emits
+    # when named
+    _need_nvrtc()
+    from llmcupy import nvrtc
+
+    rc, out, err = _call(nvrtc.main, ["flash_attention_forward", "--ptx"])
+    assert rc == 0, err
+    assert out.count(".entry") == 9 and "flash_attention_forward_kernel1" in out, out[:2000]
