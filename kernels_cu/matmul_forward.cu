@@ -28,7 +28,8 @@ version 4: hand-written register-blocked SIMT GEMM (no tensor cores). A 16 x 16 
            launcher refuses such shapes). Always launched with 16 x 16 threads.
 
 Fastest per llm.c's file: version 3, then version 2 ("very fast"); version 4 is the "relatively
-efficient non-tensor-core" kernel the FP32 trainer uses for all five matmuls.
+efficient non-tensor-core" kernel the FP32 trainer uses for all five matmuls. llmcupy's default is
+version 2: its trainer runs every GEMM on cuBLAS, and version 4 needs multiples of 128.
 
 Past llm.c (not in its file):
 

@@ -292,7 +292,12 @@ def ideal_bytes(op, inputs: dict, outputs: dict, sizes: dict) -> tuple[int, str]
 
 def analyze_version(op, number: int, sizes: dict | None = None, block_size: int | None = None, seed: int = 0,
                     gpu_name: str | None = None, inputs: dict | None = None) -> dict:
-    """Runs version ``number`` of ``op`` once with metrics on (emulator) and models it on a GPU."""
+    """Runs version ``number`` of ``op`` (an Op or its name) once with metrics on (emulator) and models
+    it on a GPU."""
+    if isinstance(op, str):
+        from . import ops as ops_registry
+
+        op = ops_registry.get(op)   # an unknown name: the OpError listing the ops
     from .harness import _copy_to_backend, _default_sizes
     from .runtime import backend as _backend
     from .sim import metrics

@@ -251,9 +251,13 @@ def provenance(path=None) -> str:
     if not doc["devices"]:
         state = ("is not there (a package installed without its source checkout)" if "missing" in doc else
                  "names no GPU (no `python -m llmcupy.bench --trainer-shapes` run has been recorded)")
+        from . import ops as registry
+
+        own = [n for n in registry.names() if registry.get(n).default_note]
+        exceptions = (f" -- except {', '.join(own)}, whose --list says why" if own else "")
         return (f"No default is measured yet: {where} {state}, so every * is the catalogue's default, llm.c's "
-                "choice (its fastest version per file by its own account, or the version its FP32 trainer uses). "
-                "A rung past llm.c "
+                f"choice (its fastest version per file by its own account, or the version its FP32 trainer uses)"
+                f"{exceptions}. A rung past llm.c "
                 "(matmul_forward 5) becomes the trainer's default only where it is measured fastest: select it "
                 "with --matmul-kernel 5; the fusions (matmul_gelu_forward, fused_residual_forward, "
                 "flash_attention_*) run with --fused, at their measured version where there is one.")

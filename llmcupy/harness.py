@@ -16,6 +16,7 @@ import traceback
 
 import numpy as np
 
+from . import ops as ops_registry
 from .ops import OpError, check_outputs
 from .runtime import backend as _backend
 from .runtime import blas
@@ -44,7 +45,10 @@ def block_sizes_for(version, pinned: int | None):
 
 def sweep(op, number: int, sizes: dict | None = None, block_size: int | None = None, seed: int = 0,
           time_it: bool | None = None, repeat: int = 50) -> dict:
-    """Validates (and on a GPU times) one version at every block size of its sweep."""
+    """Validates (and on a GPU times) one version at every block size of its sweep. ``op``: an Op or its
+    name."""
+    if isinstance(op, str):
+        op = ops_registry.get(op)   # an unknown name: the OpError listing the ops
     version = op.version(number)
     backend = _backend.get_backend()
     time_it = (backend == "cuda") if time_it is None else time_it
@@ -167,6 +171,9 @@ def format_sweep(result: dict) -> str:
         return "\n".join(lines)
     sizes = " ".join(f"{k}={v}" for k, v in result.get("sizes", {}).items())
     lines.append(f"  backend {result['backend']} ({result['device']}), sizes {sizes}")
+    if result["op"] in ops_registry.names():
+        # the bound the errors below are held to: a large "rel" on a tiny reference value still passes
+        lines.append(f"  PASS when every element is within tolerance: {ops_registry.get(result['op']).tolerance_text()}")
     bound = result.get("bound")
     if bound:
         if bound["kind"] == "memory":

@@ -143,7 +143,15 @@ def list_catalogue(names=None) -> str:
     for name in names or ops_registry.names():
         op = ops_registry.get(name)
         sizes = " ".join(f"{k}={v}" for k, v in op.sizes.items())
-        blocks.append(op.describe() + f"\n       sizes: {sizes}")
+        small = " ".join(f"{k}={v}" for k, v in op.sim_sizes.items())
+        # a run in the emulator uses the small sizes: say so, or its "sizes B=2 T=8" looks like a mistake
+        block = op.describe() + f"\n       sizes: {sizes} (on a GPU; in the emulator {small})"
+        if names and op.tolerance_note:   # one op asked for: the reasons too, not just where to find them
+            import textwrap
+
+            block += "\n" + textwrap.fill(f"why this tolerance: {op.tolerance_note}", 100,
+                                           initial_indent=" " * 7, subsequent_indent=" " * 7)
+        blocks.append(block)
     return "\n\n".join(blocks) + "\n\n* = default version. " + defaults_provenance()
 
 
@@ -272,8 +280,10 @@ def _main(argv=None) -> int:
                 raise OpError(f"--compile-report compiles {args.op}'s whole kernel file, every version; give the op "
                               f"without a version (got {args.version})")
             try:
+                if args.arch:
+                    nvrtc.check_archs(args.arch)   # sm_99: exit 2 with the choices, not a failed compile
                 rows = nvrtc.compile_report(files=files, archs=tuple(args.arch or nvrtc.DEFAULT_ARCHS))
-            except nvrtc.NvrtcNotFound as exc:
+            except (nvrtc.NvrtcNotFound, ValueError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             print(nvrtc.format_report(rows))
@@ -315,7 +325,10 @@ def _main(argv=None) -> int:
             print("give an op and a version, --all, or --list", file=sys.stderr)
             return 2
         if args.arch and not args.compile_report:
-            raise OpError("--arch is for --compile-report (the NVRTC compile check)")
+            archs = " ".join(f"sm_{a}" for a in args.arch)
+            raise OpError("--arch is for --compile-report (the NVRTC compile check of an op's whole file, every "
+                          f"version): python -m llmcupy.kernel --compile-report {args.op or ''} --arch {archs}"
+                          .replace("  ", " "))
         if args.op:
             op = ops_registry.get(args.op)
             sizes = _parse_sizes(op, size_flags)

@@ -440,9 +440,16 @@ def file_ptx(path, arch: int, kernels_dir: Path | None = None) -> str:
     opts = [o for o in compile_options(arch, kernels_dir) if not o.startswith(("--gpu-architecture", "-Xptxas"))]
     opts.append(f"--gpu-architecture=compute_{int(arch)}")
     prog = ctypes.c_void_p()
-    nv.check(nv.lib.nvrtcCreateProgram(ctypes.byref(prog), path.read_text().encode(), path.name.encode(), 0, None,
+    code = path.read_text()
+    nv.check(nv.lib.nvrtcCreateProgram(ctypes.byref(prog), code.encode(), path.name.encode(), 0, None,
                                        None), "nvrtcCreateProgram")
     try:
+        from .sim.compiler import global_kernel_names
+
+        # the template kernels the ops instantiate (flash_attention.cu's are all templates): without
+        # their name expressions NVRTC emits no code for them and the PTX has none of their entries
+        for expr in global_kernel_names(code) + template_instantiations(path.name):
+            nv.check(nv.lib.nvrtcAddNameExpression(prog, expr.encode()), f"nvrtcAddNameExpression({expr})")
         copts = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
         if nv.lib.nvrtcCompileProgram(prog, len(opts), copts) != 0:
             size = ctypes.c_size_t()
@@ -481,9 +488,20 @@ def resolve_files(files=None, kernels_dir: Path | None = None) -> list[Path]:
         name = p.name if p.suffix in (".cu", ".cuh") else p.name + ".cu"
         if (kdir / name).is_file():
             out.append(kdir / name)
+            continue
+        source = _op_source(str(f))   # an op whose kernels live in another op's file (flash_attention_forward)
+        if source is not None and (kdir / source).is_file():
+            out.append(kdir / source)
         else:
             raise FileNotFoundError(f"no kernel file {f!r} (looked for {p} and {kdir / name})")
     return out
+
+
+def _op_source(name: str) -> str | None:
+    """The kernel file of the op ``name`` (``matmul_gelu_forward`` -> ``matmul_forward.cu``), or None."""
+    from . import ops
+
+    return ops.get(name).source if name in ops else None
 
 
 def compile_file(path, arch: int, kernels_dir: Path | None = None) -> CompileResult:
@@ -615,6 +633,19 @@ def parse_arch(text) -> int:
     return int(norm)
 
 
+def check_archs(archs) -> None:
+    """Refuses, before anything compiles, a compute capability the installed NVRTC cannot target
+    (``--arch sm_99``): a ValueError listing the ones it can, rather than one failed compile per file."""
+    nv = find_nvrtc()
+    supported = nv.supported_archs()
+    unknown = [a for a in archs if int(a) not in supported]
+    if unknown:
+        major, minor = nv.version()
+        raise ValueError(f"--arch {', '.join(f'sm_{a}' for a in unknown)}: NVRTC {major}.{minor} cannot target "
+                         f"{'it' if len(unknown) == 1 else 'them'}; choose from "
+                         f"{', '.join(f'sm_{a}' for a in supported)}")
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -622,15 +653,19 @@ def main(argv=None) -> int:
                                  description="Compile kernels_cu/*.cu with NVRTC (no GPU needed) and report "
                                              "registers / spills / static shared memory per kernel.")
     ap.add_argument("files", nargs="*", help="op names or .cu paths (default: every kernels_cu/*.cu)")
-    ap.add_argument("--arch", nargs="+", default=[str(a) for a in DEFAULT_ARCHS],
+    ap.add_argument("--arch", nargs="+", default=None,
                     help="compute capabilities (default: 75 80 90); sm_80 / 8.0 are accepted too")
     ap.add_argument("--kernels-dir", type=Path, default=None,
                     help="the folder of the .cu files and common.cuh (default: the installed kernels_cu)")
     ap.add_argument("-v", "--verbose", action="store_true", help="also print where NVRTC and the headers came from")
+    ap.add_argument("--ptx", action="store_true",
+                    help="print the PTX of one file for one architecture (default 80) instead of the report: the "
+                         "instructions, where the report only counts registers; e.g. softmax_forward --ptx")
     args = ap.parse_args(argv)
     # `--arch 80 softmax_forward`: --arch is greedy, so non-numbers after it are files.
     archs, files = [], list(args.files)
-    for a in args.arch:
+    # --ptx prints one architecture: sm_80's unless --arch names another
+    for a in args.arch if args.arch is not None else ["80"] if args.ptx else [str(a) for a in DEFAULT_ARCHS]:
         try:
             archs.append(parse_arch(a))
         except ValueError:
@@ -638,10 +673,22 @@ def main(argv=None) -> int:
     if not archs:
         ap.error("--arch needs at least one compute capability, e.g. --arch 80")
     try:
+        if args.arch is not None:
+            check_archs(archs)
         if args.verbose:
             print(describe_setup(), end="\n\n")
+        if args.ptx:
+            if len(files) != 1 or len(archs) != 1:
+                raise ValueError(f"--ptx prints one file for one architecture (got {len(files)} file(s) and "
+                                 f"{len(archs)} arch(s)); e.g. python -m llmcupy.nvrtc softmax_forward --ptx --arch 80")
+            try:
+                print(file_ptx(resolve_files(files, args.kernels_dir)[0], archs[0], args.kernels_dir), end="")
+            except RuntimeError as exc:   # NVRTC's log of a file that does not compile
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            return 0
         rows = compile_report(files or None, tuple(archs), args.kernels_dir)
-    except (NvrtcNotFound, FileNotFoundError) as exc:
+    except (NvrtcNotFound, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(format_report(rows))

@@ -70,6 +70,7 @@ def test_explore_kernels(tmp_path, monkeypatch):
     out = stdout_of(nb)
     assert "softmax_forward: row-wise softmax" in out           # the catalogue listing
     assert "v7 (block 256): out: max abs" in out and "FAIL" not in out
+    assert "why this tolerance: llm.c's tolerance" in out       # the reason, not only the numbers
     assert "kernels_cu/softmax_forward.cu:" in out              # the source
     assert "softmax_forward_kernel7" in out                     # compile report (or its skip line)
     assert "compilations ok" in out or "skipped: NVRTC is not available" in out

@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 
 def test_readme_python_example_runs():
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -145,3 +147,52 @@ def test_readme_kernel_commands_run_as_printed(tmp_path):
         proc = _run_readme_line(_readme_command(marker), tmp_path)
         assert proc.returncode == 0, (marker, proc.stdout[-2000:], proc.stderr[-2000:])
         assert "PASS" in proc.stdout or "* = default version" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_readme_pytorch_example_runs():
+    """The PyTorch interop block as printed: it named device="cuda", which a learner without a GPU (or
+    with the CPU build of torch) could not run; in the emulator it must run on CPU tensors."""
+    torch = pytest.importorskip("torch")
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"```python\n(import torch, llmcupy\n.*?)```", text, re.S)
+    assert block, "the README's PyTorch example is missing"
+    namespace = {}
+    exec(compile(block.group(1), "README.md", "exec"), namespace)
+    y = namespace["y"]
+    assert isinstance(y, torch.Tensor) and tuple(y.shape) == (4, 64, 768)
+
+
+def test_readme_analyze_line_prints_the_rows_it_quotes(tmp_path):
+    """`kernel softmax_forward --all --analyze` as printed, and the v1/v4/v7 rows the README quotes from
+    its last table are what it prints today (a kernel or model change would leave them stale). The
+    occupancy and model columns use NVRTC's register counts, so this needs NVRTC."""
+    from llmcupy import nvrtc
+
+    try:
+        nvrtc.find_nvrtc()
+        nvrtc.cuda_include_dirs()
+    except nvrtc.NvrtcNotFound as exc:
+        pytest.skip(f"NVRTC is not installed: {exc}")
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    quoted = re.search(r"For\s+`softmax_forward --all --analyze`.*?\n\n(.*?)\n\n", text, re.S)
+    assert quoted, "the README's --analyze table is missing"
+    rows = [" ".join(line.split()) for line in quoted.group(1).splitlines() if re.match(r"\s+v\d", line)]
+    assert len(rows) >= 3, quoted.group(1)
+    proc = _run_readme_line(_readme_command("python -m llmcupy.kernel softmax_forward --all --analyze"), tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    printed = {" ".join(line.split()) for line in proc.stdout.splitlines()}
+    for row in rows:
+        assert row in printed, (row, proc.stdout[-2500:])
+
+
+def test_readme_ptx_line_runs_as_printed(tmp_path):
+    from llmcupy import nvrtc
+
+    try:
+        nvrtc.find_nvrtc()
+        nvrtc.cuda_include_dirs()
+    except nvrtc.NvrtcNotFound as exc:
+        pytest.skip(f"NVRTC is not installed: {exc}")
+    proc = _run_readme_line(_readme_command("python -m llmcupy.nvrtc softmax_forward --ptx"), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ".target sm_80" in proc.stdout and ".entry _Z23softmax_forward_kernel1" in proc.stdout

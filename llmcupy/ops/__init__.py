@@ -76,6 +76,10 @@ class _OpsModule(types.ModuleType):
     def items(self):
         return [(n, get(n)) for n in names()]
 
+    def _ipython_key_completions_(self):
+        # IPython / Jupyter complete `llmcupy.ops["so<TAB>` from this (a module has no keys otherwise)
+        return names()
+
 
 sys.modules[__name__].__class__ = _OpsModule
 

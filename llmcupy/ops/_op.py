@@ -383,6 +383,28 @@ class OpError(ValueError):
     """Bad input to an op: unknown version, wrong shape or dtype, a violated constraint."""
 
 
+class UnknownVersionError(OpError, KeyError):
+    """``op.versions[N]`` for a version the op does not have: an OpError that is also the KeyError a
+    dict lookup raises, so code catching either keeps working."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])   # KeyError would print the message as a quoted repr
+
+
+class VersionTable(dict):
+    """``op.versions``: a plain dict of number -> :class:`Version` whose failed lookup names the op and
+    lists its versions (a notebook's ``op.versions[99]`` would otherwise say only ``KeyError: 99``)."""
+
+    def __init__(self, versions=(), op_name: str = "the op"):
+        # (versions first, as dict's: copy.copy, dataclasses.asdict and pickle rebuild it that way)
+        super().__init__(versions)
+        self.op_name = op_name
+
+    def __missing__(self, number):
+        listing = ", ".join(str(v) for v in sorted(self))
+        raise UnknownVersionError(f"{self.op_name} has no version {number!r}; versions: {listing}")
+
+
 @dataclass
 class Version:
     """One numbered kernel version of an op.
@@ -414,6 +436,14 @@ class Version:
     @property
     def available(self) -> bool:
         return self.unavailable is None
+
+    def __repr__(self) -> str:
+        # the dataclass's repr shows the launcher's address; a notebook's op.versions shows this
+        state = (f"; unavailable: {self.unavailable}" if self.unavailable else "") + (
+            "; nondeterministic" if not self.deterministic else "")
+        sizes = ", ".join(map(str, self.block_sizes))
+        return (f"<version {self.number}: {self.summary}; block sizes {sizes} (default "
+                f"{self.default_block_size}){state}>")
 
 
 @dataclass
@@ -504,7 +534,13 @@ class Op:
     # inputs that may be None (matmul_forward's bias: the LM head has none); an input whose default
     # is None may be None too. None for any other input is refused by name.
     optional_inputs: tuple = ()
+    # why the default is not llm.c's choice, where it is not (describe() and --list print it)
+    default_note: str = ""
     _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if not isinstance(self.versions, VersionTable):
+            self.versions = VersionTable(self.versions, self.name)
 
     def __repr__(self) -> str:
         # the dataclass's repr lists every field (kilobytes of functions); a notebook shows this
@@ -545,7 +581,31 @@ class Op:
             if not v.deterministic:
                 state += "  [nondeterministic: fp32 atomics, results vary run to run]"
             lines.append(f" {mark}{n:>3}  {v.summary}{state}")
+        if self.default_note:
+            lines.append(f"       default {self.default_version}: {self.default_note}")
+        lines.append(f"       tolerance: {self.tolerance_text()} (why: op.tolerance_note)")
+        if self.bound is not None:
+            lines.append("       upper bound on a GPU: " + (
+                "the device's copy bandwidth for the bytes the op must move once (memory-bound)"
+                if self.bound.kind == "memory" else "cuBLAS computing the same result at the same shapes"))
         return "\n".join(lines)
+
+    def tolerance_text(self) -> str:
+        """``op.tolerance`` as a learner reads it: the bound on |out - ref| of each output (outputs with
+        the same bound grouped), and the TF32 ones; ``op.tolerance_note`` says why those numbers."""
+        def grouped(tolerances: dict) -> str:
+            groups: dict = {}
+            for name, tol in tolerances.items():
+                text = (f"within {tol.sigmas:g} * {tol.per_term:.3g} * sqrt({tol.size}) + {tol.rtol:.3g}*|ref|"
+                        if isinstance(tol, GrowingTolerance) else
+                        "exact" if tuple(tol) == (0, 0) else f"within {tol[0]:g} + {tol[1]:.3g}*|ref|")
+                groups.setdefault(text, []).append(name)
+            return "; ".join(f"{', '.join(names)} {text}" for text, names in groups.items())
+
+        text = grouped(self.tolerance)
+        if self.tf32_tolerance:
+            text += f"; with TF32 GEMMs (the trainer's default): {grouped(self.tf32_tolerance)}"
+        return text
 
     def source_code(self) -> str:
         """The text of the op's kernel file, ``kernels_cu/<op.source>`` (a header describing every
@@ -731,6 +791,13 @@ class Op:
                         and getattr(outputs[name], "dtype", like.dtype) != like.dtype):
                     raise OpError(f"{self.name}: out[{name!r}] has dtype {outputs[name].dtype}, expected "
                                   f"{like.dtype.name}")
+                flags = getattr(outputs.get(name), "flags", None)
+                if flags is not None:   # else the launch's argument check would name a kernel, not out=
+                    if not flags.c_contiguous:
+                        raise OpError(f"{self.name}: out[{name!r}] is not C-contiguous (strides "
+                                      f"{tuple(outputs[name].strides)}); pass a C-ordered array")
+                    if not getattr(flags, "writeable", True):
+                        raise OpError(f"{self.name}: out[{name!r}] is read-only; pass a writable array")
                 if name in outputs:
                     continue
                 if not isinstance(like, _Meta):
@@ -784,6 +851,15 @@ class Op:
         out = self._out_dict(out)
         self._check_none(arrays)
         torch_in = any(_is_torch(a) for a in arrays.values())
+        if out and any(_is_torch(a) for a in out.values()):
+            # a tensor's dtype is torch.float32, not a NumPy dtype: without this the out= check refused
+            # it ("has dtype torch.float32, expected float32"). Written through in place, so no copy.
+            for k, a in out.items():
+                if _is_torch(a) and not a.is_contiguous():
+                    raise OpError(f"{self.name}: out[{k!r}] is a non-contiguous PyTorch tensor, so the kernel "
+                                  "would write a copy; pass a contiguous tensor")
+            out = {k: (_from_torch(self.name, k, a, kind="output") if _is_torch(a) else a) for k, a in out.items()}
+            torch_in = True
         if torch_in:
             copied = [k for k, a in arrays.items() if _is_torch(a) and not a.is_contiguous()]
             arrays = {k: (_from_torch(self.name, k, a) if _is_torch(a) else a) for k, a in arrays.items()}
@@ -902,18 +978,19 @@ def _is_torch(a) -> bool:
     return type(a).__module__.startswith("torch") and hasattr(a, "__dlpack__")
 
 
-def _from_torch(op_name: str, name: str, t):
-    """A zero-copy view of a PyTorch tensor as the backend's array type (CuPy or NumPy)."""
+def _from_torch(op_name: str, name: str, t, kind: str = "input"):
+    """A zero-copy view of a PyTorch tensor as the backend's array type (CuPy or NumPy); ``kind``
+    ("input" or "output") names it in an error."""
     backend = _backend.get_backend()
     if backend == "cuda":
         if not t.is_cuda:
-            raise OpError(f"{op_name}: input {name!r} is a PyTorch CPU tensor; the cuda backend needs "
+            raise OpError(f"{op_name}: {kind} {name!r} is a PyTorch CPU tensor; the cuda backend needs "
                           "a CUDA tensor (tensor.cuda())")
         import cupy
 
         return cupy.from_dlpack(t.detach().contiguous())
     if t.device.type != "cpu":
-        raise OpError(f"{op_name}: input {name!r} is a PyTorch {t.device.type} tensor; the emulator "
+        raise OpError(f"{op_name}: {kind} {name!r} is a PyTorch {t.device.type} tensor; the emulator "
                       "runs on the CPU and needs a CPU tensor (tensor.cpu())")
     return np.from_dlpack(t.detach().contiguous())
 

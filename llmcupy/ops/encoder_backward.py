@@ -84,6 +84,8 @@ OP = Op(
     # 2, not the faster 1: the trainer's default step must give the same losses run after run (and a
     # resumed run the same as an uninterrupted one), as llm.c's mainline made its encoder backward
     default_version=2,
+    default_note="not llm.c's 1 (its harness default and its FP32 trainer's, the faster): 1's fp32 atomics "
+                 "add in a varying order, and the trainer's default step must give the same losses run after run",
     reference_fn=reference,
     make_inputs_fn=make_inputs,
     allocate_fn=allocate,

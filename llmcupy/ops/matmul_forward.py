@@ -150,6 +150,10 @@ OP = Op(
                    _launch_v5, block_sizes=(256,), default_block_size=256),
     },
     default_version=2,
+    default_note="not llm.c's choices (its FP32 trainer runs the hand-written 4, its file calls cuBLASLt's 3 "
+                 "fastest): the trainer runs its forward GEMMs on cuBLAS like every other GEMM, and 4 refuses "
+                 "B*T or OC not a multiple of 128 (the emulator's trainer sizes); which is fastest on a GPU is "
+                 "measured (bench --trainer-shapes)",
     reference_fn=reference,
     make_inputs_fn=make_inputs,
     allocate_fn=allocate,

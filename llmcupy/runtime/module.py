@@ -486,6 +486,12 @@ class RawModule:
         else:
             raise ValueError(f"unknown target {self.backend!r}")
 
+    def __repr__(self) -> str:
+        # what a notebook shows for `mod`: which file, which backend, and what get_function can fetch
+        names = getattr(self, "kernel_names", None) or getattr(self, "cuda_name_expressions", None) or []
+        return (f"<llmcupy.RawModule {self.filename} on {self.backend}: kernels "
+                f"{', '.join(names) or 'none'}>")
+
     def _refuse_unknown_expressions(self, code: str) -> None:
         declared = sim_compiler.global_function_names(code)
         for expr in self.name_expressions:
