@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="versions of the ops no flag chooses: 'measured' (default) takes bench/defaults.json's "
                         "fastest versions measured on this GPU, when it names this GPU (python -m llmcupy.bench "
                         "defaults writes it; python -m llmcupy.kernel --list says which GPUs it names); "
-                        "otherwise, and with 'catalogue', the catalogue's defaults, llm.c's choices")
+                        "otherwise, and with 'catalogue', the catalogue's defaults (llm.c's choices, but where "
+                        "kernel --list says why not)")
     mainline.add_arguments(p)
     return p
 
@@ -692,11 +693,12 @@ def defaults_note(kernels: KernelChoice, args) -> str:
 
     if kernels.measured_on is not None:
         return (f"[measured] = the fastest version measured on {kernels.measured_on} ({defaults.display_path()}); "
-                "the others are chosen by a flag or are the catalogue's defaults (llm.c's choices)")
+                "the others are chosen by a flag or are the catalogue's defaults (llm.c's choices but where "
+                "python -m llmcupy.kernel --list says why not)")
     if getattr(args, "kernel_defaults", "catalogue") == "catalogue":
-        return "the catalogue's (llm.c's choices), as --kernel-defaults catalogue asks"
-    return (f"the catalogue's (llm.c's choices, not measured): {defaults.display_path()} has no measurement for "
-            f"{_backend.device_name()}")
+        return "the catalogue's (llm.c's choices but where --list says why not), as --kernel-defaults catalogue asks"
+    return (f"the catalogue's (llm.c's choices but where --list says why not; not measured): "
+            f"{defaults.display_path()} has no measurement for {_backend.device_name()}")
 
 
 def precompile(kernels: KernelChoice) -> None:

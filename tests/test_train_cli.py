@@ -433,4 +433,4 @@ def test_without_measurements_the_trainer_says_its_defaults_are_llmcs(small_trai
     rc, out, err = _train(["--init", "d1", "-b", 1, "-t", 16, "--benchmark", "--steps", 1, "--warmup", 0]
                           + small_train_args)
     assert rc == 0, err
-    assert "kernel defaults: the catalogue's (llm.c's choices, not measured)" in out and "[measured]" not in out
+    assert "kernel defaults: the catalogue's (llm.c's choices but where --list says why not; not measured)" in out and "[measured]" not in out
