@@ -465,6 +465,51 @@ def test_trap_fails_the_launch_with_the_place_and_the_process_lives_on():
     assert x.sum() == 32
 
 
+DIVIDE = r"""#include <climits>
+__global__ void share(int* y, int parts) {
+    y[threadIdx.x] = 100 / parts;
+}
+__global__ void wrap(unsigned* y, unsigned n) {
+    y[threadIdx.x] = threadIdx.x % n;
+}
+__global__ void negate(int* y, int d) {
+    y[threadIdx.x] = INT_MIN / d;
+}
+"""
+
+
+def test_an_integer_division_by_zero_is_an_exception_naming_the_line():
+    # x86 traps (SIGFPE) on an integer division by zero, where a GPU gives some value and goes on: the
+    # process died (exit -8) without a word. Now the launch stops naming kernel, line, type and thread,
+    # and the process lives on. In a child, so that a regression fails this test, not the whole run.
+    script = textwrap.dedent(f"""
+        import numpy as np, llmcupy
+        from llmcupy import sim
+        m = llmcupy.RawModule(code={DIVIDE!r}, target="sim")
+        for name, args in (("share", (np.zeros(4, np.int32), np.int32(0))),
+                           ("wrap", (np.zeros(4, np.uint32), np.uint32(0))),
+                           ("negate", (np.zeros(4, np.int32), np.int32(-1)))):
+            try:
+                m.get_function(name)((1,), (4,), args)
+            except sim.SimLaunchError as exc:
+                print(type(exc).__name__, str(exc).strip())
+        y = np.zeros(4, np.int32)
+        m.get_function("share")((1,), (4,), (y, np.int32(7)))
+        print("ALIVE", y.tolist())
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, LLMCUPY_BACKEND="sim"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("SimLaunchError share: kernel share divides 'int' by zero (/ or %) at kernel.cu:3, "
+                               "block (0,0,0), thread (0,0,0)"), lines
+    assert lines[1].startswith("SimLaunchError wrap: kernel wrap divides 'unsigned int' by zero (/ or %) at "
+                               "kernel.cu:6"), lines
+    # INT_MIN / -1 is not checked at compile time; the SIGFPE it raises abandons the block
+    assert lines[2].startswith("SimMemoryFaultError kernel negate crashed with SIGFPE in block (0,0,0)"), lines
+    assert lines[3] == "ALIVE [14, 14, 14, 14]"
+
+
 def _run_one_with_a_planted_crash(op_name, number, sizes, args):
     from llmcupy import kernel
 

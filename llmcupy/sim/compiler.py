@@ -614,7 +614,8 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
                   "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique", "-fstack-clash-protection"]
     # Only for the compile step: linked with -fsanitize, g++ would make the library load UBSan's
     # runtime (not wanted, and not on every machine).
-    check_flags = ["-fsanitize=float-cast-overflow"]
+    # -fsanitize=integer-divide-by-zero likewise: x86 traps (SIGFPE) where a GPU gives some value.
+    check_flags = ["-fsanitize=float-cast-overflow", "-fsanitize=integer-divide-by-zero"]
     if asan and instrument:
         raise SimCompileError(f"{filename}: the sanitizers (llmcupy.sim.settings(check=...)) and the AddressSanitizer "
                               "build (LLMCUPY_SIM_ASAN) cannot be combined; unset one of them")

@@ -69,7 +69,8 @@ class SimSharedMemoryError(SimLaunchError):
 
 
 class SimMemoryFaultError(SimLaunchError):
-    """A thread faulted (SIGSEGV/SIGBUS: an address nothing is mapped at, or a fiber stack overflow);
+    """A thread faulted (SIGSEGV/SIGBUS: an address nothing is mapped at, or a fiber stack overflow;
+    SIGFPE: INT_MIN / -1, which x86 traps on and a GPU does not);
     its block was abandoned, as a GPU reports cudaErrorIllegalAddress. Names kernel, block, thread and,
     where the emulator knows it, what the address was; ``--sanitize memory`` names the source line."""
 
