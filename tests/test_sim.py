@@ -356,6 +356,45 @@ def test_options_given_as_one_string_are_refused():
             make()
 
 
+SCALE_CODE = "__global__ void k(float* y) { y[threadIdx.x] = SCALE * threadIdx.x; }"
+
+# Options as a learner writes them: NVRTC accepts the first list and refuses the second (checked
+# against NVRTC itself below, where it is installed).
+NVRTC_ACCEPTS = [("-DSCALE=2",), ("-D", "SCALE=2"), ("--define-macro=SCALE=2",), ("--define-macro", "SCALE=2"),
+                 ("-DSCALE=2", "--use_fast_math", "-use_fast_math", "-lineinfo", "-G", "--ftz=true",
+                  "-maxrregcount=32", "--fmad", "false", "-Xptxas", "-v", "-dopt=on", "-restrict", "-w"),
+                 ("-DSCALE=2", "-arch", "sm_80"), ("-DSCALE=2", "-std=c++11"), ("-DSCALE=2", "-std=c++14"),
+                 ("-DSCALE=7", "-USCALE", "-DSCALE=2")]
+NVRTC_REFUSES = [("-DSCALE=2", "--bogus-option"), ("-DSCALE=2", "-O3"), ("-DSCALE=2", "-g"),
+                 ("-DSCALE=2", "-use-fast-math"), ("-DSCALE=2", "-std=gnu++17"), ("SCALE=2",), ("-DSCALE=2", "-D")]
+
+
+def test_nvrtc_options_take_effect_or_are_refused_as_nvrtc_refuses_them():
+    # before: an option the emulator did not know was dropped without a word (a misspelt
+    # '-use-fast-math' ran here and failed on the GPU), '-D', 'N=4' lost the define and made g++ say
+    # "macro names must be identifiers", and -std=c++11/14 failed with pages of errors in the
+    # emulator's own header
+    for opts in NVRTC_ACCEPTS:
+        y = np.zeros(4, np.float32)
+        llmcupy.RawModule(code=SCALE_CODE, options=opts, target="sim").get_function("k")((1,), (4,), (y,))
+        assert y.tolist() == [0, 2, 4, 6], opts
+    for opts in NVRTC_REFUSES:
+        with pytest.raises(sim.SimCompileError, match=r"^kernel.cu: (unrecognized NVRTC option|invalid value for "
+                                                      r"NVRTC option|NVRTC option '-D' needs a value)") as info:
+            llmcupy.RawModule(code=SCALE_CODE, options=opts, target="sim")
+        assert "\n" not in str(info.value)
+    with pytest.raises(sim.SimCompileError, match=r"'-use-fast-math' .*did you mean '--use_fast_math'\?"):
+        llmcupy.RawModule(code=SCALE_CODE, options=("-use-fast-math",), target="sim")
+
+
+def test_the_emulators_option_verdicts_agree_with_nvrtc(have_nvrtc):
+    from llmcupy import nvrtc
+
+    for opts, ok in [(o, True) for o in NVRTC_ACCEPTS] + [(o, False) for o in NVRTC_REFUSES]:
+        result = nvrtc.compile_source(SCALE_CODE, 80, name_expressions=[], options=list(opts))
+        assert result.ok == ok, (opts, result.log)
+
+
 def test_compile_cache_is_safe_across_processes(tmp_path):
     script = textwrap.dedent(f"""
         import os, numpy as np, llmcupy

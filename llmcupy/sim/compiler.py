@@ -47,6 +47,7 @@ processes compiling the same source at once both end up with a complete library.
 from __future__ import annotations
 
 import bisect
+import difflib
 import functools
 import hashlib
 import os
@@ -507,27 +508,78 @@ def ensure_cache_dir(path: Path) -> Path:
     return path
 
 
-def translate_options(options) -> tuple[list[str], list[Path]]:
-    """Maps NVRTC options onto g++: -I, -D and -std carry over; GPU-only options are dropped."""
+# NVRTC's options (CUDA 12 and 13), by name without the leading dashes (NVRTC takes one or two):
+# those that take a value (after "=" or as the next option) and those that do not. NVRTC refuses any
+# other option (NVRTC_ERROR_INVALID_OPTION: "unrecognized option"), so the emulator does too, instead
+# of dropping it: a misspelt option would otherwise pass here and fail on the GPU.
+_NVRTC_VALUE_OPTIONS = frozenset("""
+    gpu-architecture arch relocatable-device-code rdc dopt ptxas-options Xptxas maxrregcount ftz prec-sqrt
+    prec-div fmad modify-stack-limit jump-table-density device-stack-protector Ofast-compile define-macro D
+    undefine-macro U include-path I pre-include include std builtin-move-forward builtin-initializer-list
+    optimization-info diag-error diag-suppress diag-warn brief-diagnostics time split-compile fdevice-time-trace
+    frandom-seed create-pch use-pch pch-dir pch-verbose pch-messages instantiate-templates-in-pch
+    static-global-template-stub device-entity-has-hidden-visibility""".split())
+_NVRTC_FLAG_OPTIONS = frozenset("""
+    extensible-whole-program ewp device-debug G generate-line-info lineinfo use_fast_math
+    extra-device-vectorization dlink-time-opt dlto gen-opt-lto optix-ir no-source-include disable-warnings w
+    restrict device-as-default-execution-space default-device device-int128 device-float128
+    display-error-number err-no no-display-error-number no-err-no fdevice-syntax-only minimal pch""".split())
+# The C++ standards NVRTC takes; the emulator's header needs C++17, so older ones build as C++17.
+_NVRTC_STANDARDS = ("c++03", "c++11", "c++14", "c++17", "c++20")
+
+
+def translate_options(options, filename: str = "kernel.cu") -> tuple[list[str], list[Path]]:
+    """Maps NVRTC options onto g++: -D, -U, -I, --pre-include and -std carry over, -arch sets
+    ``__CUDA_ARCH__``; NVRTC's other options (code generation, diagnostics) have no meaning on a
+    CPU and are accepted without effect. An option NVRTC does not know raises SimCompileError naming
+    it, as NVRTC refuses it."""
     flags, include_dirs = [], []
-    it = iter(options or ())
-    for opt in it:
-        if opt in ("-I", "--include-path"):
-            include_dirs.append(Path(next(it)))
-        elif opt.startswith("--include-path="):
-            include_dirs.append(Path(opt.split("=", 1)[1]))
-        elif opt.startswith("-I"):
-            include_dirs.append(Path(opt[2:]))
-        elif opt.startswith(("-D", "--define-macro=")):
-            flags.append("-D" + opt.split("=", 1)[1] if opt.startswith("--define") else opt)
-        elif opt.startswith(("-std=", "--std=")):
-            flags.append("-std=" + opt.split("=", 1)[1])
-        elif opt.startswith(("-arch=", "--gpu-architecture=")) or opt in ("-arch", "--gpu-architecture"):
-            arch = opt.split("=", 1)[1] if "=" in opt else next(it, "")
-            m = re.search(r"(?:sm|compute)_(\d+)", arch)
+    options = list(options or ())
+    i = 0
+    while i < len(options):
+        opt = options[i]
+        i += 1
+        if not isinstance(opt, str) or not opt.startswith("-"):
+            raise SimCompileError(f"{filename}: unrecognized NVRTC option {opt!r} (NVRTC refuses it too); "
+                                  "every option starts with '-', and a value follows its option: "
+                                  "('-D', 'N=4') or ('-DN=4',)")
+        body = opt[2:] if opt.startswith("--") else opt[1:]
+        if body[:1] in ("D", "U", "I") and len(body) > 1 and not opt.startswith("--"):
+            name, eq, value = body[0], "=", body[1:]   # -DN=4, -Idir: the value attached
+        else:
+            name, eq, value = body.partition("=")
+        if name in _NVRTC_FLAG_OPTIONS and not eq:
+            continue  # --use_fast_math, -lineinfo, -G ...: no meaning on a CPU
+        if name not in _NVRTC_VALUE_OPTIONS:
+            close = difflib.get_close_matches(name, sorted(_NVRTC_VALUE_OPTIONS | _NVRTC_FLAG_OPTIONS), n=1)
+            hint = f"did you mean '--{close[0]}'? " if close else ""
+            raise SimCompileError(
+                f"{filename}: unrecognized NVRTC option {opt!r} (NVRTC refuses it too: NVRTC_ERROR_INVALID_OPTION); "
+                f"{hint}NVRTC's documentation lists its options (in the emulator -D, -U, -I, -include, -std and "
+                "-arch take effect, the others are accepted without effect)")
+        if not eq:
+            if i >= len(options):
+                raise SimCompileError(f"{filename}: NVRTC option {opt!r} needs a value, as the next option or "
+                                      "after '='")
+            value = options[i]
+            i += 1
+        if name in ("D", "define-macro"):
+            flags.append("-D" + value)
+        elif name in ("U", "undefine-macro"):
+            flags.append("-U" + value)
+        elif name in ("I", "include-path"):
+            include_dirs.append(Path(value))
+        elif name in ("include", "pre-include"):
+            flags += ["-include", value]
+        elif name == "std":
+            if value not in _NVRTC_STANDARDS:
+                raise SimCompileError(f"{filename}: invalid value for NVRTC option {opt!r} (NVRTC refuses it too); "
+                                      f"choose -std= one of {', '.join(_NVRTC_STANDARDS)}")
+            flags.append("-std=c++20" if value == "c++20" else "-std=c++17")
+        elif name in ("arch", "gpu-architecture"):
+            m = re.search(r"(?:sm|compute)_(\d+)", value)
             if m:  # __CUDA_ARCH__ as NVRTC sets it for this -arch, so `#if` guards pick the same branch
                 flags.append(f"-D__CUDA_ARCH__={int(m[1][:-1]) * 100 + int(m[1][-1]) * 10}")
-        # --use_fast_math, -arch, --gpu-architecture, -lineinfo ...: no meaning on a CPU.
     return flags, include_dirs
 
 
@@ -593,7 +645,7 @@ _BUILT: dict = {}  # the libraries this process built or found, by everything th
 
 
 def _build_library(code, kernels, options, filename, variables, instrument=False) -> Path:
-    flags, include_dirs = translate_options(options)
+    flags, include_dirs = translate_options(options, filename)
     if not any(f.startswith("-std=") for f in flags):
         flags.append("-std=c++17")
     asan = os.environ.get("LLMCUPY_SIM_ASAN", "") not in ("", "0")
