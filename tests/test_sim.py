@@ -395,6 +395,37 @@ def test_the_emulators_option_verdicts_agree_with_nvrtc(have_nvrtc):
         assert result.ok == ok, (opts, result.log)
 
 
+def test_an_edited_header_gives_a_new_build_in_the_same_process_and_the_next(tmp_path, monkeypatch):
+    # before: the process kept the first build of a source (a notebook that edited its header and
+    # built the module again got the old code), the compile cache did not hash headers included with
+    # <...>, so another process got the old build too, and a relative -I folder was not found (g++
+    # runs in a temporary folder)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "inc").mkdir()
+    header = tmp_path / "inc" / "gain.h"
+    script = textwrap.dedent("""
+        import sys, numpy as np, llmcupy
+        m = llmcupy.RawModule(code=sys.argv[1], options=("-Iinc",), target="sim")
+        y = np.zeros(2, np.float32)
+        m.get_function("k")((1,), (2,), (y,))
+        print(y[0])
+    """)
+    for include in ('"gain.h"', "<gain.h>"):
+        code = f"#include {include}\n__global__ void k(float* y) {{ y[threadIdx.x] = GAIN; }}\n"
+        for gain in (1, 2):
+            header.write_text(f"#define GAIN {gain}.0f\n")
+            y = np.zeros(2, np.float32)
+            module(code, options=("-I", "inc")).get_function("k")((1,), (2,), (y,))
+            assert y.tolist() == [gain, gain], include
+            child = subprocess.run([sys.executable, "-c", script, code], capture_output=True, text=True, timeout=300)
+            assert child.stdout.split()[-1:] == [f"{gain}.0"], (include, child.stderr[-1000:])
+    header.write_text("#define GAIN 3.0f\n")   # a header given with -include
+    y = np.zeros(2, np.float32)
+    module("__global__ void k(float* y) { y[threadIdx.x] = GAIN; }", options=("-include", "inc/gain.h")
+           ).get_function("k")((1,), (2,), (y,))
+    assert y.tolist() == [3, 3]
+
+
 def test_compile_cache_is_safe_across_processes(tmp_path):
     script = textwrap.dedent(f"""
         import os, numpy as np, llmcupy

@@ -471,7 +471,9 @@ class RawModule:
                     names.append(expr)
             self.kernel_names = names
             self.variable_names = sim_compiler.device_variables(code)
-            self._sim_library = _SIM_LIBRARIES.get((code, self.options, tuple(names)))
+            # the included headers' hash too: a header edited since the last build gives a new library
+            memo_key = (code, self.options, tuple(names), sim_compiler.include_digest(code, self.options, self.filename))
+            self._sim_library = _SIM_LIBRARIES.get(memo_key)
             if self._sim_library is None:
                 from ..sim.launcher import SimLibrary
 
@@ -482,7 +484,7 @@ class RawModule:
                     # (RawKernel(code, "scal")); say which name instead
                     self._refuse_unknown_expressions(code)
                     raise
-                _SIM_LIBRARIES[(code, self.options, tuple(names))] = self._sim_library
+                _SIM_LIBRARIES[memo_key] = self._sim_library
         else:
             raise ValueError(f"unknown target {self.backend!r}")
 

@@ -65,7 +65,7 @@ _GLOBAL_FN = re.compile(
     r"(?:extern\s+\"C\"\s+)?(?:static\s+)?__global__\s+(?:__launch_bounds__\s*\((?P<bounds>[^)]*)\)\s*)?void\s+"
     r"(?:__launch_bounds__\s*\((?P<bounds_after>[^)]*)\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\("
 )
-_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+_INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)', re.M)
 _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b(?P<rest>[^;{}]*?)\b(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
 _SHARED = re.compile(r"(?P<static>\bstatic\s+)?(?<![\w])__shared__\b(?P<rest>[^;{}]*);")
 _ALIGN = re.compile(r"\b(?:__align__|alignas|__attribute__)\s*\(")
@@ -431,17 +431,48 @@ def rewrite_asm(code: str) -> str:
     return "".join(out)
 
 
-def _included_files(code: str, include_dirs: list[Path], seen: set[Path]) -> list[Path]:
+def _included_files(code: str, include_dirs: list[Path], seen: set[Path], here: Path | None = None) -> list[Path]:
+    """The user's headers a source includes, nested ones too, found as g++ finds them here: a quoted
+    name in the including header's folder first, then the emulator's headers (hashed with the
+    emulator, so skipped here), then the -I folders in order; ``<...>`` names the same without the
+    first step."""
     found = []
-    for rel in _QUOTED_INCLUDE.findall(code):
-        for d in include_dirs:
-            p = (d / rel).resolve()
-            if p.is_file() and p not in seen:
-                seen.add(p)
-                found.append(p)
-                found += _included_files(p.read_text(), include_dirs + [p.parent], seen)
+    for quoted, angled in _INCLUDE.findall(code):
+        rel = quoted or angled
+        candidates = [here / rel] if quoted and here is not None else []
+        if not candidates or not candidates[0].is_file():
+            if (INCLUDE_DIR / rel).is_file():
+                continue
+            candidates = [d / rel for d in include_dirs]
+        for cand in candidates:
+            if cand.is_file():
+                p = cand.resolve()
+                if p not in seen:
+                    seen.add(p)
+                    found.append(p)
+                    found += _included_files(p.read_text(errors="replace"), include_dirs, seen, p.parent)
                 break
     return found
+
+
+def include_digest(code: str, options=(), filename: str = "kernel.cu") -> str:
+    """Hash of the user's headers the source includes (through -I folders, and -include), so that an
+    edited header makes a new library: in the compile cache and in the process's own memos (a
+    notebook that edits a header and builds the module again gets the new code)."""
+    flags, include_dirs = translate_options(options, filename)
+    files = _included_files(code, include_dirs, set())
+    pre = [flags[k + 1] for k, f in enumerate(flags) if f == "-include"]
+    if pre:
+        files += _included_files("".join(f'#include "{name}"\n' for name in pre), include_dirs, set(files),
+                                 Path.cwd())
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(str(p).encode() + b"\0")
+        try:
+            digest.update(p.read_bytes())
+        except OSError:
+            pass  # gone since it was found: g++ will say so
+    return digest.hexdigest()[:24]
 
 
 def _compiler_env() -> dict:
@@ -568,9 +599,9 @@ def translate_options(options, filename: str = "kernel.cu") -> tuple[list[str], 
         elif name in ("U", "undefine-macro"):
             flags.append("-U" + value)
         elif name in ("I", "include-path"):
-            include_dirs.append(Path(value))
+            include_dirs.append(Path(value).absolute())   # g++ runs in a temporary folder
         elif name in ("include", "pre-include"):
-            flags += ["-include", value]
+            flags += ["-include", str(Path(value).absolute()) if Path(value).is_file() else value]
         elif name == "std":
             if value not in _NVRTC_STANDARDS:
                 raise SimCompileError(f"{filename}: invalid value for NVRTC option {opt!r} (NVRTC refuses it too); "
@@ -631,7 +662,8 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
     tables (``-g1``), ``LLMCUPY_SIM_ACCESS_HOOKS`` defined, so every load and store of the kernel
     reaches the emulator's access observers (see "Access hooks" in llmcupy_sim.h). It is cached
     under its own key; the plain build is untouched."""
-    memo_key = (code, tuple(kernels), tuple(options or ()), filename, tuple(variables), bool(instrument),
+    memo_key = (code, include_digest(code, options, filename), tuple(kernels), tuple(options or ()), filename,
+                tuple(variables), bool(instrument),
                 os.environ.get("LLMCUPY_SIM_ASAN", ""), os.environ.get("CXX", "g++"), str(cache_dir()))
     lib = _BUILT.get(memo_key)
     if lib is not None and lib.exists():
@@ -687,8 +719,7 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         digest.update(b"\0")
     digest.update(_include_dir_digest())
     digest.update(_compiler_source_digest())
-    for p in _included_files(code, include_dirs, set()):
-        digest.update(p.read_bytes())
+    digest.update(include_digest(code, options, filename).encode())
     key = digest.hexdigest()[:24]
     out_dir = ensure_cache_dir(cache_dir())
     lib = out_dir / f"{Path(safe_name).stem}-{key}{'-asan' if asan else ''}{'-check' if instrument else ''}.so"
