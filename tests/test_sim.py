@@ -313,6 +313,44 @@ def test_vector_pointer_alignment_is_checked():
         k((1,), (16,), (out, x[1:61], np.int32(15)))
 
 
+def test_half_bfloat16_and_vector_arguments_are_checked(no_hazards):
+    # before: a __half*, __nv_bfloat16* or uint4* parameter took any array (float32 data read as
+    # halves: wrong results without a word), a misaligned uint4 array (a GPU faults) and a float32
+    # scalar for a __half (2 of its 4 bytes); the signature showed them as '?'
+    mod = module(r"""
+    #include <cuda_fp16.h>
+    #include <cuda_bf16.h>
+    __global__ void axpy(half* y, const __half* x, __half a) {
+        y[threadIdx.x] = __hadd(y[threadIdx.x], __hmul(a, x[threadIdx.x]));
+    }
+    __global__ void widen(float* y, const __nv_bfloat16* x) { y[threadIdx.x] = __bfloat162float(x[threadIdx.x]); }
+    __global__ void ones(uint4* y) { y[threadIdx.x] = make_uint4(1, 1, 1, 1); }
+    """)
+    axpy, widen, ones = (mod.get_function(n) for n in ("axpy", "widen", "ones"))
+    assert axpy.signature == "axpy(__half* y, const __half* x, __half a)"
+    assert widen.signature == "widen(float* y, const __nv_bfloat16* x)"
+    y, x = np.ones(4, np.float16), np.arange(4, dtype=np.float16)
+    axpy((1,), (4,), (y, x, np.float16(0.5)))
+    assert y.tolist() == [1.0, 1.5, 2.0, 2.5]
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"axpy: argument 1 \(const __half\* x\): expected an array "
+                                                          r"of float16, got float32"):
+        axpy((1,), (4,), (y, x.astype(np.float32), np.float16(0.5)))
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"argument 2 \(__half a\): expected np.float16, got "
+                                                          r"np.float32"):
+        axpy((1,), (4,), (y, x, np.float32(0.5)))
+    f = np.zeros(2, np.float32)
+    widen((1,), (2,), (f, np.array([1.5, -2.0], np.float32).view(np.uint16)[1::2].copy()))  # the upper halves
+    assert f.tolist() == [1.5, -2.0]
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"expected an array of uint16 or bfloat16, got float16"):
+        widen((1,), (2,), (f, np.zeros(2, np.float16)))
+    u = np.zeros(9, np.uint32)
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"ones: argument 0 \(uint4\* y\): address .* is not "
+                                                          r"16-byte aligned"):
+        ones((1,), (2,), (u[1:],))
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"expected an array of uint32, got float32"):
+        ones((1,), (2,), (np.zeros(8, np.float32),))
+
+
 def test_fast_math_intrinsics_and_ucontext_fallback(no_hazards):
     code = r"""
     __global__ void maths(float* out, const float* x) {
