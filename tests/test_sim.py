@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -226,18 +227,28 @@ __global__ void deadlock(float* out) {
 
 
 def test_hazard_counters():
+    # a launch that finds a hazard also warns, naming the kernel (before: only the counters, which
+    # only the tests read: a learner's barrier inside `if` ran without a word)
     mod = module(HAZARD_CODE)
     out = np.zeros(64, np.float32)
     sim.reset_hazards()
-    mod.get_function("divergent")((1,), (64,), (out,))
+    with pytest.warns(sim.SimHazardWarning, match=r"^divergent: 1 __syncthreads\(\) released while threads of a "
+                                                   r"block waited at different calls of it \(divergent_barriers\)"):
+        mod.get_function("divergent")((1,), (64,), (out,))
     assert sim.hazards()["divergent_barriers"] == 1
     sim.reset_hazards()
-    mod.get_function("exit_then_barrier")((1,), (64,), (out, np.int32(40)))
+    with pytest.warns(sim.SimHazardWarning, match=r"^exit_then_barrier: 1 __syncthreads\(\) that some threads of "
+                                                   r"the block never reached"):
+        mod.get_function("exit_then_barrier")((1,), (64,), (out, np.int32(40)))
     assert sim.hazards()["barrier_after_exit"] == 1
     sim.reset_hazards()
-    mod.get_function("read_exited_lane")((1,), (32,), (out, np.int32(20)))
+    with pytest.warns(sim.SimHazardWarning, match=r"^read_exited_lane: 12 warp collective\(s\) reading a lane"):
+        mod.get_function("read_exited_lane")((1,), (32,), (out, np.int32(20)))
     assert sim.hazards()["exited_lane_reads"] == 12  # lanes 4-15 read lanes 20-31, which returned
     sim.reset_hazards()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # a clean launch says nothing
+        mod.get_function("exit_then_barrier")((1,), (64,), (out, np.int32(64)))
 
 
 def test_deadlock_is_an_error_naming_lines():
