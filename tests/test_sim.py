@@ -362,6 +362,35 @@ def test_half_bfloat16_and_vector_arguments_are_checked(no_hazards):
         ones((1,), (2,), (np.zeros(8, np.float32),))
 
 
+STATIC_SHARED = r"""
+__global__ void big(float* y) {
+    __shared__ float s[N];
+    __shared__ float t[32];
+    s[threadIdx.x] = t[threadIdx.x] = 1.0f;
+    __syncthreads();
+    y[threadIdx.x] = s[N - 1 - threadIdx.x] + t[threadIdx.x];
+}
+"""
+
+
+def test_more_static_shared_memory_than_a_gpu_allows_is_refused(no_hazards):
+    # before: 80 KB of __shared__ arrays ran in the emulator; ptxas refuses any kernel past 48 KiB
+    y = np.zeros(32, np.float32)
+    module(STATIC_SHARED, options=("-DN=12256",)).get_function("big")((1,), (32,), (y,))   # 48 KiB exactly
+    with pytest.raises(sim.SimSharedMemoryError, match=r"kernel big declares 49156 bytes of static shared memory "
+                                                       r"\(the largest: 's', line 3, 49028 bytes\), more than the "
+                                                       r"48 KiB \(49152 bytes\) a GPU allows"):
+        module(STATIC_SHARED, options=("-DN=12257",)).get_function("big")((1,), (32,), (y,))
+
+
+def test_the_static_shared_memory_limit_is_ptxas_limit(have_nvrtc):
+    from llmcupy import nvrtc
+
+    assert nvrtc.compile_source(STATIC_SHARED.replace("N", "12256"), 80).ok
+    result = nvrtc.compile_source(STATIC_SHARED.replace("N", "12257"), 80)
+    assert not result.ok and "49156 bytes smem" in result.log and "NVRTC_ERROR_COMPILATION" in result.log
+
+
 def test_fast_math_intrinsics_and_ucontext_fallback(no_hazards):
     code = r"""
     __global__ void maths(float* out, const float* x) {

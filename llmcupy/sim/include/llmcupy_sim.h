@@ -1610,6 +1610,25 @@ inline void check_shared_guards(Worker* w) {
         return false;
     };
     char line[400];
+    // ptxas refuses a kernel whose static __shared__ arrays exceed 48 KiB: only dynamic shared
+    // memory may go beyond, with an opt-in. The emulator has no such
+    // limit, so a kernel that could never run on a GPU ran here; counted over the arrays the block used.
+    constexpr size_t kMaxStaticShared = 48 * 1024;
+    size_t static_bytes = 0;
+    for (const auto& g : w->guards) static_bytes += g.bytes;
+    if (static_bytes > kMaxStaticShared) {
+        const auto* largest = &w->guards[0];
+        for (const auto& g : w->guards) if (g.bytes > largest->bytes) largest = &g;
+        std::snprintf(line, sizeof line,
+                      "kernel %s declares %zu bytes of static shared memory (the largest: '%s', line %d, %zu bytes), "
+                      "more than the 48 KiB (49152 bytes) a GPU allows (NVRTC's ptxas refuses to compile it); use "
+                      "extern __shared__ and the launch's shared_mem for more\n",
+                      w->kernel_name, static_bytes, largest->name, largest->line, largest->bytes);
+        append_message(&w->counters, line);
+        w->counters.shared_overflow = 1;
+        w->abandoned = true;
+        return;
+    }
     for (const auto& g : w->guards) {
         size_t guard = size_t(g.hi - g.lo) - g.bytes;
         bool below = bad(g.lo, guard), above = bad(g.hi, guard);
