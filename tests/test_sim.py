@@ -504,6 +504,20 @@ def test_an_edited_header_gives_a_new_build_in_the_same_process_and_the_next(tmp
     assert y.tolist() == [3, 3]
 
 
+def test_an_unusable_default_cache_folder_says_which_variable_moves_it(tmp_path):
+    # before: a bare OSError (NotADirectoryError, PermissionError) from deep in the compiler, and a
+    # traceback from the CLIs; now one line naming LLMCUPY_CACHE_DIR (exit 2 from the CLIs)
+    (tmp_path / "home").write_text("a file where the home folder should be")
+    env = {k: v for k, v in os.environ.items() if k != "LLMCUPY_CACHE_DIR"}
+    env.update(HOME=str(tmp_path / "home"), LLMCUPY_BACKEND="sim")
+    proc = subprocess.run([sys.executable, "-m", "llmcupy.kernel", "gelu_forward", "1"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.startswith(f"error: cannot use {tmp_path}/home/.cache/llmcupy/sim for the emulator's compiled "
+                                  "kernels (Not a directory); set LLMCUPY_CACHE_DIR to a folder"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_compile_cache_is_safe_across_processes(tmp_path):
     script = textwrap.dedent(f"""
         import os, numpy as np, llmcupy

@@ -532,7 +532,9 @@ def ensure_cache_dir(path: Path) -> Path:
     except OSError as exc:
         setting = os.environ.get("LLMCUPY_CACHE_DIR")
         if not setting:
-            raise
+            # the default folder (a read-only or odd home): say which setting moves it
+            raise ValueError(f"cannot use {path} for the emulator's compiled kernels ({exc.strerror or exc}); set "
+                             "LLMCUPY_CACHE_DIR to a folder that can be created and written") from None
         raise ValueError(f"LLMCUPY_CACHE_DIR={setting!r} is not valid: cannot use {path} for the emulator's "
                          f"compiled kernels ({exc.strerror or exc}); give a folder that can be created and "
                          "written, or unset it (default ~/.cache/llmcupy)") from None
