@@ -425,6 +425,19 @@ def test_a_name_expression_that_names_no_kernel_says_so():
     assert "the source compiles" not in str(info.value)
 
 
+def test_a_missing_closing_brace_is_named_as_such():
+    # before: g++ blamed the emulator's entry points appended after the source, and the hint said
+    # "the source compiles, but a kernel name ... does not name a __global__ function"
+    with pytest.raises(sim.SimCompileError) as info:
+        module("__global__ void k(float* y) {\n    if (y) {\n        y[0] = 1.0f;\n}\n")
+    message = str(info.value)
+    assert "the source compiles" not in message
+    assert message.endswith("(kernel.cu ends inside a block: a '}' is missing (the outermost '{' left open is on "
+                            "line 1); the errors in llmcupy_sim_entries, the emulator's code appended after the "
+                            "source, follow from it)")
+    module('__global__ void k(char* y) { y[0] = \'{\'; const char* s = "{{"; /* { */ }')   # braces balance
+
+
 def test_options_given_as_one_string_are_refused():
     # tuple("-DFOO=3") split it into characters: the define was lost ("'FOO' was not declared")
     for make in (lambda: llmcupy.RawModule(code="__global__ void k(float* y) { y[0] = FOO; }", options="-DFOO=3"),

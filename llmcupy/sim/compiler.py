@@ -778,7 +778,14 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
             if proc.returncode != 0:
                 errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
                 hint = ""
-                if errors and all(line.startswith("llmcupy_sim_entries:") for line in errors):
+                unclosed = _unclosed_brace_line(code)
+                if unclosed:
+                    # the entry points appended after the source land inside the unclosed block, and g++
+                    # blames them: say where the block opened instead
+                    hint = (f"\n({filename} ends inside a block: a '}}' is missing (the outermost '{{' left open is on "
+                            f"line {unclosed}); the errors in llmcupy_sim_entries, the emulator's code appended after "
+                            "the source, follow from it)")
+                elif errors and all(line.startswith("llmcupy_sim_entries:") for line in errors):
                     # the source compiled; only the emulator's entry points naming each kernel did not
                     hint = (f"\n(the source compiles, but a kernel name or name expression ({', '.join(kernels)}) "
                             "does not name a __global__ function as written: a template kernel needs its "
@@ -791,6 +798,21 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         os.replace(stack, Path(str(lib) + ".stack"))
         os.replace(tmp_lib, lib)
     return lib
+
+
+_LITERAL = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
+
+
+def _unclosed_brace_line(code: str) -> int:
+    """The line of the outermost '{' the source never closes (0 when its braces balance)."""
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
+    stack = []
+    for m in re.finditer(r"[{}]", text):
+        if m.group(0) == "{":
+            stack.append(m.start())
+        elif stack:
+            stack.pop()
+    return text.count("\n", 0, stack[0]) + 1 if stack else 0
 
 
 def clear_cache() -> None:
