@@ -589,7 +589,10 @@ def test_a_fault_in_kernel_code_is_an_exception_and_the_process_lives_on(workers
     # next launch in the same process runs (a notebook keeps its kernel)
     with sim.settings(workers=workers):
         with pytest.raises(sim.SimMemoryFaultError, match=r"kernel wild crashed with SIGSEGV in block \(\d+,0,0\), "
-                                                           r"thread \(\d+,0,0\): an out-of-bounds memory access at 0x"):
+                                                           r"thread \(\d+,0,0\): an out-of-bounds memory access at 0x"
+                                                           r"[0-9a-f]+ \(the launch again inside `with llmcupy.sim."
+                                                           r"settings\(check=\"memory\"\):`, or with "
+                                                           r"LLMCUPY_SIM_CHECK=memory, names the line\)"):
             module(WILD).get_function("wild")((4,), (32,), (np.zeros(1, np.float32),))
         with pytest.raises(sim.SimMemoryFaultError, match="kernel deep crashed with SIGSEGV .*: a fiber stack overflow "
                                                           r"\(LLMCUPY_SIM_STACK_KB"):

@@ -1747,8 +1747,9 @@ inline void describe_fault(Worker* w, int sig, uintptr_t a, char* out, size_t n)
     } else if (stack && a < stack && a + page >= stack) {
         std::snprintf(what, sizeof what, "a fiber stack overflow (LLMCUPY_SIM_STACK_KB raises the fiber stack)");
     } else {
-        std::snprintf(what, sizeof what, "an out-of-bounds memory access at %#llx (LLMCUPY_SIM_CHECK=memory "
-                      "names the line)", (unsigned long long)a);
+        std::snprintf(what, sizeof what, "an out-of-bounds memory access at %#llx (the launch again inside "
+                      "`with llmcupy.sim.settings(check=\"memory\"):`, or with LLMCUPY_SIM_CHECK=memory, names the "
+                      "line)", (unsigned long long)a);
     }
     if (sig == SIGFPE)
         std::snprintf(what, sizeof what, "an integer division that traps on a CPU (INT_MIN / -1, or a division "
