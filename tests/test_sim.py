@@ -531,6 +531,39 @@ def test_an_unusable_default_cache_folder_says_which_variable_moves_it(tmp_path)
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_a_full_compile_cache_disk_is_a_setup_error_naming_the_folder(tmp_path, monkeypatch):
+    # before: "the emulator could not compile kernel.cu" with the assembler's "No space left on
+    # device" (the kernel seemed at fault) and a traceback from the CLIs; writing the unit itself
+    # raised a bare OSError. Now a CacheFullError (a CompilerNotFound: set-up, exit 2 from the CLIs).
+    # A full disk is simulated: g++ failing as it does then, and a write failing with ENOSPC.
+    import errno
+    import subprocess as real_subprocess
+    from pathlib import Path
+
+    from llmcupy.sim import compiler
+
+    monkeypatch.setenv("LLMCUPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiler, "_BUILT", {})
+    code = "__global__ void k(float* y) { y[0] = 3.0f; }"
+    full = real_subprocess.CompletedProcess([], 1, "", "/tmp/cc.s: Assembler messages:\n/tmp/cc.s: Fatal error: "
+                                            "can't write 8 bytes to section .text: 'No space left on device'")
+    compiler.compiler_identity("g++")  # the real compiler's identity (cached) before g++ is faked
+    monkeypatch.setattr(compiler.subprocess, "run", lambda *a, **k: full)
+    message = (f"no space left in the emulator's compile cache {tmp_path}/sim to build full.cu: free space there, "
+               "remove old builds (llmcupy.sim.clear_cache()) or set LLMCUPY_CACHE_DIR to another folder")
+    with pytest.raises(compiler.CompilerNotFound) as info:
+        compiler.build_library(code, ["k"], filename="full.cu")
+    assert isinstance(info.value, compiler.CacheFullError) and str(info.value) == message
+    monkeypatch.setattr(compiler.subprocess, "run", real_subprocess.run)
+
+    def no_space(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", no_space)
+    with pytest.raises(compiler.CacheFullError, match=r"^no space left in the emulator's compile cache"):
+        compiler.build_library(code + " ", ["k"], filename="full.cu")
+
+
 def test_compile_cache_is_safe_across_processes(tmp_path):
     script = textwrap.dedent(f"""
         import os, numpy as np, llmcupy

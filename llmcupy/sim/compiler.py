@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import errno
 import functools
 import hashlib
 import os
@@ -488,6 +489,16 @@ class CompilerNotFound(SimCompileError):
     """No working C++ compiler: the machine's set-up, not the kernel (the CLIs exit 2)."""
 
 
+class CacheFullError(CompilerNotFound):
+    """The compile cache's disk is full: the machine's set-up, not the kernel (the CLIs exit 2)."""
+
+
+def _cache_full(out_dir: Path, filename: str) -> CacheFullError:
+    return CacheFullError(f"no space left in the emulator's compile cache {out_dir} to build {filename}: free space "
+                          "there, remove old builds (llmcupy.sim.clear_cache()) or set LLMCUPY_CACHE_DIR to another "
+                          "folder")
+
+
 @functools.lru_cache(maxsize=None)
 def compiler_identity(cxx: str) -> str:
     try:
@@ -763,6 +774,17 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     )
     includes = [f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
 
+    try:
+        return _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, volatile, instrument, asan,
+                                    out_dir, lib, filename, kernels, code)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):   # writing the unit or the library
+            raise _cache_full(out_dir, filename) from None
+        raise
+
+
+def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, volatile, instrument, asan, out_dir,
+                         lib, filename, kernels, code) -> Path:
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
         src = Path(tmp) / "unit.cpp"
         src.write_text(unit)
@@ -776,6 +798,8 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         for cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
             if proc.returncode != 0:
+                if "No space left on device" in proc.stderr or "Disk quota exceeded" in proc.stderr:
+                    raise _cache_full(out_dir, filename)   # g++ or the assembler could not write its output
                 errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
                 hint = ""
                 unclosed = _unclosed_brace_line(code)
