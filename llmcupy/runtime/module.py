@@ -458,8 +458,17 @@ class RawModule:
             kwargs = {}
             if jitify:  # CuPy warns on every module given jitify=..., and v15 drops the argument
                 kwargs["jitify"] = True
+            # CuPy's compile cache (memory and disk) keys on the source and the options, not on the headers
+            # found through -I: their hash as a define makes an edited header a new key, not a stale cubin
+            options = self.options
+            try:
+                headers = sim_compiler.include_digest(code, self.options, self.filename)
+            except sim_compiler.SimCompileError:
+                headers = ""   # an option NVRTC refuses: CuPy's compile says so
+            if headers:
+                options += (f"-DLLMCUPY_INCLUDES={headers}",)
             self._cupy_module = cupy.RawModule(
-                code=code, options=self.options, backend=backend, translate_cucomplex=translate_cucomplex,
+                code=code, options=options, backend=backend, translate_cucomplex=translate_cucomplex,
                 enable_cooperative_groups=enable_cooperative_groups,
                 name_expressions=expressions or None, **kwargs,
             )

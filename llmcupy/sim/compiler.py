@@ -466,6 +466,8 @@ def include_digest(code: str, options=(), filename: str = "kernel.cu") -> str:
     if pre:
         files += _included_files("".join(f'#include "{name}"\n' for name in pre), include_dirs, set(files),
                                  Path.cwd())
+    if not files:
+        return ""
     digest = hashlib.sha256()
     for p in files:
         digest.update(str(p).encode() + b"\0")
