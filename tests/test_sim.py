@@ -454,10 +454,12 @@ SCALE_CODE = "__global__ void k(float* y) { y[threadIdx.x] = SCALE * threadIdx.x
 NVRTC_ACCEPTS = [("-DSCALE=2",), ("-D", "SCALE=2"), ("--define-macro=SCALE=2",), ("--define-macro", "SCALE=2"),
                  ("-DSCALE=2", "--use_fast_math", "-use_fast_math", "-lineinfo", "-G", "--ftz=true",
                   "-maxrregcount=32", "--fmad", "false", "-Xptxas", "-v", "-dopt=on", "-restrict", "-w"),
-                 ("-DSCALE=2", "-arch", "sm_80"), ("-DSCALE=2", "-std=c++11"), ("-DSCALE=2", "-std=c++14"),
+                 ("-DSCALE=2", "-arch", "sm_80"), ("-DSCALE=2", "-arch=sm_90a"), ("-DSCALE=2", "-std=c++11"),
+                 ("-DSCALE=2", "-std=c++14"),
                  ("-DSCALE=7", "-USCALE", "-DSCALE=2")]
 NVRTC_REFUSES = [("-DSCALE=2", "--bogus-option"), ("-DSCALE=2", "-O3"), ("-DSCALE=2", "-g"),
-                 ("-DSCALE=2", "-use-fast-math"), ("-DSCALE=2", "-std=gnu++17"), ("SCALE=2",), ("-DSCALE=2", "-D")]
+                 ("-DSCALE=2", "-use-fast-math"), ("-DSCALE=2", "-std=gnu++17"), ("SCALE=2",), ("-DSCALE=2", "-D"),
+                 ("-DSCALE=2", "-arch=sm80"), ("-DSCALE=2", "--gpu-architecture=native")]
 
 
 def test_nvrtc_options_take_effect_or_are_refused_as_nvrtc_refuses_them():

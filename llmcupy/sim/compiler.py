@@ -623,9 +623,12 @@ def translate_options(options, filename: str = "kernel.cu") -> tuple[list[str], 
                                       f"choose -std= one of {', '.join(_NVRTC_STANDARDS)}")
             flags.append("-std=c++20" if value == "c++20" else "-std=c++17")
         elif name in ("arch", "gpu-architecture"):
-            m = re.search(r"(?:sm|compute)_(\d+)", value)
-            if m:  # __CUDA_ARCH__ as NVRTC sets it for this -arch, so `#if` guards pick the same branch
-                flags.append(f"-D__CUDA_ARCH__={int(m[1][:-1]) * 100 + int(m[1][-1]) * 10}")
+            m = re.fullmatch(r"(?:sm|compute)_(\d+)[af]?", value)
+            if not m:   # -arch=sm80, -arch=80, -arch=native: NVRTC refuses them
+                raise SimCompileError(f"{filename}: invalid value for NVRTC option {opt!r} (NVRTC refuses it too); "
+                                      "write -arch=sm_80 or -arch=compute_80 (any sm_XX / compute_XX)")
+            # __CUDA_ARCH__ as NVRTC sets it for this -arch, so `#if` guards pick the same branch
+            flags.append(f"-D__CUDA_ARCH__={int(m[1][:-1]) * 100 + int(m[1][-1]) * 10}")
     return flags, include_dirs
 
 
