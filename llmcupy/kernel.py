@@ -291,9 +291,13 @@ def _main(argv=None) -> int:
                 # NVRTC's whole log is repeated in every row of a file: kept only where it says what failed
                 _write_json(args.json, [{k: v for k, v in r.items() if k != "log" or not r["ok"]} for r in rows])
             return 0 if all(r["ok"] for r in rows) else 1
-        if args.sanitize:
+        if args.sanitize is not None:
             from .sim.launcher import parse_check
 
+            if not args.sanitize.replace(",", "").strip():
+                # an empty value ran no check without a word (`--sanitize "$CHECKS"` with CHECKS unset)
+                raise OpError("--sanitize '' names no check: write --sanitize alone for all three, or a subset "
+                              "of race,memory,init; --sanitize none runs without them")
             parse_check(args.sanitize, "--sanitize")  # a misspelt check: exit 2 before anything runs
             if _backend.get_backend() != "sim":
                 raise OpError("--sanitize runs in the emulator only (add --backend sim); on a GPU use "

@@ -60,3 +60,32 @@ def test_python_int_is_refused_on_gpu_too():
         mod.get_function("k")((1,), (32,), (np.zeros(32, np.float32), np.int32(32)))
     mod.get_function("k")((1,), (32,), (x, np.int32(16)))
     assert float(x.sum()) == 16.0
+
+
+def test_an_edited_user_header_is_compiled_again_on_gpu(tmp_path):
+    # CuPy's compile cache keys on the source and the options: without the headers' hash among the
+    # options, the second module would run the first build's cubin (GAIN 1)
+    import cupy
+
+    (tmp_path / "gain.h").write_text("#define GAIN 1.0f\n")
+    code = '#include "gain.h"\n__global__ void k(float* y) { y[threadIdx.x] = GAIN; }\n'
+    for gain in (1.0, 2.0):
+        (tmp_path / "gain.h").write_text(f"#define GAIN {gain}f\n")
+        y = cupy.zeros(4, cupy.float32)
+        llmcupy.RawModule(code=code, options=(f"-I{tmp_path}",)).get_function("k")((1,), (4,), (y,))
+        assert y.get().tolist() == [gain] * 4
+
+
+def test_half_and_vector_arguments_are_checked_on_gpu_too():
+    import cupy
+
+    mod = llmcupy.RawModule(code="#include <cuda_fp16.h>\n"
+                                 "__global__ void h(half* y, const __half* x) { y[threadIdx.x] = x[threadIdx.x]; }\n")
+    k = mod.get_function("h")
+    x = cupy.arange(4, dtype=cupy.float16)
+    y = cupy.zeros(4, cupy.float16)
+    k((1,), (4,), (y, x))
+    assert y.get().tolist() == [0, 1, 2, 3]
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"argument 1 \(const __half\* x\): expected an array of "
+                                                          r"float16, got float32"):
+        k((1,), (4,), (y, x.astype(cupy.float32)))

@@ -34,6 +34,31 @@ def test_editing_a_header_changes_the_compile_options(tmp_path, monkeypatch):
         seen.add(define())
 
 
+def test_an_edited_user_header_changes_the_options_cupy_compiles_with(tmp_path, monkeypatch):
+    # CuPy's compile cache keys on the source and the options only: before, a user's RawModule whose
+    # header (found through -I) was edited got the old cubin on a GPU. Checked here with CuPy's
+    # RawModule recorded instead of compiling (no GPU needed).
+    import cupy
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            seen.append(kwargs["options"])
+
+    monkeypatch.setattr(cupy, "RawModule", Recorder)
+    (tmp_path / "gain.h").write_text("#define GAIN 1.0f\n")
+    code = '#include "gain.h"\n__global__ void k(float* y) { y[0] = GAIN; }\n'
+    module.RawModule(code=code, options=(f"-I{tmp_path}",), target="cuda")
+    (tmp_path / "gain.h").write_text("#define GAIN 2.0f\n")
+    module.RawModule(code=code, options=(f"-I{tmp_path}",), target="cuda")
+    module.RawModule(code="__global__ void k(float* y) { y[0] = 1.0f; }", options=(f"-I{tmp_path}",), target="cuda")
+    first, second, plain = seen
+    assert first[0] == second[0] == f"-I{tmp_path}" and first[1].startswith("-DLLMCUPY_INCLUDES=")
+    assert first[1] != second[1] and len(first) == len(second) == 2
+    assert plain == (f"-I{tmp_path}",)   # no user header: the options as given
+
+
 def test_cooperative_groups_only_where_used():
     # the header costs ~1 s of NVRTC per file: common.cuh must not pull it into every file
     assert "#include <cooperative_groups" not in (kernels_dir() / "common.cuh").read_text()

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -226,18 +227,28 @@ __global__ void deadlock(float* out) {
 
 
 def test_hazard_counters():
+    # a launch that finds a hazard also warns, naming the kernel (before: only the counters, which
+    # only the tests read: a learner's barrier inside `if` ran without a word)
     mod = module(HAZARD_CODE)
     out = np.zeros(64, np.float32)
     sim.reset_hazards()
-    mod.get_function("divergent")((1,), (64,), (out,))
+    with pytest.warns(sim.SimHazardWarning, match=r"^divergent: 1 __syncthreads\(\) released while threads of a "
+                                                   r"block waited at different calls of it \(divergent_barriers\)"):
+        mod.get_function("divergent")((1,), (64,), (out,))
     assert sim.hazards()["divergent_barriers"] == 1
     sim.reset_hazards()
-    mod.get_function("exit_then_barrier")((1,), (64,), (out, np.int32(40)))
+    with pytest.warns(sim.SimHazardWarning, match=r"^exit_then_barrier: 1 __syncthreads\(\) that some threads of "
+                                                   r"the block never reached"):
+        mod.get_function("exit_then_barrier")((1,), (64,), (out, np.int32(40)))
     assert sim.hazards()["barrier_after_exit"] == 1
     sim.reset_hazards()
-    mod.get_function("read_exited_lane")((1,), (32,), (out, np.int32(20)))
+    with pytest.warns(sim.SimHazardWarning, match=r"^read_exited_lane: 12 warp collective\(s\) reading a lane"):
+        mod.get_function("read_exited_lane")((1,), (32,), (out, np.int32(20)))
     assert sim.hazards()["exited_lane_reads"] == 12  # lanes 4-15 read lanes 20-31, which returned
     sim.reset_hazards()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # a clean launch says nothing
+        mod.get_function("exit_then_barrier")((1,), (64,), (out, np.int32(64)))
 
 
 def test_deadlock_is_an_error_naming_lines():
@@ -313,6 +324,73 @@ def test_vector_pointer_alignment_is_checked():
         k((1,), (16,), (out, x[1:61], np.int32(15)))
 
 
+def test_half_bfloat16_and_vector_arguments_are_checked(no_hazards):
+    # before: a __half*, __nv_bfloat16* or uint4* parameter took any array (float32 data read as
+    # halves: wrong results without a word), a misaligned uint4 array (a GPU faults) and a float32
+    # scalar for a __half (2 of its 4 bytes); the signature showed them as '?'
+    mod = module(r"""
+    #include <cuda_fp16.h>
+    #include <cuda_bf16.h>
+    __global__ void axpy(half* y, const __half* x, __half a) {
+        y[threadIdx.x] = __hadd(y[threadIdx.x], __hmul(a, x[threadIdx.x]));
+    }
+    __global__ void widen(float* y, const __nv_bfloat16* x) { y[threadIdx.x] = __bfloat162float(x[threadIdx.x]); }
+    __global__ void ones(uint4* y) { y[threadIdx.x] = make_uint4(1, 1, 1, 1); }
+    """)
+    axpy, widen, ones = (mod.get_function(n) for n in ("axpy", "widen", "ones"))
+    assert axpy.signature == "axpy(__half* y, const __half* x, __half a)"
+    assert widen.signature == "widen(float* y, const __nv_bfloat16* x)"
+    y, x = np.ones(4, np.float16), np.arange(4, dtype=np.float16)
+    axpy((1,), (4,), (y, x, np.float16(0.5)))
+    assert y.tolist() == [1.0, 1.5, 2.0, 2.5]
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"axpy: argument 1 \(const __half\* x\): expected an array "
+                                                          r"of float16, got float32"):
+        axpy((1,), (4,), (y, x.astype(np.float32), np.float16(0.5)))
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"argument 2 \(__half a\): expected np.float16, got "
+                                                          r"np.float32"):
+        axpy((1,), (4,), (y, x, np.float32(0.5)))
+    f = np.zeros(2, np.float32)
+    widen((1,), (2,), (f, np.array([1.5, -2.0], np.float32).view(np.uint16)[1::2].copy()))  # the upper halves
+    assert f.tolist() == [1.5, -2.0]
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"expected an array of uint16 or bfloat16, got float16"):
+        widen((1,), (2,), (f, np.zeros(2, np.float16)))
+    u = np.zeros(9, np.uint32)
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"ones: argument 0 \(uint4\* y\): address .* is not "
+                                                          r"16-byte aligned"):
+        ones((1,), (2,), (u[1:],))
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"expected an array of uint32, got float32"):
+        ones((1,), (2,), (np.zeros(8, np.float32),))
+
+
+STATIC_SHARED = r"""
+__global__ void big(float* y) {
+    __shared__ float s[N];
+    __shared__ float t[32];
+    s[threadIdx.x] = t[threadIdx.x] = 1.0f;
+    __syncthreads();
+    y[threadIdx.x] = s[N - 1 - threadIdx.x] + t[threadIdx.x];
+}
+"""
+
+
+def test_more_static_shared_memory_than_a_gpu_allows_is_refused(no_hazards):
+    # before: 80 KB of __shared__ arrays ran in the emulator; ptxas refuses any kernel past 48 KiB
+    y = np.zeros(32, np.float32)
+    module(STATIC_SHARED, options=("-DN=12256",)).get_function("big")((1,), (32,), (y,))   # 48 KiB exactly
+    with pytest.raises(sim.SimSharedMemoryError, match=r"kernel big declares 49156 bytes of static shared memory "
+                                                       r"\(the largest: 's', line 3, 49028 bytes\), more than the "
+                                                       r"48 KiB \(49152 bytes\) a GPU allows"):
+        module(STATIC_SHARED, options=("-DN=12257",)).get_function("big")((1,), (32,), (y,))
+
+
+def test_the_static_shared_memory_limit_is_ptxas_limit(have_nvrtc):
+    from llmcupy import nvrtc
+
+    assert nvrtc.compile_source(STATIC_SHARED.replace("N", "12256"), 80).ok
+    result = nvrtc.compile_source(STATIC_SHARED.replace("N", "12257"), 80)
+    assert not result.ok and "49156 bytes smem" in result.log and "NVRTC_ERROR_COMPILATION" in result.log
+
+
 def test_fast_math_intrinsics_and_ucontext_fallback(no_hazards):
     code = r"""
     __global__ void maths(float* out, const float* x) {
@@ -347,6 +425,19 @@ def test_a_name_expression_that_names_no_kernel_says_so():
     assert "the source compiles" not in str(info.value)
 
 
+def test_a_missing_closing_brace_is_named_as_such():
+    # before: g++ blamed the emulator's entry points appended after the source, and the hint said
+    # "the source compiles, but a kernel name ... does not name a __global__ function"
+    with pytest.raises(sim.SimCompileError) as info:
+        module("__global__ void k(float* y) {\n    if (y) {\n        y[0] = 1.0f;\n}\n")
+    message = str(info.value)
+    assert "the source compiles" not in message
+    assert message.endswith("(kernel.cu ends inside a block: a '}' is missing (the outermost '{' left open is on "
+                            "line 1); the errors in llmcupy_sim_entries, the emulator's code appended after the "
+                            "source, follow from it)")
+    module('__global__ void k(char* y) { y[0] = \'{\'; const char* s = "{{"; /* { */ }')   # braces balance
+
+
 def test_options_given_as_one_string_are_refused():
     # tuple("-DFOO=3") split it into characters: the define was lost ("'FOO' was not declared")
     for make in (lambda: llmcupy.RawModule(code="__global__ void k(float* y) { y[0] = FOO; }", options="-DFOO=3"),
@@ -354,6 +445,125 @@ def test_options_given_as_one_string_are_refused():
         with pytest.raises(TypeError, match=r"options must be a tuple of strings, one per option, e.g. "
                                             r"\('-DFOO=3',\); got the string '-DFOO=3'"):
             make()
+
+
+SCALE_CODE = "__global__ void k(float* y) { y[threadIdx.x] = SCALE * threadIdx.x; }"
+
+# Options as a learner writes them: NVRTC accepts the first list and refuses the second (checked
+# against NVRTC itself below, where it is installed).
+NVRTC_ACCEPTS = [("-DSCALE=2",), ("-D", "SCALE=2"), ("--define-macro=SCALE=2",), ("--define-macro", "SCALE=2"),
+                 ("-DSCALE=2", "--use_fast_math", "-use_fast_math", "-lineinfo", "-G", "--ftz=true",
+                  "-maxrregcount=32", "--fmad", "false", "-Xptxas", "-v", "-dopt=on", "-restrict", "-w"),
+                 ("-DSCALE=2", "-arch", "sm_80"), ("-DSCALE=2", "-arch=sm_90a"), ("-DSCALE=2", "-std=c++11"),
+                 ("-DSCALE=2", "-std=c++14"),
+                 ("-DSCALE=7", "-USCALE", "-DSCALE=2")]
+NVRTC_REFUSES = [("-DSCALE=2", "--bogus-option"), ("-DSCALE=2", "-O3"), ("-DSCALE=2", "-g"),
+                 ("-DSCALE=2", "-use-fast-math"), ("-DSCALE=2", "-std=gnu++17"), ("SCALE=2",), ("-DSCALE=2", "-D"),
+                 ("-DSCALE=2", "-arch=sm80"), ("-DSCALE=2", "--gpu-architecture=native")]
+
+
+def test_nvrtc_options_take_effect_or_are_refused_as_nvrtc_refuses_them():
+    # before: an option the emulator did not know was dropped without a word (a misspelt
+    # '-use-fast-math' ran here and failed on the GPU), '-D', 'N=4' lost the define and made g++ say
+    # "macro names must be identifiers", and -std=c++11/14 failed with pages of errors in the
+    # emulator's own header
+    for opts in NVRTC_ACCEPTS:
+        y = np.zeros(4, np.float32)
+        llmcupy.RawModule(code=SCALE_CODE, options=opts, target="sim").get_function("k")((1,), (4,), (y,))
+        assert y.tolist() == [0, 2, 4, 6], opts
+    for opts in NVRTC_REFUSES:
+        with pytest.raises(sim.SimCompileError, match=r"^kernel.cu: (unrecognized NVRTC option|invalid value for "
+                                                      r"NVRTC option|NVRTC option '-D' needs a value)") as info:
+            llmcupy.RawModule(code=SCALE_CODE, options=opts, target="sim")
+        assert "\n" not in str(info.value)
+    with pytest.raises(sim.SimCompileError, match=r"'-use-fast-math' .*did you mean '--use_fast_math'\?"):
+        llmcupy.RawModule(code=SCALE_CODE, options=("-use-fast-math",), target="sim")
+
+
+def test_the_emulators_option_verdicts_agree_with_nvrtc(have_nvrtc):
+    from llmcupy import nvrtc
+
+    for opts, ok in [(o, True) for o in NVRTC_ACCEPTS] + [(o, False) for o in NVRTC_REFUSES]:
+        result = nvrtc.compile_source(SCALE_CODE, 80, name_expressions=[], options=list(opts))
+        assert result.ok == ok, (opts, result.log)
+
+
+def test_an_edited_header_gives_a_new_build_in_the_same_process_and_the_next(tmp_path, monkeypatch):
+    # before: the process kept the first build of a source (a notebook that edited its header and
+    # built the module again got the old code), the compile cache did not hash headers included with
+    # <...>, so another process got the old build too, and a relative -I folder was not found (g++
+    # runs in a temporary folder)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "inc").mkdir()
+    header = tmp_path / "inc" / "gain.h"
+    script = textwrap.dedent("""
+        import sys, numpy as np, llmcupy
+        m = llmcupy.RawModule(code=sys.argv[1], options=("-Iinc",), target="sim")
+        y = np.zeros(2, np.float32)
+        m.get_function("k")((1,), (2,), (y,))
+        print(y[0])
+    """)
+    for include in ('"gain.h"', "<gain.h>"):
+        code = f"#include {include}\n__global__ void k(float* y) {{ y[threadIdx.x] = GAIN; }}\n"
+        for gain in (1, 2):
+            header.write_text(f"#define GAIN {gain}.0f\n")
+            y = np.zeros(2, np.float32)
+            module(code, options=("-I", "inc")).get_function("k")((1,), (2,), (y,))
+            assert y.tolist() == [gain, gain], include
+            child = subprocess.run([sys.executable, "-c", script, code], capture_output=True, text=True, timeout=300)
+            assert child.stdout.split()[-1:] == [f"{gain}.0"], (include, child.stderr[-1000:])
+    header.write_text("#define GAIN 3.0f\n")   # a header given with -include
+    y = np.zeros(2, np.float32)
+    module("__global__ void k(float* y) { y[threadIdx.x] = GAIN; }", options=("-include", "inc/gain.h")
+           ).get_function("k")((1,), (2,), (y,))
+    assert y.tolist() == [3, 3]
+
+
+def test_an_unusable_default_cache_folder_says_which_variable_moves_it(tmp_path):
+    # before: a bare OSError (NotADirectoryError, PermissionError) from deep in the compiler, and a
+    # traceback from the CLIs; now one line naming LLMCUPY_CACHE_DIR (exit 2 from the CLIs)
+    (tmp_path / "home").write_text("a file where the home folder should be")
+    env = {k: v for k, v in os.environ.items() if k != "LLMCUPY_CACHE_DIR"}
+    env.update(HOME=str(tmp_path / "home"), LLMCUPY_BACKEND="sim")
+    proc = subprocess.run([sys.executable, "-m", "llmcupy.kernel", "gelu_forward", "1"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.startswith(f"error: cannot use {tmp_path}/home/.cache/llmcupy/sim for the emulator's compiled "
+                                  "kernels (Not a directory); set LLMCUPY_CACHE_DIR to a folder"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_full_compile_cache_disk_is_a_setup_error_naming_the_folder(tmp_path, monkeypatch):
+    # before: "the emulator could not compile kernel.cu" with the assembler's "No space left on
+    # device" (the kernel seemed at fault) and a traceback from the CLIs; writing the unit itself
+    # raised a bare OSError. Now a CacheFullError (a CompilerNotFound: set-up, exit 2 from the CLIs).
+    # A full disk is simulated: g++ failing as it does then, and a write failing with ENOSPC.
+    import errno
+    import subprocess as real_subprocess
+    from pathlib import Path
+
+    from llmcupy.sim import compiler
+
+    monkeypatch.setenv("LLMCUPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiler, "_BUILT", {})
+    code = "__global__ void k(float* y) { y[0] = 3.0f; }"
+    full = real_subprocess.CompletedProcess([], 1, "", "/tmp/cc.s: Assembler messages:\n/tmp/cc.s: Fatal error: "
+                                            "can't write 8 bytes to section .text: 'No space left on device'")
+    compiler.compiler_identity("g++")  # the real compiler's identity (cached) before g++ is faked
+    monkeypatch.setattr(compiler.subprocess, "run", lambda *a, **k: full)
+    message = (f"no space left in the emulator's compile cache {tmp_path}/sim to build full.cu: free space there, "
+               "remove old builds (llmcupy.sim.clear_cache()) or set LLMCUPY_CACHE_DIR to another folder")
+    with pytest.raises(compiler.CompilerNotFound) as info:
+        compiler.build_library(code, ["k"], filename="full.cu")
+    assert isinstance(info.value, compiler.CacheFullError) and str(info.value) == message
+    monkeypatch.setattr(compiler.subprocess, "run", real_subprocess.run)
+
+    def no_space(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", no_space)
+    with pytest.raises(compiler.CacheFullError, match=r"^no space left in the emulator's compile cache"):
+        compiler.build_library(code + " ", ["k"], filename="full.cu")
 
 
 def test_compile_cache_is_safe_across_processes(tmp_path):
@@ -414,7 +624,10 @@ def test_a_fault_in_kernel_code_is_an_exception_and_the_process_lives_on(workers
     # next launch in the same process runs (a notebook keeps its kernel)
     with sim.settings(workers=workers):
         with pytest.raises(sim.SimMemoryFaultError, match=r"kernel wild crashed with SIGSEGV in block \(\d+,0,0\), "
-                                                           r"thread \(\d+,0,0\): an out-of-bounds memory access at 0x"):
+                                                           r"thread \(\d+,0,0\): an out-of-bounds memory access at 0x"
+                                                           r"[0-9a-f]+ \(the launch again inside `with llmcupy.sim."
+                                                           r"settings\(check=\"memory\"\):`, or with "
+                                                           r"LLMCUPY_SIM_CHECK=memory, names the line\)"):
             module(WILD).get_function("wild")((4,), (32,), (np.zeros(1, np.float32),))
         with pytest.raises(sim.SimMemoryFaultError, match="kernel deep crashed with SIGSEGV .*: a fiber stack overflow "
                                                           r"\(LLMCUPY_SIM_STACK_KB"):
@@ -463,6 +676,51 @@ def test_trap_fails_the_launch_with_the_place_and_the_process_lives_on():
         k((1,), (32,), (x, np.int32(7)))
     k((1,), (32,), (x, np.int32(-1)))
     assert x.sum() == 32
+
+
+DIVIDE = r"""#include <climits>
+__global__ void share(int* y, int parts) {
+    y[threadIdx.x] = 100 / parts;
+}
+__global__ void wrap(unsigned* y, unsigned n) {
+    y[threadIdx.x] = threadIdx.x % n;
+}
+__global__ void negate(int* y, int d) {
+    y[threadIdx.x] = INT_MIN / d;
+}
+"""
+
+
+def test_an_integer_division_by_zero_is_an_exception_naming_the_line():
+    # x86 traps (SIGFPE) on an integer division by zero, where a GPU gives some value and goes on: the
+    # process died (exit -8) without a word. Now the launch stops naming kernel, line, type and thread,
+    # and the process lives on. In a child, so that a regression fails this test, not the whole run.
+    script = textwrap.dedent(f"""
+        import numpy as np, llmcupy
+        from llmcupy import sim
+        m = llmcupy.RawModule(code={DIVIDE!r}, target="sim")
+        for name, args in (("share", (np.zeros(4, np.int32), np.int32(0))),
+                           ("wrap", (np.zeros(4, np.uint32), np.uint32(0))),
+                           ("negate", (np.zeros(4, np.int32), np.int32(-1)))):
+            try:
+                m.get_function(name)((1,), (4,), args)
+            except sim.SimLaunchError as exc:
+                print(type(exc).__name__, str(exc).strip())
+        y = np.zeros(4, np.int32)
+        m.get_function("share")((1,), (4,), (y, np.int32(7)))
+        print("ALIVE", y.tolist())
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, LLMCUPY_BACKEND="sim"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("SimLaunchError share: kernel share divides 'int' by zero (/ or %) at kernel.cu:3, "
+                               "block (0,0,0), thread (0,0,0)"), lines
+    assert lines[1].startswith("SimLaunchError wrap: kernel wrap divides 'unsigned int' by zero (/ or %) at "
+                               "kernel.cu:6"), lines
+    # INT_MIN / -1 is not checked at compile time; the SIGFPE it raises abandons the block
+    assert lines[2].startswith("SimMemoryFaultError kernel negate crashed with SIGFPE in block (0,0,0)"), lines
+    assert lines[3] == "ALIVE [14, 14, 14, 14]"
 
 
 def _run_one_with_a_planted_crash(op_name, number, sizes, args):

@@ -699,6 +699,12 @@ def test_kernel_cli_sanitize(capsys, tmp_path):
     assert "sanitizers" not in capsys.readouterr().out and "sanitizers" not in json.loads(path.read_text())[0]
     assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", "rase"]) == 2
     assert "unknown sanitizer 'rase'" in capsys.readouterr().err
+    # before: an empty value ran no check and printed PASS as if checked
+    for empty in ("", " ", ","):
+        assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", empty]) == 2
+        assert "--sanitize '' names no check" in capsys.readouterr().err
+    assert cli.main(["softmax_forward", "4", "--backend", "sim", "--sanitize", "none", "--block-size", "64"]) == 0
+    assert "sanitizers" not in capsys.readouterr().out
 
 
 def test_plain_and_checked_builds_are_separate_libraries(no_hazards):

@@ -458,8 +458,17 @@ class RawModule:
             kwargs = {}
             if jitify:  # CuPy warns on every module given jitify=..., and v15 drops the argument
                 kwargs["jitify"] = True
+            # CuPy's compile cache (memory and disk) keys on the source and the options, not on the headers
+            # found through -I: their hash as a define makes an edited header a new key, not a stale cubin
+            options = self.options
+            try:
+                headers = sim_compiler.include_digest(code, self.options, self.filename)
+            except sim_compiler.SimCompileError:
+                headers = ""   # an option NVRTC refuses: CuPy's compile says so
+            if headers:
+                options += (f"-DLLMCUPY_INCLUDES={headers}",)
             self._cupy_module = cupy.RawModule(
-                code=code, options=self.options, backend=backend, translate_cucomplex=translate_cucomplex,
+                code=code, options=options, backend=backend, translate_cucomplex=translate_cucomplex,
                 enable_cooperative_groups=enable_cooperative_groups,
                 name_expressions=expressions or None, **kwargs,
             )
@@ -471,7 +480,9 @@ class RawModule:
                     names.append(expr)
             self.kernel_names = names
             self.variable_names = sim_compiler.device_variables(code)
-            self._sim_library = _SIM_LIBRARIES.get((code, self.options, tuple(names)))
+            # the included headers' hash too: a header edited since the last build gives a new library
+            memo_key = (code, self.options, tuple(names), sim_compiler.include_digest(code, self.options, self.filename))
+            self._sim_library = _SIM_LIBRARIES.get(memo_key)
             if self._sim_library is None:
                 from ..sim.launcher import SimLibrary
 
@@ -482,7 +493,7 @@ class RawModule:
                     # (RawKernel(code, "scal")); say which name instead
                     self._refuse_unknown_expressions(code)
                     raise
-                _SIM_LIBRARIES[(code, self.options, tuple(names))] = self._sim_library
+                _SIM_LIBRARIES[memo_key] = self._sim_library
         else:
             raise ValueError(f"unknown target {self.backend!r}")
 

@@ -32,6 +32,7 @@ SCALAR_TYPES = {
     "signed char": np.int8,
     "unsigned char": np.uint8,
     "bool": np.bool_,
+    "__half": np.float16,
 }
 
 # Pointee spelling -> (element dtype or None for "any", required alignment in bytes).
@@ -52,6 +53,28 @@ POINTEE_TYPES = {
     "short": (np.int16, 2),
     "unsigned short": (np.uint16, 2),
     "bool": (np.bool_, 1),
+    # the other vector types with CUDA's alignment (a GPU faults on a misaligned uint4 load)
+    "float1": (np.float32, 4),
+    "float3": (np.float32, 4),
+    "double4": (np.float64, 16),
+    "int1": (np.int32, 4),
+    "int3": (np.int32, 4),
+    "uint2": (np.uint32, 8),
+    "uint4": (np.uint32, 16),
+    "short2": (np.int16, 4),
+    "short4": (np.int16, 8),
+    "ushort2": (np.uint16, 4),
+    "longlong2": (np.int64, 16),
+    "ulonglong2": (np.uint64, 16),
+    "char4": (None, 4),
+    "uchar2": (None, 2),
+    "uchar4": (None, 4),
+    # cuda_fp16.h / cuda_bf16.h: float16 arrays; NumPy has no bfloat16, so its raw bits as uint16
+    # (or ml_dtypes' bfloat16, which CuPy and NumPy can hold)
+    "__half": (np.float16, 2),
+    "__half2": (np.float16, 4),
+    "__nv_bfloat16": (("uint16", "bfloat16"), 2),
+    "__nv_bfloat162": (("uint16", "bfloat16"), 4),
     "char": (None, 1),
     "signed char": (None, 1),
     "unsigned char": (None, 1),
@@ -73,6 +96,10 @@ _ALIASES = {
     "int32_t": "int",
     "uint32_t": "unsigned int",
     "uint": "unsigned int",
+    "half": "__half",
+    "half2": "__half2",
+    "nv_bfloat16": "__nv_bfloat16",
+    "nv_bfloat162": "__nv_bfloat162",
 }
 
 
@@ -272,7 +299,10 @@ def _check_pointer(where: str, p: Param, a, backend: str):
         address = a.ctypes.data
     if not a.flags.c_contiguous:
         raise KernelArgumentError(f"{where}: the array is not C-contiguous; pass xp.ascontiguousarray(...)")
-    if dtype is not None and a.dtype != np.dtype(dtype):
+    if isinstance(dtype, tuple):   # any of these dtype names (bfloat16: its bits as uint16, or ml_dtypes')
+        if a.dtype.name not in dtype:
+            raise KernelArgumentError(f"{where}: expected an array of {' or '.join(dtype)}, got {a.dtype.name}")
+    elif dtype is not None and a.dtype != np.dtype(dtype):
         raise KernelArgumentError(f"{where}: expected an array of {np.dtype(dtype).name}, got {a.dtype.name}")
     if address % align:
         raise KernelArgumentError(

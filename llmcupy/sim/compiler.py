@@ -47,6 +47,8 @@ processes compiling the same source at once both end up with a complete library.
 from __future__ import annotations
 
 import bisect
+import difflib
+import errno
 import functools
 import hashlib
 import os
@@ -64,7 +66,7 @@ _GLOBAL_FN = re.compile(
     r"(?:extern\s+\"C\"\s+)?(?:static\s+)?__global__\s+(?:__launch_bounds__\s*\((?P<bounds>[^)]*)\)\s*)?void\s+"
     r"(?:__launch_bounds__\s*\((?P<bounds_after>[^)]*)\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\("
 )
-_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+_INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)', re.M)
 _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b(?P<rest>[^;{}]*?)\b(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
 _SHARED = re.compile(r"(?P<static>\bstatic\s+)?(?<![\w])__shared__\b(?P<rest>[^;{}]*);")
 _ALIGN = re.compile(r"\b(?:__align__|alignas|__attribute__)\s*\(")
@@ -430,17 +432,50 @@ def rewrite_asm(code: str) -> str:
     return "".join(out)
 
 
-def _included_files(code: str, include_dirs: list[Path], seen: set[Path]) -> list[Path]:
+def _included_files(code: str, include_dirs: list[Path], seen: set[Path], here: Path | None = None) -> list[Path]:
+    """The user's headers a source includes, nested ones too, found as g++ finds them here: a quoted
+    name in the including header's folder first, then the emulator's headers (hashed with the
+    emulator, so skipped here), then the -I folders in order; ``<...>`` names the same without the
+    first step."""
     found = []
-    for rel in _QUOTED_INCLUDE.findall(code):
-        for d in include_dirs:
-            p = (d / rel).resolve()
-            if p.is_file() and p not in seen:
-                seen.add(p)
-                found.append(p)
-                found += _included_files(p.read_text(), include_dirs + [p.parent], seen)
+    for quoted, angled in _INCLUDE.findall(code):
+        rel = quoted or angled
+        candidates = [here / rel] if quoted and here is not None else []
+        if not candidates or not candidates[0].is_file():
+            if (INCLUDE_DIR / rel).is_file():
+                continue
+            candidates = [d / rel for d in include_dirs]
+        for cand in candidates:
+            if cand.is_file():
+                p = cand.resolve()
+                if p not in seen:
+                    seen.add(p)
+                    found.append(p)
+                    found += _included_files(p.read_text(errors="replace"), include_dirs, seen, p.parent)
                 break
     return found
+
+
+def include_digest(code: str, options=(), filename: str = "kernel.cu") -> str:
+    """Hash of the user's headers the source includes (through -I folders, and -include), so that an
+    edited header makes a new library: in the compile cache and in the process's own memos (a
+    notebook that edits a header and builds the module again gets the new code)."""
+    flags, include_dirs = translate_options(options, filename)
+    files = _included_files(code, include_dirs, set())
+    pre = [flags[k + 1] for k, f in enumerate(flags) if f == "-include"]
+    if pre:
+        files += _included_files("".join(f'#include "{name}"\n' for name in pre), include_dirs, set(files),
+                                 Path.cwd())
+    if not files:
+        return ""
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(str(p).encode() + b"\0")
+        try:
+            digest.update(p.read_bytes())
+        except OSError:
+            pass  # gone since it was found: g++ will say so
+    return digest.hexdigest()[:24]
 
 
 def _compiler_env() -> dict:
@@ -454,6 +489,16 @@ def _compiler_env() -> dict:
 
 class CompilerNotFound(SimCompileError):
     """No working C++ compiler: the machine's set-up, not the kernel (the CLIs exit 2)."""
+
+
+class CacheFullError(CompilerNotFound):
+    """The compile cache's disk is full: the machine's set-up, not the kernel (the CLIs exit 2)."""
+
+
+def _cache_full(out_dir: Path, filename: str) -> CacheFullError:
+    return CacheFullError(f"no space left in the emulator's compile cache {out_dir} to build {filename}: free space "
+                          "there, remove old builds (llmcupy.sim.clear_cache()) or set LLMCUPY_CACHE_DIR to another "
+                          "folder")
 
 
 @functools.lru_cache(maxsize=None)
@@ -500,34 +545,90 @@ def ensure_cache_dir(path: Path) -> Path:
     except OSError as exc:
         setting = os.environ.get("LLMCUPY_CACHE_DIR")
         if not setting:
-            raise
+            # the default folder (a read-only or odd home): say which setting moves it
+            raise ValueError(f"cannot use {path} for the emulator's compiled kernels ({exc.strerror or exc}); set "
+                             "LLMCUPY_CACHE_DIR to a folder that can be created and written") from None
         raise ValueError(f"LLMCUPY_CACHE_DIR={setting!r} is not valid: cannot use {path} for the emulator's "
                          f"compiled kernels ({exc.strerror or exc}); give a folder that can be created and "
                          "written, or unset it (default ~/.cache/llmcupy)") from None
     return path
 
 
-def translate_options(options) -> tuple[list[str], list[Path]]:
-    """Maps NVRTC options onto g++: -I, -D and -std carry over; GPU-only options are dropped."""
+# NVRTC's options (CUDA 12 and 13), by name without the leading dashes (NVRTC takes one or two):
+# those that take a value (after "=" or as the next option) and those that do not. NVRTC refuses any
+# other option (NVRTC_ERROR_INVALID_OPTION: "unrecognized option"), so the emulator does too, instead
+# of dropping it: a misspelt option would otherwise pass here and fail on the GPU.
+_NVRTC_VALUE_OPTIONS = frozenset("""
+    gpu-architecture arch relocatable-device-code rdc dopt ptxas-options Xptxas maxrregcount ftz prec-sqrt
+    prec-div fmad modify-stack-limit jump-table-density device-stack-protector Ofast-compile define-macro D
+    undefine-macro U include-path I pre-include include std builtin-move-forward builtin-initializer-list
+    optimization-info diag-error diag-suppress diag-warn brief-diagnostics time split-compile fdevice-time-trace
+    frandom-seed create-pch use-pch pch-dir pch-verbose pch-messages instantiate-templates-in-pch
+    static-global-template-stub device-entity-has-hidden-visibility""".split())
+_NVRTC_FLAG_OPTIONS = frozenset("""
+    extensible-whole-program ewp device-debug G generate-line-info lineinfo use_fast_math
+    extra-device-vectorization dlink-time-opt dlto gen-opt-lto optix-ir no-source-include disable-warnings w
+    restrict device-as-default-execution-space default-device device-int128 device-float128
+    display-error-number err-no no-display-error-number no-err-no fdevice-syntax-only minimal pch""".split())
+# The C++ standards NVRTC takes; the emulator's header needs C++17, so older ones build as C++17.
+_NVRTC_STANDARDS = ("c++03", "c++11", "c++14", "c++17", "c++20")
+
+
+def translate_options(options, filename: str = "kernel.cu") -> tuple[list[str], list[Path]]:
+    """Maps NVRTC options onto g++: -D, -U, -I, --pre-include and -std carry over, -arch sets
+    ``__CUDA_ARCH__``; NVRTC's other options (code generation, diagnostics) have no meaning on a
+    CPU and are accepted without effect. An option NVRTC does not know raises SimCompileError naming
+    it, as NVRTC refuses it."""
     flags, include_dirs = [], []
-    it = iter(options or ())
-    for opt in it:
-        if opt in ("-I", "--include-path"):
-            include_dirs.append(Path(next(it)))
-        elif opt.startswith("--include-path="):
-            include_dirs.append(Path(opt.split("=", 1)[1]))
-        elif opt.startswith("-I"):
-            include_dirs.append(Path(opt[2:]))
-        elif opt.startswith(("-D", "--define-macro=")):
-            flags.append("-D" + opt.split("=", 1)[1] if opt.startswith("--define") else opt)
-        elif opt.startswith(("-std=", "--std=")):
-            flags.append("-std=" + opt.split("=", 1)[1])
-        elif opt.startswith(("-arch=", "--gpu-architecture=")) or opt in ("-arch", "--gpu-architecture"):
-            arch = opt.split("=", 1)[1] if "=" in opt else next(it, "")
-            m = re.search(r"(?:sm|compute)_(\d+)", arch)
-            if m:  # __CUDA_ARCH__ as NVRTC sets it for this -arch, so `#if` guards pick the same branch
-                flags.append(f"-D__CUDA_ARCH__={int(m[1][:-1]) * 100 + int(m[1][-1]) * 10}")
-        # --use_fast_math, -arch, --gpu-architecture, -lineinfo ...: no meaning on a CPU.
+    options = list(options or ())
+    i = 0
+    while i < len(options):
+        opt = options[i]
+        i += 1
+        if not isinstance(opt, str) or not opt.startswith("-"):
+            raise SimCompileError(f"{filename}: unrecognized NVRTC option {opt!r} (NVRTC refuses it too); "
+                                  "every option starts with '-', and a value follows its option: "
+                                  "('-D', 'N=4') or ('-DN=4',)")
+        body = opt[2:] if opt.startswith("--") else opt[1:]
+        if body[:1] in ("D", "U", "I") and len(body) > 1 and not opt.startswith("--"):
+            name, eq, value = body[0], "=", body[1:]   # -DN=4, -Idir: the value attached
+        else:
+            name, eq, value = body.partition("=")
+        if name in _NVRTC_FLAG_OPTIONS and not eq:
+            continue  # --use_fast_math, -lineinfo, -G ...: no meaning on a CPU
+        if name not in _NVRTC_VALUE_OPTIONS:
+            close = difflib.get_close_matches(name, sorted(_NVRTC_VALUE_OPTIONS | _NVRTC_FLAG_OPTIONS), n=1)
+            hint = f"did you mean '--{close[0]}'? " if close else ""
+            raise SimCompileError(
+                f"{filename}: unrecognized NVRTC option {opt!r} (NVRTC refuses it too: NVRTC_ERROR_INVALID_OPTION); "
+                f"{hint}NVRTC's documentation lists its options (in the emulator -D, -U, -I, -include, -std and "
+                "-arch take effect, the others are accepted without effect)")
+        if not eq:
+            if i >= len(options):
+                raise SimCompileError(f"{filename}: NVRTC option {opt!r} needs a value, as the next option or "
+                                      "after '='")
+            value = options[i]
+            i += 1
+        if name in ("D", "define-macro"):
+            flags.append("-D" + value)
+        elif name in ("U", "undefine-macro"):
+            flags.append("-U" + value)
+        elif name in ("I", "include-path"):
+            include_dirs.append(Path(value).absolute())   # g++ runs in a temporary folder
+        elif name in ("include", "pre-include"):
+            flags += ["-include", str(Path(value).absolute()) if Path(value).is_file() else value]
+        elif name == "std":
+            if value not in _NVRTC_STANDARDS:
+                raise SimCompileError(f"{filename}: invalid value for NVRTC option {opt!r} (NVRTC refuses it too); "
+                                      f"choose -std= one of {', '.join(_NVRTC_STANDARDS)}")
+            flags.append("-std=c++20" if value == "c++20" else "-std=c++17")
+        elif name in ("arch", "gpu-architecture"):
+            m = re.fullmatch(r"(?:sm|compute)_(\d+)[af]?", value)
+            if not m:   # -arch=sm80, -arch=80, -arch=native: NVRTC refuses them
+                raise SimCompileError(f"{filename}: invalid value for NVRTC option {opt!r} (NVRTC refuses it too); "
+                                      "write -arch=sm_80 or -arch=compute_80 (any sm_XX / compute_XX)")
+            # __CUDA_ARCH__ as NVRTC sets it for this -arch, so `#if` guards pick the same branch
+            flags.append(f"-D__CUDA_ARCH__={int(m[1][:-1]) * 100 + int(m[1][-1]) * 10}")
     return flags, include_dirs
 
 
@@ -579,7 +680,8 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
     tables (``-g1``), ``LLMCUPY_SIM_ACCESS_HOOKS`` defined, so every load and store of the kernel
     reaches the emulator's access observers (see "Access hooks" in llmcupy_sim.h). It is cached
     under its own key; the plain build is untouched."""
-    memo_key = (code, tuple(kernels), tuple(options or ()), filename, tuple(variables), bool(instrument),
+    memo_key = (code, include_digest(code, options, filename), tuple(kernels), tuple(options or ()), filename,
+                tuple(variables), bool(instrument),
                 os.environ.get("LLMCUPY_SIM_ASAN", ""), os.environ.get("CXX", "g++"), str(cache_dir()))
     lib = _BUILT.get(memo_key)
     if lib is not None and lib.exists():
@@ -593,7 +695,7 @@ _BUILT: dict = {}  # the libraries this process built or found, by everything th
 
 
 def _build_library(code, kernels, options, filename, variables, instrument=False) -> Path:
-    flags, include_dirs = translate_options(options)
+    flags, include_dirs = translate_options(options, filename)
     if not any(f.startswith("-std=") for f in flags):
         flags.append("-std=c++17")
     asan = os.environ.get("LLMCUPY_SIM_ASAN", "") not in ("", "0")
@@ -614,7 +716,8 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
                   "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique", "-fstack-clash-protection"]
     # Only for the compile step: linked with -fsanitize, g++ would make the library load UBSan's
     # runtime (not wanted, and not on every machine).
-    check_flags = ["-fsanitize=float-cast-overflow"]
+    # -fsanitize=integer-divide-by-zero likewise: x86 traps (SIGFPE) where a GPU gives some value.
+    check_flags = ["-fsanitize=float-cast-overflow", "-fsanitize=integer-divide-by-zero"]
     if asan and instrument:
         raise SimCompileError(f"{filename}: the sanitizers (llmcupy.sim.settings(check=...)) and the AddressSanitizer "
                               "build (LLMCUPY_SIM_ASAN) cannot be combined; unset one of them")
@@ -634,8 +737,7 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         digest.update(b"\0")
     digest.update(_include_dir_digest())
     digest.update(_compiler_source_digest())
-    for p in _included_files(code, include_dirs, set()):
-        digest.update(p.read_bytes())
+    digest.update(include_digest(code, options, filename).encode())
     key = digest.hexdigest()[:24]
     out_dir = ensure_cache_dir(cache_dir())
     lib = out_dir / f"{Path(safe_name).stem}-{key}{'-asan' if asan else ''}{'-check' if instrument else ''}.so"
@@ -677,6 +779,17 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     )
     includes = [f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
 
+    try:
+        return _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, volatile, instrument, asan,
+                                    out_dir, lib, filename, kernels, code)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):   # writing the unit or the library
+            raise _cache_full(out_dir, filename) from None
+        raise
+
+
+def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, volatile, instrument, asan, out_dir,
+                         lib, filename, kernels, code) -> Path:
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
         src = Path(tmp) / "unit.cpp"
         src.write_text(unit)
@@ -690,9 +803,18 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         for cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
             if proc.returncode != 0:
+                if "No space left on device" in proc.stderr or "Disk quota exceeded" in proc.stderr:
+                    raise _cache_full(out_dir, filename)   # g++ or the assembler could not write its output
                 errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
                 hint = ""
-                if errors and all(line.startswith("llmcupy_sim_entries:") for line in errors):
+                unclosed = _unclosed_brace_line(code)
+                if unclosed:
+                    # the entry points appended after the source land inside the unclosed block, and g++
+                    # blames them: say where the block opened instead
+                    hint = (f"\n({filename} ends inside a block: a '}}' is missing (the outermost '{{' left open is on "
+                            f"line {unclosed}); the errors in llmcupy_sim_entries, the emulator's code appended after "
+                            "the source, follow from it)")
+                elif errors and all(line.startswith("llmcupy_sim_entries:") for line in errors):
                     # the source compiled; only the emulator's entry points naming each kernel did not
                     hint = (f"\n(the source compiles, but a kernel name or name expression ({', '.join(kernels)}) "
                             "does not name a __global__ function as written: a template kernel needs its "
@@ -705,6 +827,21 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         os.replace(stack, Path(str(lib) + ".stack"))
         os.replace(tmp_lib, lib)
     return lib
+
+
+_LITERAL = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
+
+
+def _unclosed_brace_line(code: str) -> int:
+    """The line of the outermost '{' the source never closes (0 when its braces balance)."""
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
+    stack = []
+    for m in re.finditer(r"[{}]", text):
+        if m.group(0) == "{":
+            stack.append(m.start())
+        elif stack:
+            stack.pop()
+    return text.count("\n", 0, stack[0]) + 1 if stack else 0
 
 
 def clear_cache() -> None:

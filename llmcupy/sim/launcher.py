@@ -30,6 +30,7 @@ import ctypes
 import os
 import re
 import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,7 +70,8 @@ class SimSharedMemoryError(SimLaunchError):
 
 
 class SimMemoryFaultError(SimLaunchError):
-    """A thread faulted (SIGSEGV/SIGBUS: an address nothing is mapped at, or a fiber stack overflow);
+    """A thread faulted (SIGSEGV/SIGBUS: an address nothing is mapped at, or a fiber stack overflow;
+    SIGFPE: INT_MIN / -1, which x86 traps on and a GPU does not);
     its block was abandoned, as a GPU reports cudaErrorIllegalAddress. Names kernel, block, thread and,
     where the emulator knows it, what the address was; ``--sanitize memory`` names the source line."""
 
@@ -208,6 +210,21 @@ class _LaunchResult(ctypes.Structure):
 
 
 HAZARDS = ("divergent_barriers", "barrier_after_exit", "exited_lane_reads")
+
+# What each hazard means on a GPU, for the warning a launch that found one gives (the counters alone
+# were seen only by the tests: a learner's kernel with a barrier inside `if (threadIdx.x < 16)` ran
+# without a word)
+_HAZARD_TEXT = {
+    "divergent_barriers": "__syncthreads() released while threads of a block waited at different calls of it",
+    "barrier_after_exit": "__syncthreads() that some threads of the block never reached (they had returned)",
+    "exited_lane_reads": "warp collective(s) reading a lane that had exited or was not in the mask (an undefined "
+                         "value on a GPU)",
+}
+
+
+class SimHazardWarning(RuntimeWarning):
+    """A launch ran into one of the hazards :func:`hazards` counts: code whose result a GPU does not
+    define (a barrier not reached by every thread of the block, a shuffle from an exited lane)."""
 
 
 # -- the emulator's environment variables ------------------------------------------------------
@@ -646,6 +663,13 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
         _launches += 1
         for k in HAZARDS:
             _counters[k] += getattr(res, k)
+    for k in HAZARDS:
+        if getattr(res, k):
+            # once per kernel and hazard (Python's default filter shows each message once per place)
+            warnings.warn(SimHazardWarning(
+                f"{name}: {getattr(res, k)} {_HAZARD_TEXT[k]} ({k}): CUDA requires every thread of a block to reach "
+                "each __syncthreads() and a collective's lanes to take part in it; a GPU may hang or give other "
+                "results. llmcupy.sim.hazards() counts these"), stacklevel=4)
     if library is not None and check & CHECK_METRICS and not res.error:
         _metrics.record_launch(library._lib, str(library.path), name, grid, block, shared_mem, library._source[3])
     if library is not None:
@@ -655,7 +679,7 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
         if error is not None:
             raise error
     if res.error:
-        raise SimLaunchError(f"{name}: {res.message.decode(errors='replace')}")
+        raise SimLaunchError(f"{name}: {res.message.decode(errors='replace').rstrip()}")
     message = res.message.decode(errors="replace").rstrip()
     if res.assert_failed:
         raise SimDeviceAssertError(message)

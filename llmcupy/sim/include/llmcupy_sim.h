@@ -1610,6 +1610,25 @@ inline void check_shared_guards(Worker* w) {
         return false;
     };
     char line[400];
+    // ptxas refuses a kernel whose static __shared__ arrays exceed 48 KiB: only dynamic shared
+    // memory may go beyond, with an opt-in. The emulator has no such
+    // limit, so a kernel that could never run on a GPU ran here; counted over the arrays the block used.
+    constexpr size_t kMaxStaticShared = 48 * 1024;
+    size_t static_bytes = 0;
+    for (const auto& g : w->guards) static_bytes += g.bytes;
+    if (static_bytes > kMaxStaticShared) {
+        const auto* largest = &w->guards[0];
+        for (const auto& g : w->guards) if (g.bytes > largest->bytes) largest = &g;
+        std::snprintf(line, sizeof line,
+                      "kernel %s declares %zu bytes of static shared memory (the largest: '%s', line %d, %zu bytes), "
+                      "more than the 48 KiB (49152 bytes) a GPU allows (NVRTC's ptxas refuses to compile it); use "
+                      "extern __shared__ and the launch's shared_mem for more\n",
+                      w->kernel_name, static_bytes, largest->name, largest->line, largest->bytes);
+        append_message(&w->counters, line);
+        w->counters.shared_overflow = 1;
+        w->abandoned = true;
+        return;
+    }
     for (const auto& g : w->guards) {
         size_t guard = size_t(g.hi - g.lo) - g.bytes;
         bool below = bad(g.lo, guard), above = bad(g.hi, guard);
@@ -1728,11 +1747,16 @@ inline void describe_fault(Worker* w, int sig, uintptr_t a, char* out, size_t n)
     } else if (stack && a < stack && a + page >= stack) {
         std::snprintf(what, sizeof what, "a fiber stack overflow (LLMCUPY_SIM_STACK_KB raises the fiber stack)");
     } else {
-        std::snprintf(what, sizeof what, "an out-of-bounds memory access at %#llx (LLMCUPY_SIM_CHECK=memory "
-                      "names the line)", (unsigned long long)a);
+        std::snprintf(what, sizeof what, "an out-of-bounds memory access at %#llx (the launch again inside "
+                      "`with llmcupy.sim.settings(check=\"memory\"):`, or with LLMCUPY_SIM_CHECK=memory, names the "
+                      "line)", (unsigned long long)a);
     }
+    if (sig == SIGFPE)
+        std::snprintf(what, sizeof what, "an integer division that traps on a CPU (INT_MIN / -1, or a division "
+                      "by zero); a GPU gives an unspecified value: check the operands before dividing");
     std::snprintf(out, n, "kernel %s crashed with %s in block (%u,%u,%u), thread (%u,%u,%u): %s",
-                  w->kernel_name, sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : "a signal",
+                  w->kernel_name,
+                  sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : "a signal",
                   w->block_idx.x, w->block_idx.y, w->block_idx.z, w->cur->tid.x, w->cur->tid.y, w->cur->tid.z, what);
 }
 
@@ -1748,10 +1772,10 @@ inline void fault_handler(int sig, siginfo_t* info, void* uctx) {
         // running on the fiber's stack, or touching its guard page (an overflow, with the stack pointer
         // anywhere below): the thread's own code faulted
         bool own_stack = sp >= stack && sp <= stack + w->cur->stack_size;
-        bool overflow = a < stack && a + page >= stack;
+        bool overflow = sig != SIGFPE && a < stack && a + page >= stack;
         if (w->in_fiber && (own_stack || overflow)) {
             append_message(&w->counters, msg);
-            append_message(&w->counters, overflow ? "; the block was abandoned\n"
+            append_message(&w->counters, overflow || sig == SIGFPE ? "; the block was abandoned\n"
                                                   : "; the block was abandoned (out-of-bounds writes before the "
                                                     "fault may have changed other memory of this process)\n");
             w->counters.memory_fault = 1;
@@ -1896,6 +1920,27 @@ inline void float_cast_overflow(const UbsanFloatCastData* d) {
                   w->kernel_name, d->from ? d->from->name : "float", d->to ? d->to->name : "an integer",
                   d->loc.file ? d->loc.file : "?", d->loc.line, w->block_idx.x, w->block_idx.y, w->block_idx.z,
                   f->tid.x, f->tid.y, f->tid.z);
+    stop_launch(w, f, msg, &LaunchResult::error);
+}
+
+// An integer division or remainder by zero: a GPU gives an unspecified value and goes on, x86 traps
+// (SIGFPE), which would kill the Python process. The library is built with GCC's
+// -fsanitize=integer-divide-by-zero, whose check calls the handler below (no UBSan runtime) before
+// the division; the launch stops with an error naming the line, as for the float casts above.
+// (INT_MIN / -1, the other division x86 traps on, is not checked there: the SIGFPE handler reports it.)
+struct UbsanDivremData { UbsanSourceLocation loc; const UbsanTypeDescriptor* type; };
+
+inline void divide_by_zero(const UbsanDivremData* d) {
+    Worker* w = tls_worker;
+    if (w == nullptr || w->cur == nullptr || !w->in_fiber) return;  // host-side code: the CPU's trap
+    Fiber* f = w->cur;
+    char msg[640];
+    std::snprintf(msg, sizeof msg,
+                  "kernel %s divides %s by zero (/ or %%) at %s:%u, block (%u,%u,%u), thread (%u,%u,%u): a GPU "
+                  "gives an unspecified value where the CPU traps, so the emulator stops the launch; check the "
+                  "divisor before dividing\n",
+                  w->kernel_name, d->type ? d->type->name : "an integer", d->loc.file ? d->loc.file : "?",
+                  d->loc.line, w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y, f->tid.z);
     stop_launch(w, f, msg, &LaunchResult::error);
 }
 
@@ -2127,13 +2172,14 @@ inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure
                       kMaxWorkers);
         return 1;
     }
-    struct sigaction sa{}, old_segv{}, old_bus{}, dog{}, old_dog{};
+    struct sigaction sa{}, old_segv{}, old_bus{}, old_fpe{}, dog{}, old_dog{};
     sa.sa_sigaction = fault_handler;
     // SA_NODEFER: a handler that leaves a faulting thread never returns, so SIGSEGV must not stay blocked
     sa.sa_flags = SA_ONSTACK | SA_SIGINFO | SA_NODEFER;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGSEGV, &sa, &old_segv);
     sigaction(SIGBUS, &sa, &old_bus);
+    sigaction(SIGFPE, &sa, &old_fpe);
     if (cfg->timeout_ms) {
         // SA_NODEFER: the handler never returns when it abandons a thread, so it must not leave
         // its own signal blocked.
@@ -2160,6 +2206,7 @@ inline int run_grid(const LaunchConfig* cfg, void (*thunk)(void*), void* closure
     }, cfg->timeout_ms);
     sigaction(SIGSEGV, &old_segv, nullptr);
     sigaction(SIGBUS, &old_bus, nullptr);
+    sigaction(SIGFPE, &old_fpe, nullptr);
     if (cfg->timeout_ms) sigaction(kWatchdogSignal, &old_dog, nullptr);
 #ifdef LLMCUPY_SIM_ACCESS_HOOKS
     LLMCUPY_SIM_NOTIFY(on_launch_end, res);
@@ -2266,6 +2313,10 @@ inline const char* signature(void (*)(A...)) {
 // GCC's -fsanitize=float-cast-overflow check calls this (see float_cast_overflow above).
 extern "C" __attribute__((used)) void __ubsan_handle_float_cast_overflow(void* data, void*) {
     llmcupy_sim::float_cast_overflow(static_cast<const llmcupy_sim::UbsanFloatCastData*>(data));
+}
+// GCC's -fsanitize=integer-divide-by-zero check calls this (see divide_by_zero above).
+extern "C" __attribute__((used)) void __ubsan_handle_divrem_overflow(void* data, void*, void*) {
+    llmcupy_sim::divide_by_zero(static_cast<const llmcupy_sim::UbsanDivremData*>(data));
 }
 
 #if defined(LLMCUPY_SIM_VOLATILE_HOOKS) || defined(LLMCUPY_SIM_ACCESS_HOOKS)

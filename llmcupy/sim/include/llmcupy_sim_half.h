@@ -123,4 +123,9 @@ inline float bf16_to_f32(unsigned short b) {
     inline T htrunc(T a) { return T(std::trunc(float(a))); }                                           \
     inline T hrint(T a) { return T(std::nearbyint(float(a))); }                                        \
     inline T2 h2exp(T2 a) { return T2(hexp(a.x), hexp(a.y)); }                                         \
-    inline T2 h2sqrt(T2 a) { return T2(hsqrt(a.x), hsqrt(a.y)); }
+    inline T2 h2sqrt(T2 a) { return T2(hsqrt(a.x), hsqrt(a.y)); }                                     \
+    /* spelt in the kernel's exported signature, so a launch can check an argument's dtype */          \
+    namespace llmcupy_sim {                                                                            \
+    template <> struct type_name<T> { static const char* get() { return #T; } };                       \
+    template <> struct type_name<T2> { static const char* get() { return #T2; } };                     \
+    }
