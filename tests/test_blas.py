@@ -411,3 +411,55 @@ def test_cublaslt_plan_follows_the_operands_alignment(checked_blas):
     # cuBLAS's A is our w (0xB000), its B our x (0xA010: 16-byte aligned), C and D our out (0xC004: 4)
     assert (last[P.MIN_ALIGNMENT_A_BYTES], last[P.MIN_ALIGNMENT_B_BYTES], last[P.MIN_ALIGNMENT_C_BYTES],
             last[P.MIN_ALIGNMENT_D_BYTES]) == (256, 16, 4, 4)
+
+
+def test_bias_epilogue_refuses_a_bias_that_is_not_16_byte_aligned():
+    # cuBLASLt's epilogue loads the bias 16 bytes at a time and its heuristic cannot be told less
+    # (llm.c asserts the same): a row of a packed buffer one float off would fault or be refused on
+    # the GPU, so both backends refuse it up front, naming the alignment
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-1, 1, size=(10, 24)).astype(np.float32)
+    w = rng.uniform(-1, 1, size=(6, 24)).astype(np.float32)
+    packed = np.zeros(12, np.float32)
+    start = (-packed.ctypes.data % 16) // 4          # the first 16-byte aligned float of the buffer
+    out = np.empty((10, 6), np.float32)
+    with pytest.raises(blas.GemmError, match="needs the bias 16-byte aligned"):
+        blas.gemm(x, w, out, trans_b=True, bias=packed[start + 1:start + 7])
+    bias = packed[start:start + 6]
+    bias[:] = rng.uniform(-1, 1, size=6)
+    blas.gemm(x, w, out, trans_b=True, bias=bias)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T + bias, atol=ATOL, rtol=0)
+
+
+def test_matmul_forward_v3_lists_a_misaligned_bias_as_unsupported():
+    from llmcupy import ops
+    from llmcupy.ops._op import OpError
+
+    rng = np.random.default_rng(8)
+    inp = rng.uniform(-1, 1, size=(2, 3, 8)).astype(np.float32)
+    weight = rng.uniform(-1, 1, size=(5, 8)).astype(np.float32)
+    packed = np.zeros(12, np.float32)
+    start = (-packed.ctypes.data % 16) // 4
+    with pytest.raises(OpError, match="bias must be 16-byte aligned for cuBLASLt's bias epilogue"):
+        ops["matmul_forward"](inp, weight, packed[start + 1:start + 6], version=3)
+    out = ops["matmul_forward"](inp, weight, packed[start:start + 5], version=3)
+    np.testing.assert_allclose(out, inp.astype(np.float64) @ weight.T, atol=ATOL, rtol=0)
+
+
+@pytest.mark.gpu
+def test_bias_epilogue_on_gpu_with_a_16_byte_aligned_row_of_a_stack(cuda):
+    # the model's biases are rows of a packed (L, OC) stack: 16-byte aligned (C % 4 == 0) but not
+    # 256, the alignment cuBLASLt assumes unless told; the epilogue must run on them, and the
+    # operands one float off 256 (a row slice of inp) get their own plan
+    import cupy
+
+    rng = np.random.default_rng(9)
+    x = cupy.asarray(rng.uniform(-1, 1, size=(65, 36)).astype(np.float32))
+    w = cupy.asarray(rng.uniform(-1, 1, size=(36, 36)).astype(np.float32))
+    stack = cupy.asarray(rng.uniform(-1, 1, size=(3, 36)).astype(np.float32))
+    bias = stack[1]
+    assert bias.data.ptr % 16 == 0 and bias.data.ptr % 256 != 0
+    out = cupy.empty((64, 36), cupy.float32)
+    blas.gemm(x[1:], w, out, trans_b=True, bias=bias)
+    expected = x.get()[1:].astype(np.float64) @ w.get().T + bias.get()
+    np.testing.assert_allclose(out.get(), expected, atol=1e-3, rtol=0)

@@ -244,3 +244,41 @@ def test_profiler_events_bracket_the_launches_only(monkeypatch):
         order.append("cupy work")
     start, end = rec.records[-1]["events"]
     assert start.at - 1 < order.index("cupy work") < end.at - 1
+
+
+def test_the_first_warmup_call_never_sets_the_delay():
+    # the first call of fn may compile its kernel (copy_bandwidth's copy kernel, with warmup=2): its
+    # time is not the dispatch cost, and taking it would spin every sample for up to MAX_DELAY_MS
+    clock = timing.HostClock()
+    calls = []
+
+    def fn():
+        calls.append(None)
+        time.sleep(0.1 if len(calls) == 1 else 0.001)
+
+    r = timing.measure(fn, clock, repeat=2, warmup=2)
+    assert r["host_dispatch_ms"] < 50, r
+    assert max(clock.delays) < 100, clock.delays
+    r = timing.measure(lambda: time.sleep(0.002), timing.HostClock(), repeat=1, warmup=1)
+    assert r["host_dispatch_ms"] >= 2.0  # a single warm-up call is all there is to go by
+
+
+def sum_ok(r, budget):
+    # stopped by the budget: the samples taken reach it (each at least the 30 ms slept)
+    return r["repeat"] * r["mean_ms"] >= budget
+
+
+def test_samples_stop_at_the_time_budget_but_never_below_the_minimum():
+    # a slow kernel (here 30 ms of host clock per sample) takes MIN_SAMPLES and then stops once the
+    # samples add up to the budget, instead of all 50 a fast kernel gets
+    def slow():
+        time.sleep(0.03)
+
+    r = timing.measure(slow, timing.HostClock(), repeat=50, warmup=1, budget_ms=100.0)
+    assert r["repeat"] == timing.MIN_SAMPLES and r["repeat_asked"] == 50, r
+    r = timing.measure(slow, timing.HostClock(), repeat=8, warmup=1, budget_ms=200.0)
+    assert 5 <= r["repeat"] < 8 and sum_ok(r, 200.0), r
+    r = timing.measure(lambda: None, timing.HostClock(), repeat=20, warmup=1, budget_ms=100.0)
+    assert r["repeat"] == 20  # a fast fn never reaches the budget
+    r = timing.measure(slow, timing.HostClock(), repeat=7, warmup=1, budget_ms=None)
+    assert r["repeat"] == 7

@@ -104,6 +104,11 @@ def _launch_v5(a, s):
                                        np.int32(bt), np.int32(c), np.int32(oc)))
 
 
+def _requires_v3(a, s):
+    # cuBLASLt's bias epilogue needs a 16-byte aligned bias (blas.gemm refuses another)
+    return misaligned(a, ("bias",), align=blas.BIAS_ALIGN, use="cuBLASLt's bias epilogue")
+
+
 def _requires_v4(a, s):
     bt, c, oc = _dims(a)
     problems = []
@@ -142,7 +147,7 @@ OP = Op(
         2: Version(2, "cuBLAS SGEMM (runtime.blas) + a grid-stride bias kernel of s*s threads",
                    _launch_v2, block_sizes=SQRT_BLOCK_SIZES, default_block_size=16),
         3: Version(3, "cuBLASLt with the bias fused in the epilogue (runtime.blas)",
-                   _launch_v3, block_sizes=(16,), default_block_size=16),
+                   _launch_v3, block_sizes=(16,), default_block_size=16, requires=_requires_v3),
         4: Version(4, "128x128 tiles, 8x8 outputs per thread, float4 loads via shared memory (16x16 threads)",
                    _launch_v4, block_sizes=(16,), default_block_size=16, requires=_requires_v4),
         5: Version(5, "warp-tiled SIMT SGEMM: 128x128 block / 64x32 warp / 8x8 thread tiles, double-buffered "

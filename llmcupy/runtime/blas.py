@@ -43,6 +43,8 @@ from . import backend as _backend
 
 # cuBLAS recommends a 32 MiB workspace on Hopper (4 MiB elsewhere); one per handle, set once.
 WORKSPACE_BYTES = 32 * 1024 * 1024
+# cuBLASLt's bias epilogue: the bias vector's alignment in bytes (see gemm)
+BIAS_ALIGN = 16
 
 
 class GemmError(ValueError):
@@ -215,6 +217,16 @@ def gemm(a, b, out, *, trans_a: bool = False, trans_b: bool = False, alpha: floa
                 (bias.strides[0] != 4 and call.m > 1):
             raise GemmError(f"gemm: bias must be a contiguous float32 vector of {call.m} (out's columns), got "
                             f"{getattr(bias, 'dtype', None)} {tuple(getattr(bias, 'shape', ()))}")
+        # cuBLASLt's epilogue reads the bias with 16-byte vector loads, and its heuristic has no way to
+        # be told a lesser alignment (as it has for A, B, C): a row of a packed buffer at an odd float
+        # offset could fault on the GPU (a sticky misaligned-address error that ends the process's CUDA
+        # context) or be refused; llm.c asserts the same. Refused on both backends alike.
+        from .module import array_address
+
+        if array_address(bias) % BIAS_ALIGN:
+            raise GemmError(f"gemm: the bias epilogue (cuBLASLt) needs the bias {BIAS_ALIGN}-byte aligned, its "
+                            f"address {array_address(bias):#x} is not; pass an aligned copy, or add the bias "
+                            "separately (matmul_forward version 2)")
     if RECORD is not None:
         RECORD.append((call, bias is not None))
     if call.m == 0 or call.n == 0 or call.batch == 0:

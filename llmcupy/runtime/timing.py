@@ -49,6 +49,11 @@ def _require_cuda():
 MIN_DELAY_MS = 0.05
 MAX_DELAY_MS = 200.0
 RETRIES = 3
+# Samples stop early once they add up to this much GPU time (at least MIN_SAMPLES of them): a naive
+# kernel of 50 ms at the catalogue's sizes would otherwise take 50 samples x 50 ms per block size,
+# minutes of a 30-minute GPU session for one version, while a fast kernel never reaches it.
+BUDGET_MS = 1000.0
+MIN_SAMPLES = 5
 
 
 class HostClock:
@@ -135,15 +140,23 @@ def _delay_kernel():
     return cupy.RawKernel(_DELAY_SRC, "llmcupy_delay_kernel")
 
 
-def measure(fn, clock, repeat: int = 20, warmup: int = 3, flush_l2: bool = True) -> dict:
-    """Mean/min/max time of one ``fn()`` per sample, by the method in the module docstring."""
+def measure(fn, clock, repeat: int = 20, warmup: int = 3, flush_l2: bool = True,
+            budget_ms: float | None = BUDGET_MS) -> dict:
+    """Mean/min/max time of one ``fn()`` per sample, by the method in the module docstring.
+
+    At most ``repeat`` samples; fewer (never under MIN_SAMPLES) once they add up to ``budget_ms`` of
+    measured time (None: no budget). The result's ``repeat`` is the number taken, ``repeat_asked``
+    the number asked for."""
     host = []
     for _ in range(max(1, warmup)):
         t0 = time.perf_counter()
         fn()
         host.append((time.perf_counter() - t0) * 1e3)
         clock.synchronize()
-    host_ms = max(host[-2:])  # the first call may compile; the dispatch cost is what follows
+    # the first call may compile (seconds of NVRTC, or a disk-cache load), so it is left out whenever
+    # another call follows: with warmup=2 (copy_bandwidth) host[-2:] still held it, and every sample
+    # then spun for MAX_DELAY_MS (200 ms x 10 samples x 2 methods of GPU time per process)
+    host_ms = max(host[1:]) if len(host) > 1 else host[0]
     delay_ms = min(max(2 * host_ms + MIN_DELAY_MS, MIN_DELAY_MS), MAX_DELAY_MS)
     times, retried = [], 0
     for _ in range(repeat):
@@ -163,16 +176,22 @@ def measure(fn, clock, repeat: int = 20, warmup: int = 3, flush_l2: bool = True)
             retried += 1
             delay_ms = min(2 * max(delay_ms, enqueue_ms), MAX_DELAY_MS)
         times.append(ms)
+        if budget_ms is not None and len(times) >= MIN_SAMPLES and sum(times) >= budget_ms:
+            break
     t = np.asarray(times)
-    return {"mean_ms": float(t.mean()), "min_ms": float(t.min()), "max_ms": float(t.max()), "repeat": repeat,
+    return {"mean_ms": float(t.mean()), "min_ms": float(t.min()), "max_ms": float(t.max()), "repeat": len(times),
+            "repeat_asked": repeat,
             "host_dispatch_ms": host_ms, "delay_ms": delay_ms, "retried": retried, "l2_flushed": bool(flush_l2),
             "timing": clock.timing}
 
 
-def benchmark_ms(fn, repeat: int = 20, warmup: int = 3, flush_l2: bool = True) -> dict:
-    """Mean, min and max GPU time of ``fn()`` in milliseconds (see the module docstring)."""
+def benchmark_ms(fn, repeat: int = 20, warmup: int = 3, flush_l2: bool = True,
+                 budget_ms: float | None = BUDGET_MS) -> dict:
+    """Mean, min and max GPU time of ``fn()`` in milliseconds (see the module docstring and
+    :func:`measure` for the time budget)."""
     _require_cuda()
-    return measure(fn, CudaClock(flush=flush_l2), repeat=repeat, warmup=warmup, flush_l2=flush_l2)
+    return measure(fn, CudaClock(flush=flush_l2), repeat=repeat, warmup=warmup, flush_l2=flush_l2,
+                   budget_ms=budget_ms)
 
 
 @functools.lru_cache(maxsize=None)
