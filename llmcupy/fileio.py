@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
 import tempfile
 from pathlib import Path
@@ -108,6 +109,26 @@ def _current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def temporaries_of(path) -> str:
+    """The glob pattern of the hidden temporaries :func:`atomic_write` makes for ``path`` (a save
+    killed by SIGKILL or a lost node leaves one behind, as big as the file)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(glob.escape(folder), glob.escape(f".{name}.") + "*.tmp")
+
+
+def remove_stale_temporaries(patterns) -> None:
+    """Deletes the files the glob ``patterns`` match (temporaries an interrupted save left), saying
+    what each one was. Call only while no save of this run can be under way."""
+    for pattern in patterns:
+        for tmp in glob.glob(pattern):
+            try:
+                size = os.path.getsize(tmp)
+                os.unlink(tmp)
+                print(f"removed {tmp} ({size / 2**20:.1f} MiB), left by an interrupted save")
+            except OSError:
+                pass
 
 
 @contextlib.contextmanager

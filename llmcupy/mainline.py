@@ -485,15 +485,11 @@ class Run:
         mid-save (SIGTERM, SIGKILL, a lost node) left in the folder: as big as a model or a rank's
         AdamW state each, and never reused. No rank writes a checkpoint before the first step, which
         needs rank 0, so none of them is being written now."""
+        from .fileio import remove_stale_temporaries
+
         d = glob.escape(self.out_dir)
-        for pattern in (".model_*.bin.*.tmp", ".state_*.npz.*.tmp", ".DONE_*.*.tmp"):
-            for tmp in glob.glob(os.path.join(d, pattern)):
-                try:
-                    size = os.path.getsize(tmp)
-                    os.unlink(tmp)
-                    print(f"removed {tmp} ({size / 2**20:.1f} MiB), left by an interrupted save")
-                except OSError:
-                    pass
+        remove_stale_temporaries(os.path.join(d, p) for p in (".model_*.bin.*.tmp", ".state_*.npz.*.tmp",
+                                                               ".DONE_*.*.tmp"))
 
     @staticmethod
     def _done_world(done_path: str) -> int | None:

@@ -662,16 +662,9 @@ def save_state(model: GPT2, loader, rng, step: int, path: str, kept: str | None 
 def remove_stale_temporaries(path: str) -> None:
     """Deletes the hidden temporaries an earlier run killed mid-save left beside ``path`` (as big
     as the state itself; see :func:`llmcupy.fileio.atomic_write` for their names)."""
-    import glob as _glob
+    from .fileio import remove_stale_temporaries as remove, temporaries_of
 
-    folder, name = os.path.split(os.path.abspath(path))
-    for tmp in _glob.glob(os.path.join(_glob.escape(folder), _glob.escape(f".{name}.") + "*.tmp")):
-        try:
-            size = os.path.getsize(tmp)
-            os.unlink(tmp)
-            print(f"removed {tmp} ({size / 2**20:.1f} MiB), left by an interrupted save")
-        except OSError:
-            pass
+    remove([temporaries_of(path)])
 
 
 def progress(iterable, desc: str):

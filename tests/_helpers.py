@@ -6,18 +6,23 @@ import io
 from contextlib import redirect_stderr, redirect_stdout
 
 
-def run_train(argv):
-    """(exit code, stdout, stderr) of one in-process trainer run (``llmcupy.train.main``); argparse's
-    exits give their code. ``argv`` items may be paths or numbers: they are passed as strings."""
-    from llmcupy import train
-
+def run_cli(main, argv):
+    """(exit code, stdout, stderr) of one in-process CLI call (a module's ``main``); argparse's exits
+    give their code. ``argv`` items may be paths or numbers: they are passed as strings."""
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         try:
-            rc = train.main([str(a) for a in argv])
-        except SystemExit as exc:
+            rc = main([str(a) for a in argv])
+        except SystemExit as exc:        # argparse's usage errors
             rc = exc.code
     return rc, out.getvalue(), err.getvalue()
+
+
+def run_train(argv):
+    """:func:`run_cli` of the trainer (``llmcupy.train.main``)."""
+    from llmcupy import train
+
+    return run_cli(train.main, argv)
 
 
 def ctrl_c_after(argv, marker: str, timeout: float = 300):

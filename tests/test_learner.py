@@ -7,6 +7,7 @@ import pytest
 
 import llmcupy
 from llmcupy.ops import OpError
+from _helpers import run_cli
 
 
 def test_an_unknown_version_in_op_versions_lists_the_versions():
@@ -19,17 +20,7 @@ def test_an_unknown_version_in_op_versions_lists_the_versions():
     assert op.versions.get(99) is None and 99 not in op.versions and op.versions[5].number == 5
 
 
-def _call(main, argv):
-    import io
-    from contextlib import redirect_stderr, redirect_stdout
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            rc = main([str(a) for a in argv])
-        except SystemExit as exc:
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
+_call = run_cli   # (exit code, stdout, stderr) of an in-process CLI call
 
 
 def _need_nvrtc():

@@ -7,13 +7,11 @@ path as ``python -m``), in the emulator.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import signal
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -22,20 +20,14 @@ import pytest
 import gen_inputs
 from llmcupy import checkpoint as ckpt
 from llmcupy.config import GPT2Config, init_params
+from _helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_LINE = re.compile(r"^step +(\d+)/(\d+): train loss ([0-9.]+) ", re.M)
 SMALL = ["--init", "d1", "-b", 2, "-t", 32]          # the default kernels on the smallest preset
 
 
-def _call(main, argv):
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            rc = main([str(a) for a in argv])
-        except SystemExit as exc:
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
+_call = run_cli   # (exit code, stdout, stderr) of an in-process CLI call
 
 
 def _train(argv):

@@ -19,13 +19,11 @@ default ``<repo>/../shared/data``, holding ``tinyshakespeare.txt`` and ``gpt2.ti
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +33,7 @@ from llmcupy import checkpoint as ckpt
 from llmcupy.config import GPT2Config, init_params
 
 import gen_inputs
+from _helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("LLMCUPY_TEST_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -42,15 +41,7 @@ TEXT, BPE = SHARED / "tinyshakespeare.txt", SHARED / "gpt2.tiktoken"
 STEP_LINE = re.compile(r"^step +(\d+)/(\d+): train loss ([0-9.]+) \(([0-9.]+) ms, (\d+) tok/s\)$", re.M)
 
 
-def _call(main, argv):
-    """An in-process CLI call: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            rc = main([str(a) for a in argv])
-        except SystemExit as exc:        # argparse's usage errors
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
+_call = run_cli   # (exit code, stdout, stderr) of an in-process CLI call
 
 
 def _train(argv):
