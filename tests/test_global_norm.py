@@ -16,8 +16,10 @@ def test_returns_the_squared_norm(version, no_hazards):
     assert out.shape == (1,) and out[0] == np.float32(25.0)  # not 5: the caller takes the sqrt
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_launcher_zeroes_the_atomic_accumulator(version, no_hazards):
+    # versions 1-3 add into out (the launcher zeroes it); version 4's aggregate must overwrite it,
+    # not add to it: the generic test's out comes from np.zeros, so only a stale one tells them apart
     data = np.ones(1000, dtype=np.float32)
     out = np.full(1, 7.0, dtype=np.float32)  # stale value, e.g. a reused pool buffer
     for _ in range(2):
