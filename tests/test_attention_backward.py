@@ -52,10 +52,7 @@ def test_dirty_output_buffers(version):
     out = {"dinp": np.full((B, T, 3 * C), np.nan, np.float32),
            "datt": np.full((B, NH, T, T), np.nan, np.float32),
            "dpreatt": np.full((B, NH, T, T), 7.0, np.float32)}
-    try:
-        got = OP.run(version, a, 64, out=out)
-    except TypeError:
-        pytest.skip("Op.run has no out= parameter")
+    got = OP.run(version, a, 64, out=out)
     for r in check_outputs(OP, ref, got):
         assert r["ok"], r
 
@@ -100,16 +97,12 @@ def test_flops_at_spec_sizes():
     assert OP.bound.flops(OP.sizes) == 8 * 4 * 12 * 1024 * 1024 * 64
 
 
-def test_version6_templates_compile_with_nvrtc():
+def test_version6_templates_compile_with_nvrtc(have_nvrtc):
+    # have_nvrtc: skips without NVRTC here, fails on CI (this test skipped there too)
     from llmcupy import nvrtc
     from llmcupy.ops.attention_backward import _V6_NAMES
     from llmcupy.runtime.module import kernels_dir
 
-    try:
-        nvrtc.find_nvrtc()
-        nvrtc.cuda_include_dirs()
-    except nvrtc.NvrtcNotFound as exc:
-        pytest.skip(f"NVRTC is not installed: {exc}")
     path = Path(kernels_dir()) / "attention_backward.cu"
     code = path.read_text()
     for arch in (80,):

@@ -409,6 +409,8 @@ def test_benchmark_with_cuda_graph(token_files, monkeypatch):
         assert rc == 0, err
     assert re.search(r"benchmark: B=1 T=8, 2 steps after 1 warm-up: mean [\d.]+ ms/step, .* tok/s with the CUDA "
                      r"graph \(emulated: eager launches\)", out), out
+    # the two timed steps (no step line matched in both passed as equal before)
+    assert len(STEP_LINE.findall(eager_out)) == 2, eager_out
     assert STEP_LINE.findall(out) == STEP_LINE.findall(eager_out)
 
 

@@ -188,7 +188,7 @@ def test_mt19937_state_roundtrip():
     b = MT19937(0)
     b.load_state_dict(a.state_dict())
     assert np.array_equal(a.random_u32_array(1000), b.random_u32_array(1000))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not an MT19937 state"):
         b.load_state_dict({"kind": "mt19937", "mt": np.zeros(5), "index": 0})
 
 

@@ -382,6 +382,8 @@ def test_two_ranks_equal_one_process_and_zero1_and_accumulation(data, tmp_path):
     np.testing.assert_allclose(vals[1], vals[0], rtol=0, atol=1e-5)
     # the norms are averaged over the ranks too: those printed agree
     norms = [re.findall(r"norm ([0-9.]+)", o) for o in (out2, out3, out4)]
+    # two step lines each: an empty match (a changed step line) compared three empty lists
+    assert [len(n) for n in norms] == [2, 2, 2], norms
     np.testing.assert_allclose(np.array(norms, dtype=float), np.array(norms[:1] * 3, dtype=float), atol=1e-4)
 
 

@@ -44,13 +44,21 @@ def test_version2_is_the_sequential_fp32_loop_bit_for_bit(no_hazards):
     np.testing.assert_array_equal(dwpe, want_wpe)  # rows T..maxT-1 untouched
 
 
-def test_zero_gradients_give_the_plain_sums(no_hazards):
-    a = _inputs(B=3, T=4, C=8, V=6)
+@pytest.mark.parametrize("version", [1, 2])
+def test_zero_gradients_give_the_plain_sums(version, no_hazards):
+    # V = 20 > B*T = 12 ids: some rows of wte are never used (with V = 6 every row was, and the
+    # "unused rows stay zero" check looked at an empty selection)
+    a = _inputs(B=3, T=4, C=8, V=20)
+    unused = np.setdiff1d(np.arange(20), a["tokens"])
+    assert unused.size, "the test needs unused rows"
     dwte = np.zeros_like(a["dwte"])
     dwpe = np.zeros_like(a["dwpe"])
-    OP(dwte, dwpe, a["dout"], a["tokens"])
+    OP(dwte, dwpe, a["dout"], a["tokens"], version=version)
     np.testing.assert_allclose(dwpe, a["dout"].sum(axis=0), atol=1e-6)
-    assert not dwte[np.setdiff1d(np.arange(6), a["tokens"])].any()  # unused rows stay zero
+    want = np.zeros(dwte.shape, np.float64)
+    np.add.at(want, a["tokens"].reshape(-1), a["dout"].reshape(-1, 8).astype(np.float64))
+    np.testing.assert_allclose(dwte, want, atol=1e-6)   # each used row: the sum of its tokens' rows
+    assert not dwte[unused].any()                        # unused rows stay zero
 
 
 def test_bad_tokens_are_refused():

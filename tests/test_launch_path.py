@@ -58,7 +58,7 @@ def test_host_checks_still_run_on_a_replay():
     a = op.make_inputs(np.random.default_rng(0), B=1, T=4, C=8, V=10)
     op.run(None, dict(a))
     bad = dict(a, tokens=np.full_like(a["tokens"], 99))
-    with pytest.raises(OpError):
+    with pytest.raises(OpError, match=r"token id 99 is out of range \[0, 10\)"):
         op.run(None, bad)
 
 

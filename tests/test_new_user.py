@@ -116,6 +116,7 @@ def test_kill_during_a_save_then_resume_equals_an_uninterrupted_run(inputs, tmp_
     assert rc == 0, err
     assert not stale.exists() and "left by an interrupted save" in out2
     # the same losses, step for step, and the same final state, bit for bit
+    assert sorted(_losses(full_out)) == [1, 2, 3, 4, 5, 6]   # (no step line matched: {} == {} passed)
     assert {**_losses(out), **_losses(out2)} == _losses(full_out)
     a, b = ckpt.load_training_state(state), ckpt.load_training_state(full_state)
     assert a.step == b.step == 6

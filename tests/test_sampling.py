@@ -39,7 +39,7 @@ def test_state_dict_resumes_the_stream():
     b = XorShiftRNG(0)
     b.load_state_dict(a.state_dict())
     assert [a.random_u32() for _ in range(4)] == [b.random_u32() for _ in range(4)]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"not a xorshift64\* RNG state"):
         b.load_state_dict({"kind": "mt19937"})
 
 
@@ -52,7 +52,7 @@ def test_sample_mult_small_cases():
     # coin 1: threshold == Z == final cdf, "threshold < cdf" never holds -> fallback V-1
     assert sample_mult(np.zeros(3, np.float32), 1.0) == 2
     assert sample_mult(np.zeros(1, np.float32), 0.5) == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="sample_mult needs at least one logit"):
         sample_mult(np.zeros(0, np.float32), 0.5)
 
 

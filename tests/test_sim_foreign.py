@@ -1019,17 +1019,12 @@ def test_cub_block_and_warp_reduce(order, no_hazards):
     assert (warp_out == x.reshape(32, 16).max(1)).all()
 
 
-def test_the_gpu_tests_cub_kernel_compiles_against_cupys_cccl():
+def test_the_gpu_tests_cub_kernel_compiles_against_cupys_cccl(have_nvrtc):
     """test_curand_philox_matches_the_gpu compiles all of HEADERS on the GPU, with the CCCL CuPy bundles
     (3.x in CuPy 14), which has no cub::Max: the cub kernel must build there too. NVRTC and CuPy's
     headers from the test extra; skipped without them."""
     from llmcupy import nvrtc
 
-    try:
-        nvrtc.find_nvrtc()
-        nvrtc.cuda_include_dirs()
-    except nvrtc.NvrtcNotFound as exc:
-        pytest.skip(f"NVRTC is not installed: {exc}")
     source = textwrap.dedent(HEADERS)
     cub_part = source[source.index("// CCCL 3"):]
     code = "#include <cub/block/block_reduce.cuh>\n#include <cub/warp/warp_reduce.cuh>\n" + cub_part
@@ -1326,15 +1321,10 @@ def test_memcpy_async_broken_alignment_promise_stops_the_launch():
         mod.get_function("broken_promise")((1,), (32,), (x, out), shared_mem=16)
 
 
-def test_memcpy_async_kernels_compile_with_nvrtc():
+def test_memcpy_async_kernels_compile_with_nvrtc(have_nvrtc):
     # the same source is real CUDA: NVRTC with NVIDIA's headers accepts it for sm_80 (cp.async)
     from llmcupy import nvrtc
 
-    try:
-        nvrtc.find_nvrtc()
-        nvrtc.cuda_include_dirs()
-    except nvrtc.NvrtcNotFound as exc:
-        pytest.skip(f"NVRTC is not installed: {exc}")
     res = nvrtc.compile_source(textwrap.dedent(MEMCPY_ASYNC), 80, filename="memcpy_async.cu")
     assert res.ok, res.log
     assert {k.kernel for k in res.kernels} >= {"block_sum_wait", "block_sum_wait_prior", "warp_sum"}
