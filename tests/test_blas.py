@@ -463,3 +463,21 @@ def test_bias_epilogue_on_gpu_with_a_16_byte_aligned_row_of_a_stack(cuda):
     blas.gemm(x[1:], w, out, trans_b=True, bias=bias)
     expected = x.get()[1:].astype(np.float64) @ w.get().T + bias.get()
     np.testing.assert_allclose(out.get(), expected, atol=1e-3, rtol=0)
+
+
+def test_an_overflowing_gemm_gives_inf_without_numpy_warnings():
+    # a diverging run (-l 1e30) printed NumPy's "overflow encountered in matmul" and "invalid value"
+    # warnings before the trainer's one-line non-finite-loss stop; cuBLAS says nothing, neither do we
+    import warnings
+
+    a = np.full((2, 3), 3e38, np.float32)
+    b = np.full((3, 2), 3e38, np.float32)
+    b[0, 0] = np.nan
+    out = np.empty((2, 2), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        blas.gemm(a, b, out)
+        assert np.isinf(out[:, 1]).all() and np.isnan(out[:, 0]).all()
+        acc = np.full((2, 2), -np.inf, np.float32)
+        blas.gemm(a, b, acc, beta=1.0)      # -inf + inf accumulated: NaN, silently
+    assert np.isnan(acc).all()

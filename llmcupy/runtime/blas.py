@@ -277,17 +277,20 @@ def _numpy_gemm(call: GemmCall, a, b, out, alpha: float, beta: float, bias) -> N
     # the product goes to a kept buffer, not a fresh array: like cuBLAS, a GEMM here allocates
     # nothing once warm (the graph tests measure that a replayed step allocates nothing)
     product = _np_product_buffer((c.batch, c.m, c.n))
-    _np_matmul(opA, opB, out=product)  # FP32 products and sums, as SGEMM
-    if alpha != 1.0:
-        product *= np.float32(alpha)
-    if beta == 0.0:
-        C[...] = product
-    else:
-        if beta != 1.0:
-            C *= np.float32(beta)
-        C += product
-    if bias is not None:
-        C += bias.reshape(1, -1, 1)  # length m, down every column (cuBLASLt's BIAS epilogue)
+    # Overflow and NaN propagate silently, as in cuBLAS: a diverging run is reported once, by the
+    # trainer's non-finite loss check, not by NumPy warnings on stderr before it
+    with np.errstate(over="ignore", invalid="ignore"):
+        _np_matmul(opA, opB, out=product)  # FP32 products and sums, as SGEMM
+        if alpha != 1.0:
+            product *= np.float32(alpha)
+        if beta == 0.0:
+            C[...] = product
+        else:
+            if beta != 1.0:
+                C *= np.float32(beta)
+            C += product
+        if bias is not None:
+            C += bias.reshape(1, -1, 1)  # length m, down every column (cuBLASLt's BIAS epilogue)
 
 
 _NP_BUFFERS: dict = {}
