@@ -2,36 +2,54 @@
 async_copy.cuh) in the options (CuPy's cache key does not cover files found through -I) and no
 cooperative groups where they are unused."""
 
-import hashlib
 import re
 
 from llmcupy.runtime import module
 from llmcupy.runtime.module import kernels_dir
 
 
-def test_editing_a_header_changes_the_compile_options(tmp_path, monkeypatch):
-    for name in ("common.cuh", "async_copy.cuh", "gelu_forward.cu"):
+def test_editing_a_catalogue_header_changes_the_options_cupy_compiles_with(tmp_path, monkeypatch):
+    # CuPy's compile cache keys on the source and the options only: the hash of the headers a catalogue
+    # file includes (common.cuh, and async_copy.cuh through it where used) must be in the options, or
+    # an edited header reuses the old cubin. CuPy's RawModule is recorded instead of compiling.
+    import cupy
+
+    for name in ("common.cuh", "async_copy.cuh", "gelu_forward.cu", "matmul_forward.cu"):
         (tmp_path / name).write_text((kernels_dir() / name).read_text())
     monkeypatch.setattr(module, "kernels_dir", lambda: tmp_path)
     monkeypatch.setattr(module, "_FILE_MODULES", {})
+    monkeypatch.setattr(module._backend, "get_backend", lambda: "cuda")
+    seen = []
 
-    def define():
-        mod = module.load_kernel_file("gelu_forward.cu")
-        (opt,) = [o for o in mod.options if o.startswith("-DLLMCUPY_HEADERS=")]
+    class Recorder:
+        def __init__(self, **kwargs):
+            seen.append(kwargs["options"])
+
+    monkeypatch.setattr(cupy, "RawModule", Recorder)
+
+    def define(filename):
+        module._FILE_MODULES.clear()
+        seen.clear()
+        module.load_kernel_file(filename)
+        (options,) = seen
+        assert options[:3] == module.DEFAULT_OPTIONS + (f"-I{tmp_path}",)
+        (opt,) = [o for o in options if o.startswith("-DLLMCUPY_")]  # one hash, not two
         return opt
 
-    before = define()
-    digest = hashlib.sha256()
-    for name in ("async_copy.cuh", "common.cuh"):  # every header, sorted by name
-        digest.update(name.encode() + b"\0" + (tmp_path / name).read_bytes())
-    assert before == f"-DLLMCUPY_HEADERS={digest.hexdigest()[:16]}"
-    seen = {before}
+    assert define("gelu_forward.cu").startswith("-DLLMCUPY_INCLUDES=")
+    assert '#include "async_copy.cuh"' in (tmp_path / "matmul_forward.cu").read_text()
+    assert "async_copy" not in (tmp_path / "gelu_forward.cu").read_text() + (tmp_path / "common.cuh").read_text()
     for name in ("common.cuh", "async_copy.cuh"):
+        before = {f: define(f) for f in ("gelu_forward.cu", "matmul_forward.cu")}
         with open(tmp_path / name, "a") as f:
             f.write("\n#define SOMETHING_NEW 1\n")
-        module._FILE_MODULES.clear()
-        assert define() not in seen, name
-        seen.add(define())
+        after = {f: define(f) for f in before}
+        if name == "common.cuh":
+            assert after["gelu_forward.cu"] != before["gelu_forward.cu"]
+            assert after["matmul_forward.cu"] != before["matmul_forward.cu"]
+        else:  # only a file that includes it gets a new key
+            assert after["gelu_forward.cu"] == before["gelu_forward.cu"]
+            assert after["matmul_forward.cu"] != before["matmul_forward.cu"]
 
 
 def test_an_edited_user_header_changes_the_options_cupy_compiles_with(tmp_path, monkeypatch):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -678,15 +677,6 @@ def kernels_dir():
 _FILE_MODULES: dict = {}
 
 
-def _headers_digest(directory) -> str:
-    """Hash of every header of the catalogue (common.cuh, async_copy.cuh, ...); read when a file's
-    module is first made, so an edit between runs gives a new key."""
-    digest = hashlib.sha256()
-    for header in sorted(directory.glob("*.cuh")):
-        digest.update(header.name.encode() + b"\0" + header.read_bytes())
-    return digest.hexdigest()[:16]
-
-
 def _cupy_cuda_include_dir():
     """The CUDA header folder CuPy's NVRTC path adds last (CuPy 14: cuda-pathfinder's ``cudart``
     headers, NVIDIA's runtime wheel before a toolkit), or None when that cannot be told."""
@@ -750,9 +740,9 @@ def load_kernel_file(filename: str, name_expressions=()) -> RawModule:
         directory = kernels_dir()
         code = (directory / filename).read_text()
         names = sim_compiler.global_kernel_names(code) + [n for n in name_expressions]
-        # CuPy's compile cache key covers the source and the options, not files found through -I:
-        # the catalogue headers' hash as a define makes an edited header a new key (not a stale cubin)
-        options = DEFAULT_OPTIONS + (f"-I{directory}", f"-DLLMCUPY_HEADERS={_headers_digest(directory)}")
+        # RawModule adds the hash of the headers the file includes (common.cuh, ...) to the options on a
+        # GPU, since CuPy's compile cache does not look at files found through -I
+        options = DEFAULT_OPTIONS + (f"-I{directory}",)
         if backend == "cuda":
             options += _mma_options(code)
         mod = RawModule(code=code, options=options, name_expressions=names, filename=filename, target=backend)
