@@ -55,6 +55,9 @@ NVMATH=nvmath-python==1.0.0
 # when nvmath does not import with the image's (they would shadow the image's copies otherwise).
 NVMATH_DEPS=(cuda-core cuda-pathfinder)
 SITE=/tmp/site
+# pyproject.toml's license is an SPDX string, which setuptools reads from version 77 on; an image
+# with an older one builds the project in pip's isolated build from this carried wheel instead
+SETUPTOOLS='setuptools>=77'
 
 download_wheels() {  # here: Python 3.12 manylinux wheels for the GPU image, into .whl/
     local exclude; exclude=$(git rev-parse --git-path info/exclude) && mkdir -p "$(dirname "$exclude")" &&
@@ -65,12 +68,17 @@ download_wheels() {  # here: Python 3.12 manylinux wheels for the GPU image, int
                      --platform manylinux2014_x86_64)
     local opts=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}")
     python3 -m pip download --quiet "${opts[@]}" -d .whl "$NVMATH" &&
-    python3 -m pip download --quiet "${opts[@]}" -d .whl/deps "${NVMATH_DEPS[@]}" || exit 1
-    ls -l .whl .whl/deps
+    python3 -m pip download --quiet "${opts[@]}" -d .whl/deps "${NVMATH_DEPS[@]}" &&
+    python3 -m pip download --quiet "${opts[@]}" -d .whl/build "$SETUPTOOLS" || exit 1
+    ls -l .whl .whl/deps .whl/build
 }
 
 install() {  # on the GPU machine: the project (editable) and the carried wheels
-    stage install 60 $PY -m pip install --no-deps --no-build-isolation -e .
+    if $PY -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" 2>/dev/null; then
+        stage install 60 $PY -m pip install --no-deps --no-build-isolation -e .
+    else   # too old or absent: the carried wheel (no index on the device)
+        stage install 60 $PY -m pip install --no-deps --no-index --find-links .whl/build -e .
+    fi
     if ! $PY -c "import nvmath.bindings.cublasLt" 2>/dev/null; then
         if ! ls .whl/*.whl >/dev/null 2>&1; then
             echo "nvmath-python is missing and no wheels were carried: run 'bash bench/gpu_session.sh wheels'" \
