@@ -417,8 +417,15 @@ class _SaveAsYouGo:
         return save(record, self.out_dir, self.path)
 
 
+class OtherRecord(ValueError):
+    """A JSON object that is another tool's record, not a run of this benchmark: the start-up times
+    (``python -m llmcupy.startup`` writes them to ``bench/results/`` too), a profile, the side-by-side
+    step times. Readers of the whole folder skip it; a reader of one file refuses it."""
+
+
 def load(path: str | os.PathLike) -> dict:
-    """A results file: this module's record, or a ``python -m llmcupy.kernel --json`` list (wrapped)."""
+    """A results file: this module's record, or a ``python -m llmcupy.kernel --json`` list (wrapped).
+    Raises ValueError naming the file (:class:`OtherRecord` for another tool's record)."""
     try:
         data = json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -437,6 +444,11 @@ def load(path: str | os.PathLike) -> dict:
         return {"schema": "llmcupy.kernel", "date": "unknown", "command": "unknown", "backend": backend,
                 "device": device, "software": {}, "git": {"commit": "unknown"}, "timed": backend == "cuda",
                 "ops": {}, "results": results}
+    if isinstance(data, dict) and "results" not in data and not str(data.get("schema", "")).startswith("llmcupy.bench"):
+        exc = OtherRecord(f"{path}: not a benchmark record (no 'results'"
+                          + (f"; schema {data['schema']})" if data.get("schema") else ")"))
+        exc.schema = data.get("schema")
+        raise exc
     if not isinstance(data, dict) or "results" not in data:
         raise ValueError(f"{path}: not a benchmark record (no 'results')")
     if not entries(data["results"]):
@@ -892,6 +904,9 @@ def list_results(out_dir=DEFAULT_OUT) -> str:
     for p in paths:
         try:
             r = load(p)
+        except OtherRecord:
+            lines.append(f"{p}: {_other_record_text(p)}")
+            continue
         except (ValueError, OSError, json.JSONDecodeError) as exc:
             lines.append(f"{p}: unreadable ({exc})")
             continue
@@ -901,6 +916,14 @@ def list_results(out_dir=DEFAULT_OUT) -> str:
         lines.append(f"{p}: {r.get('date', '?')} {r.get('device', '?')} commit {r.get('git', {}).get('commit', '?')[:10]}"
                      f" - {ops} ops, {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped ({timed})")
     return "\n".join(lines)
+
+
+def _other_record_text(path) -> str:
+    """What --list-results says of another tool's record (load raised OtherRecord: a JSON object)."""
+    data = json.loads(Path(path).read_text())
+    what = f"a {data['schema']} record" if data.get("schema") else "a record"
+    when = " ".join(str(data[k]) for k in ("date", "device") if data.get(k))
+    return f"{what}{' (' + when + ')' if when else ''}, not a benchmark run"
 
 
 # ----------------------------------------------------------------------------------------------
