@@ -188,6 +188,26 @@ def test_startup_runs_cold_then_warm_with_the_same_fresh_caches(tmp_path, monkey
     assert "cold start: 5.00 s" in capsys.readouterr().out
 
 
+def test_startup_keeps_emulator_records_out_of_the_gpu_results(tmp_path, monkeypatch, capsys):
+    # bench/results holds GPU evidence, committed; emulator runs of bench go to the git-ignored
+    # bench/results/sim. Before, startup's emulator record (CPU times of g++ builds) landed beside the
+    # GPU runs, and an --out naming a file was a FileExistsError traceback after both runs.
+    from llmcupy import startup
+
+    result = {"command": "-m llmcupy.train", "cold": {"seconds": 5.0, "returncode": 0, "tail": ""},
+              "warm": {"seconds": 1.5, "returncode": 0, "tail": ""}}
+    runs = []
+    monkeypatch.setattr(startup, "measure", lambda flags: runs.append(flags) or result)
+    monkeypatch.chdir(tmp_path)
+    assert startup.main(["--init", "d2"]) == 0
+    assert [p.relative_to(tmp_path).parent.as_posix() for p in tmp_path.rglob("startup-*.json")] == ["bench/results/sim"]
+    assert "wrote bench/results/sim/startup-" in capsys.readouterr().out
+    (tmp_path / "afile").write_text("")
+    assert startup.main(["--out", "afile", "--init", "d2"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --out afile is a file; give a folder"
+    assert len(runs) == 1   # refused before the runs
+
+
 def test_startup_refuses_bad_trainer_flags_once_and_records_no_failed_run(tmp_path, monkeypatch, capsys):
     from llmcupy import startup
 
