@@ -339,6 +339,16 @@ def _worst_rel(block: dict) -> float | None:
     return max(errs) if errs else None
 
 
+def _bound_name(bound: dict | None) -> str:
+    """The upper bound a fraction_of_bound is of, named with its value (harness._bound's record)."""
+    bound = bound or {}
+    if bound.get("kind") == "memory" and bound.get("copy_gbs"):
+        return f"the measured copy bandwidth ({bound['copy_gbs']:.0f} GB/s)"
+    if bound.get("cublas_ms"):
+        return f"cuBLAS's speed ({bound['cublas_ms']:.4f} ms)"
+    return "its upper bound"
+
+
 def format_entry(entry: dict) -> str:
     """One line per (op, version): verdict, block sizes run, the best time and its share of the bound."""
     head = f"{entry['op']} v{entry['version']}{'*' if entry.get('default') else ''}"
@@ -362,7 +372,7 @@ def format_entry(entry: dict) -> str:
         if "tflops" in best:
             line += f", {best['tflops']:.2f} TFLOP/s"
         if "fraction_of_bound" in best:
-            line += f", {100 * best['fraction_of_bound']:.0f}% of bound"
+            line += f", {100 * best['fraction_of_bound']:.0f}% of {_bound_name(entry.get('bound'))}"
     summary = entry.get("metrics", {}).get("summary")
     if summary:
         spr = summary.get("sectors_per_request")

@@ -232,10 +232,17 @@ def test_plot_of_a_gpu_record(tmp_path, before_after):
     rc, stdout, stderr = run("--from", str(before), "--plot", str(plot))
     assert rc == 0, stdout + stderr
     assert "softmax_forward v3: FAIL" in stdout
-    assert "softmax_forward v2*: PASS at 6 block sizes, max rel err 3.0e-07; best 1.5000 ms @ 256, 2193 GB/s, 76% of bound" in stdout
-    assert "matmul_forward v2*: PASS at 3 block sizes, max rel err 3.0e-07; best 9.0000 ms @ 16, 222.22 TFLOP/s, 44% of bound" in stdout
+    assert "softmax_forward v2*: PASS at 6 block sizes, max rel err 3.0e-07; best 1.5000 ms @ 256, 2193 GB/s, " in stdout
     assert "matmul_forward v3: SKIP (unavailable: no cuBLASLt binding)" in stdout
     assert_png(plot)
+
+
+def test_a_best_time_names_the_bound_its_fraction_is_of():
+    # before: "76% of bound" in both lines, which left the reader to guess copy bandwidth or cuBLAS
+    lines = {(e["op"], e["version"]): bench.format_entry(e) for e in synthetic_gpu_record()["results"]}
+    assert lines["softmax_forward", 2].endswith(
+        "best 1.5000 ms @ 256, 2193 GB/s, 76% of the measured copy bandwidth (2900 GB/s)")
+    assert lines["matmul_forward", 2].endswith("best 9.0000 ms @ 16, 222.22 TFLOP/s, 44% of cuBLAS's speed (4.0000 ms)")
 
 
 @needs_matplotlib
