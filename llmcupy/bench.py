@@ -449,11 +449,13 @@ def load(path: str | os.PathLike) -> dict:
                          "results, which have 'op' and 'version')")
     if isinstance(data, list):  # the kernel CLI's --json: a list of harness sweeps
         results = [_version_entry_from_raw(r) for r in data]
-        backend = next((r.get("backend") for r in data if r.get("backend")), "unknown")
-        device = next((r.get("device") for r in data if r.get("device")), "unknown")
-        return {"schema": "llmcupy.kernel", "date": "unknown", "command": "unknown", "backend": backend,
-                "device": device, "software": {}, "git": {"commit": "unknown"}, "timed": backend == "cuda",
-                "ops": {}, "results": results}
+        def first(key, default):   # the kernel CLI stamps every entry (lists from before it: none)
+            return next((r[key] for r in data if r.get(key)), default)
+
+        backend = first("backend", "unknown")
+        return {"schema": "llmcupy.kernel", "date": first("date", "unknown"), "command": first("command", "unknown"),
+                "backend": backend, "device": first("device", "unknown"), "software": {},
+                "git": first("git", {"commit": "unknown"}), "timed": backend == "cuda", "ops": {}, "results": results}
     if isinstance(data, dict) and "results" not in data and not str(data.get("schema", "")).startswith("llmcupy.bench"):
         exc = OtherRecord(f"{path}: not a benchmark record (no 'results'"
                           + (f"; schema {data['schema']})" if data.get("schema") else ")"))
