@@ -1020,7 +1020,8 @@ def _defaults_main(argv) -> int:
 
     p = argparse.ArgumentParser(prog="python -m llmcupy.bench defaults",
                                 description="Write the trainer's kernel defaults: " + defaults.RULE + ".")
-    p.add_argument("--results", default=DEFAULT_OUT, metavar="DIR", help=f"the recorded runs (default {DEFAULT_OUT})")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help=f"the recorded runs (default {DEFAULT_OUT}, relative to the working folder)")
     p.add_argument("--out", default=None, metavar="FILE", help="where to write (default bench/defaults.json)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 when the file differs from what the results give")
@@ -1028,10 +1029,16 @@ def _defaults_main(argv) -> int:
     out = Path(args.out) if args.out else defaults.default_path()
     from ._cli import BadPath, check_output_file, fail
 
+    given = args.results is not None
+    args.results = args.results if given else DEFAULT_OUT
     if not args.check and not os.path.isdir(args.results):
         # a typo, or the default relative to another working folder: deriving from nothing would
         # write a file with no GPU in it over the measured defaults (--check writes nothing: a
         # fresh clone, whose bench/results holds no GPU run yet, checks against none)
+        if not given:   # most often a fresh clone: no GPU run has been recorded at all
+            return fail(ValueError(f"no GPU run is recorded yet: {DEFAULT_OUT} is not in this folder (python -m "
+                                   "llmcupy.bench --trainer-shapes on a GPU makes it; run from the checkout's root, "
+                                   f"or give --results DIR); {defaults.display_path(out)} is left as it is"))
         return fail(ValueError(f"--results {args.results}: no such folder; give the folder of the recorded "
                                f"--trainer-shapes runs (default {DEFAULT_OUT}, relative to the working folder)"))
     if not args.check:

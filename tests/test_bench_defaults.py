@@ -141,6 +141,20 @@ def test_a_missing_results_folder_keeps_the_measured_defaults(results, tmp_path)
     assert rc == 2 and err.strip() == f"error: --out {tmp_path}: it is a folder; give a file name", err
 
 
+def test_no_results_folder_yet_says_no_gpu_run_is_recorded(tmp_path, monkeypatch):
+    # a fresh clone: no GPU run has made bench/results. Before, `bench defaults` as the READMEs give
+    # it blamed "--results bench/results", a flag the user never typed
+    out = tmp_path / "defaults.json"
+    out.write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    rc, stdout, err = _call(["defaults", "--out", out])
+    assert rc == 2 and err.strip() == (
+        "error: no GPU run is recorded yet: bench/results is not in this folder (python -m llmcupy.bench "
+        "--trainer-shapes on a GPU makes it; run from the checkout's root, or give --results DIR); "
+        f"{out} is left as it is"), err
+    assert out.read_text() == "{}"
+
+
 def test_the_committed_file_is_what_the_committed_results_give():
     # bench/defaults.json is regenerated whenever bench/results gains a GPU run
     rc, stdout, err = _call(["defaults", "--results", defaults.repo_dir() / "bench" / "results",
