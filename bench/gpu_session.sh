@@ -133,7 +133,8 @@ case "${1:-}" in
   step)
     install
     stage trainer_shapes 200 $PY -m llmcupy.bench --trainer-shapes --out "$OUT/results" --no-progress
-    stage profile 60 $PY -m llmcupy.profile --init d12 --random-data -b 4 -t 1024 --steps 3
+    stage profile 60 $PY -m llmcupy.profile --init d12 --random-data -b 4 -t 1024 --steps 3 \
+      --json "$OUT/results/profile-d12-b4-t1024.json"
     # the trainer reads token files: random GPT-2 tokens in llm.c's format (no data on the device)
     $PY -c "import numpy as np, sys; from llmcupy.data import write_tokens; \
 write_tokens(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8 * 4 * 1024 + 1))" "$OUT/random_tokens.bin"
