@@ -869,9 +869,10 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
                 regressed = True
             elif vb in ("FAIL", "ERROR") and va == "PASS":
                 corr += "  fixed"
-        if a is not None and b is not None and a.get("sizes") and b.get("sizes") and a["sizes"] != b["sizes"]:
+        other_sizes = a is not None and b is not None and a.get("sizes") and b.get("sizes") and a["sizes"] != b["sizes"]
+        if other_sizes:
             corr += "  (sizes differ)"
-        if bms and ams:
+        if bms and ams and not other_sizes:   # a ratio of times at other sizes is no speed-up
             sp = bms / ams
             if vb == va == "PASS":
                 speedups.append(sp)
@@ -887,7 +888,7 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
                 x, y = bb.get(bs), ab.get(bs)
                 xm = x.get("ms") if x else None
                 ym = y.get("ms") if y else None
-                sp = f"{xm / ym:7.2f}x" if xm and ym else f"{'-':>8}"
+                sp = f"{xm / ym:7.2f}x" if xm and ym and not other_sizes else f"{'-':>8}"
                 okx = {True: "PASS", False: "FAIL", None: "SKIP"}[x.get("ok")] if x else "-"
                 oky = {True: "PASS", False: "FAIL", None: "SKIP"}[y.get("ok")] if y else "-"
                 lines.append(f"{'':<30} {'':>4}  {_fmt_ms(xm)} {_fmt_blk(bs, True)}  {_fmt_ms(ym)} "
@@ -895,7 +896,8 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
     lines.append("")
     if speedups:
         geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-        lines.append(f"{len(speedups)} versions passing and timed in both: geometric-mean speed-up {geo:.2f}x, "
+        lines.append(f"{len(speedups)} versions passing and timed in both at the same sizes: geometric-mean "
+                     f"speed-up {geo:.2f}x, "
                      f"min {min(speedups):.2f}x, max {max(speedups):.2f}x (best block size of each)")
     else:
         lines.append("no version has times in both runs (an emulator run records correctness only)")

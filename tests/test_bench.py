@@ -297,7 +297,7 @@ def test_compare_prints_deltas_and_flags_regressions(before_after):
     assert re.search(r"40\.0000\s+\(16\)\s+20\.0000\s+\(16\)\s+2\.00x\s+PASS$", lines[("matmul_forward", "1")])
     assert lines[("matmul_forward", "3")].rstrip().endswith("SKIP")
     assert "commit 1111111111" in stdout and "commit 2222222222" in stdout
-    assert "3 versions passing and timed in both: geometric-mean speed-up 2.00x" in stdout
+    assert "3 versions passing and timed in both at the same sizes: geometric-mean speed-up 2.00x" in stdout
     assert "REGRESSED" in stdout
 
     rc, stdout, _ = run("compare", str(before), str(before), "--blocks")
@@ -315,6 +315,22 @@ def test_compare_reports_versions_in_one_run_only_and_device_changes(tmp_path):
     assert not regressed
     assert "different devices" in text
     assert re.search(r"matmul_forward\s+1 .*only in before \(PASS\)", text)
+
+
+def test_compare_gives_no_speed_up_between_different_sizes():
+    # before: "(sizes differ)" was noted, yet its ratio was printed as a speed-up and averaged in
+    a = synthetic_gpu_record()
+    b = synthetic_gpu_record(speed=0.5)
+    for r in b["results"]:
+        if (r["op"], r["version"]) == ("softmax_forward", 1):
+            r["sizes"] = {"B": 4, "T": 1024, "V": 50257}
+    text, regressed = bench.compare(a, b)
+    line = next(l for l in text.splitlines() if l.startswith("softmax_forward") and l.split()[1] == "1")
+    assert re.search(r"8\.0000\s+\(64\)\s+4\.0000\s+\(64\)\s+-\s+PASS  \(sizes differ\)$", line), line
+    assert "3 versions passing and timed in both at the same sizes: geometric-mean speed-up 2.00x" in text  # of 4
+    text, _ = bench.compare(a, b, blocks=True)
+    rows = text.split(line)[1].split("\nsoftmax_forward")[0].strip().splitlines()
+    assert len(rows) == 6 and all(re.search(r"\s-\s+PASS$", r) for r in rows), rows
 
 
 def test_compare_of_emulator_records_has_no_speedups(tmp_path):
