@@ -932,6 +932,21 @@ def list_results(out_dir=DEFAULT_OUT) -> str:
     return "\n".join(lines)
 
 
+def timed_runs(out_dir=DEFAULT_OUT) -> list:
+    """``[(path, record)]`` of the timed (GPU) runs under ``out_dir``, oldest first by their recorded
+    date (file names do not sort by date: ``catalogue.json``). Other tools' records there (start-up
+    times, profiles) are skipped; a broken file raises ValueError naming it."""
+    runs = []
+    for path in sorted(Path(out_dir).glob("*.json")):
+        try:
+            record = load(path)
+        except OtherRecord:
+            continue
+        if record.get("timed"):
+            runs.append((path, record))
+    return sorted(runs, key=lambda run: str(run[1].get("date", "")))
+
+
 def _other_record_text(path) -> str:
     """What --list-results says of another tool's record (load raised OtherRecord: a JSON object)."""
     data = json.loads(Path(path).read_text())
