@@ -542,14 +542,17 @@ def measured_times(op_name: str, sizes: dict, results_dir) -> dict:
     """``{device: {(version, block_size): (ms, file)}}`` from the GPU records under ``results_dir`` for
     ``op_name`` at exactly ``sizes`` (per device, the newest record wins). Emulator records and
     unreadable files are skipped. Kept per device: two GPUs' times do not rank against each other."""
-    from .bench import load
+    from .bench import load, record_date
 
-    found: dict = {}
+    records = []
     for path in sorted(glob.glob(os.path.join(str(results_dir), "*.json"))):
         try:
-            record = load(path)
+            records.append((path, load(path)))
         except (OSError, ValueError, json.JSONDecodeError):
             continue
+    found: dict = {}
+    # oldest first by the recorded date (file names do not sort by date: catalogue.json), so the newest wins
+    for path, record in sorted(records, key=lambda pr: record_date(pr[1])):
         if record.get("backend") != "cuda":
             continue
         device = found.setdefault(record.get("device") or "unknown GPU", {})

@@ -944,7 +944,14 @@ def timed_runs(out_dir=DEFAULT_OUT) -> list:
             continue
         if record.get("timed"):
             runs.append((path, record))
-    return sorted(runs, key=lambda run: str(run[1].get("date", "")))
+    return sorted(runs, key=lambda run: record_date(run[1]))
+
+
+def record_date(record: dict) -> str:
+    """The record's ISO date for sorting; "" (the oldest) when it has none ("unknown": a kernel --json
+    list from before the kernel CLI stamped its entries)."""
+    date = str(record.get("date") or "")
+    return date if date[:1].isdigit() else ""
 
 
 def _other_record_text(path) -> str:

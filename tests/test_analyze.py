@@ -380,6 +380,20 @@ def test_correlation_never_mixes_the_times_of_two_gpus(tmp_path):
             "over 4 versions (a_h100.json)") == analyze.format_correlation(c)
 
 
+def test_correlation_takes_the_newest_run_by_its_date_not_its_file_name(tmp_path):
+    # before: the file that sorted last won, so catalogue.json (kernel --json) beat a newer dated sweep
+    op = llmcupy.ops["softmax_forward"]
+    sizes = {"B": 2, "T": 16, "V": 517}
+    inputs = op.make_inputs(np.random.default_rng(0), **sizes)
+    analyses = [analyze.analyze_version(op, v, sizes, inputs=inputs) for v in (1, 5, 6, 7)]
+    model = {a["version"]: a["summary"]["model_seconds"] for a in analyses}
+    ranked = sorted(model, key=model.get)
+    newer = dict(_gpu_record(sizes, {v: 0.01 * (i + 1) for i, v in enumerate(ranked)}), date="2026-02-01T00:00:00Z")
+    (tmp_path / "20260201T000000Z_h100.json").write_text(json.dumps(newer))
+    (tmp_path / "catalogue.json").write_text(json.dumps(_gpu_record(sizes, {v: 0.01 * (4 - i) for i, v in enumerate(ranked)})))
+    assert analyze.correlate(analyses, tmp_path)["rho"] == pytest.approx(1.0)
+
+
 def test_kernel_cli_prints_the_correlation_when_bench_results_hold_gpu_times(tmp_path, monkeypatch, capsys):
     from llmcupy import kernel
 
