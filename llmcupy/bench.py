@@ -345,7 +345,7 @@ def _bound_name(bound: dict | None) -> str:
     if bound.get("kind") == "memory" and bound.get("copy_gbs"):
         return f"the measured copy bandwidth ({bound['copy_gbs']:.0f} GB/s)"
     if bound.get("cublas_ms"):
-        return f"cuBLAS's speed ({bound['cublas_ms']:.4f} ms)"
+        return f"cuBLAS's speed{' with TF32' if bound.get('tf32') else ''} ({bound['cublas_ms']:.4f} ms)"
     return "its upper bound"
 
 
@@ -678,7 +678,8 @@ def _plot_op_panel(ax, op_name: str, entries: list, timed: bool):
             bound_text = f"bound {best_ms:.3g} ms: {bound['bytes'] / 1e6:.4g} MB at copy bw {bound['copy_gbs']:.0f} GB/s"
         elif bound and bound.get("cublas_ms"):
             ax.axhline(bound["cublas_ms"], color="black", linestyle="--", linewidth=1.2, label="bound")
-            bound_text = f"bound: cuBLAS {bound['cublas_ms']:.3g} ms ({bound.get('cublas_tflops', 0):.1f} TFLOP/s)"
+            bound_text = (f"bound: cuBLAS{' TF32' if bound.get('tf32') else ''} {bound['cublas_ms']:.3g} ms "
+                          f"({bound.get('cublas_tflops', 0):.1f} TFLOP/s)")
         else:
             bound_text = ""
     else:
@@ -756,7 +757,7 @@ def _plot_bound_summary(ax, by_op: dict):
         b, e = max(bests, key=lambda p: p[0]["fraction_of_bound"])
         fracs.append(b["fraction_of_bound"])
         rate = f"{b['gbs']:.0f} GB/s" if "gbs" in b else (f"{b['tflops']:.2f} TFLOP/s" if "tflops" in b else "")
-        bound = "copy bw" if "gbs" in b else "cuBLAS"
+        bound = "copy bw" if "gbs" in b else ("cuBLAS TF32" if (e.get("bound") or {}).get("tf32") else "cuBLAS")
         labels.append(f"v{e['version']} @ {b['block_size']}: {100 * b['fraction_of_bound']:.0f}% of {bound}"
                       f" ({b['ms']:.3g} ms, {rate})")
         colors.append("#2c7fb8" if "gbs" in b else "#d95f0e")

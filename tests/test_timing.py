@@ -302,3 +302,20 @@ def test_samples_stop_at_the_time_budget_but_never_below_the_minimum():
     assert r["repeat"] == 20  # a fast fn never reaches the budget
     r = timing.measure(slow, timing.HostClock(), repeat=7, warmup=1, budget_ms=None)
     assert r["repeat"] == 7
+
+
+def test_a_cublas_bound_says_whether_it_ran_with_tf32(monkeypatch):
+    # a trainer-shapes run measures cuBLAS with TF32 on (the trainer's setting): before, the record and
+    # bench's line said "of cuBLAS" alone, as if a hand-written FP32 kernel were held to FP32 cuBLAS
+    import llmcupy
+    from llmcupy import bench, harness
+    from llmcupy.runtime import blas
+
+    op = llmcupy.ops["matmul_forward"]
+    inputs = op.make_inputs(np.random.default_rng(0), **op.sim_sizes)
+    monkeypatch.setattr(timing, "benchmark_ms", lambda fn, repeat=20: {"mean_ms": 2.0})   # no GPU here
+    for enabled in (True, False):
+        monkeypatch.setattr(blas, "_TF32", [enabled])
+        bound = harness._bound(op, inputs, repeat=3)
+        assert bound["kind"] == "flops" and bound["cublas_ms"] == 2.0 and bound["tf32"] is enabled
+        assert bench._bound_name(bound) == f"cuBLAS's speed{' with TF32' if enabled else ''} (2.0000 ms)"
