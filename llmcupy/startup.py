@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+EMULATOR_NOTE = "CPU emulator: g++ builds and emulated steps, not a GPU's start time"
 TRAIN = [sys.executable, "-m", "llmcupy.train", "--benchmark", "--steps", "1", "--warmup", "0"]
 
 
@@ -85,6 +86,8 @@ def main(argv=None) -> int:
     if refused is not None:
         return refused
     result = measure(train_flags)
+    if backend != "cuda":   # before the times, which would otherwise read as a GPU's
+        print(f"note: {EMULATOR_NOTE}")
     for what in ("cold", "warm"):
         r = result[what]
         if r is None:
@@ -102,7 +105,7 @@ def main(argv=None) -> int:
               "date": now.isoformat(), **bench.git_commit(), "versions": bench._software_versions(), **result,
               "compile_seconds": result["cold"]["seconds"] - result["warm"]["seconds"]}
     if backend != "cuda":
-        record["note"] = "CPU emulator: g++ builds and emulated steps, not a GPU's start time"
+        record["note"] = EMULATOR_NOTE
     from .fileio import atomic_write
 
     path = out / f"startup-{bench._slug(record['device'])}-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
