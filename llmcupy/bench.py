@@ -220,6 +220,10 @@ def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, 
     """
     from .sim import settings as sim_settings
 
+    if command is None:   # called from Python (a notebook): the record names the call, not a CLI never typed
+        given = [repr([op_names] if isinstance(op_names, str) else list(op_names))] if op_names else []
+        given += [f"{k}=True" for k, v in (("small", small), ("trainer", trainer)) if v]
+        command = f"llmcupy.bench.run({', '.join(given)})"
     with sim_settings(timeout=0):
         return _run(op_names, small=small, seed=seed, repeat=repeat, isolate=isolate, command=command,
                     progress=progress, verbose=verbose, log=log, trainer=trainer, analyze=analyze, gpu=gpu,

@@ -221,6 +221,16 @@ def test_crashing_version_is_an_error_entry(monkeypatch):
     assert bench.format_entry(rec["results"][0]) == "gelu_forward v1: ERROR the kernel refused"
 
 
+def test_a_run_from_python_records_the_call_not_a_command_line(monkeypatch):
+    # before: "python -m llmcupy.bench", a command nobody typed (the notebook's sweep, say), which
+    # reruns the whole catalogue instead of the one op
+    monkeypatch.setattr(bench, "_sweep_one", lambda *args: {"ok": None, "skipped": "stub"})
+    rec = bench.run(["gelu_forward"], isolate=False, progress=False, log=io.StringIO())
+    assert rec["command"] == "llmcupy.bench.run(['gelu_forward'])"
+    rec = bench.run(["gelu_forward"], isolate=False, progress=False, log=io.StringIO(), command="python -m x")
+    assert rec["command"] == "python -m x"
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU records: plot and compare
 
