@@ -852,6 +852,10 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
     lines.append(describe("after: ", after))
     if before.get("device") != after.get("device"):
         lines.append("warning: the two runs are on different devices; the times are not comparable")
+    tf32 = [bool(rec.get("tf32")) for rec in (before, after)]   # records from before bench set it ran without
+    if tf32[0] != tf32[1]:
+        lines.append(f"warning: TF32 was {'on' if tf32[0] else 'off'} before and {'on' if tf32[1] else 'off'} "
+                     "after: the versions that call cuBLAS are not comparable")
     header = f"{'op':<30} {'ver':>4}  {'before ms':>10} {'(blk)':>6}  {'after ms':>10} {'(blk)':>6}  {'speed-up':>8}  correctness"
     lines += ["", header, "-" * len(header)]
     regressed = False

@@ -327,6 +327,17 @@ def test_compare_reports_versions_in_one_run_only_and_device_changes(tmp_path):
     assert re.search(r"matmul_forward\s+1 .*only in before \(PASS\)", text)
 
 
+def test_compare_warns_when_one_run_had_tf32_and_the_other_not():
+    # before: a --trainer-shapes run (TF32 on) against a plain one showed the cuBLAS versions' tensor-core
+    # speed-up as if the code had changed, without a word
+    a = synthetic_gpu_record()
+    b = dict(synthetic_gpu_record(speed=0.5), tf32=True)
+    text, _ = bench.compare(a, b)
+    assert ("warning: TF32 was off before and on after: the versions that call cuBLAS are not comparable"
+            in text.splitlines()), text
+    assert "TF32" not in bench.compare(a, a)[0]
+
+
 def test_compare_gives_no_speed_up_between_different_sizes():
     # before: "(sizes differ)" was noted, yet its ratio was printed as a speed-up and averaged in
     a = synthetic_gpu_record()
