@@ -113,6 +113,9 @@ PYEOF
 }
 
 [ "${1:-}" = wheels ] && { download_wheels; exit 0; }
+# the records of every session are copied into one bench/results: names of their own (UTC date and
+# time of the call), so a later session's catalogue or profile does not replace an earlier one's
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$OUT/gpu.txt" 2>&1
 case "${1:-}" in
   check)
@@ -128,11 +131,11 @@ case "${1:-}" in
     # kernel --all rewrites its --json after every version, so what ran comes back, and
     # `bash bench/gpu_session.sh catalogue` (a call of its own) then runs it whole.
     stage pytest_gpu 420 $PY -m pytest -m gpu --shuffle "$seed" -q -rs --durations=15 -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml"
-    stage catalogue 220 $PY -m llmcupy.kernel --all --json "$OUT/results/catalogue.json"
+    stage catalogue 220 $PY -m llmcupy.kernel --all --json "$OUT/results/catalogue-$STAMP.json"
     ;;
   catalogue)
     install
-    stage catalogue 480 $PY -m llmcupy.kernel --all --json "$OUT/results/catalogue.json"
+    stage catalogue 480 $PY -m llmcupy.kernel --all --json "$OUT/results/catalogue-$STAMP.json"
     ;;
   bench)
     install
@@ -141,7 +144,8 @@ case "${1:-}" in
   step)
     install
     stage trainer_shapes 200 $PY -m llmcupy.bench --trainer-shapes --out "$OUT/results" --no-progress
-    stage profile 60 $PY -m llmcupy.profile --init d12 --random-data -b 4 -t 1024 --steps 3
+    stage profile 60 $PY -m llmcupy.profile --init d12 --random-data -b 4 -t 1024 --steps 3 \
+      --json "$OUT/results/profile-d12-b4-t1024-$STAMP.json"
     # the trainer reads token files: random GPT-2 tokens in llm.c's format (no data on the device)
     $PY -c "import numpy as np, sys; from llmcupy.data import write_tokens; \
 write_tokens(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8 * 4 * 1024 + 1))" "$OUT/random_tokens.bin"

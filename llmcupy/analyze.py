@@ -539,31 +539,37 @@ def spearman(xs, ys) -> float | None:
 
 
 def measured_times(op_name: str, sizes: dict, results_dir) -> dict:
-    """``{(version, block_size): (ms, file)}`` from the GPU records under ``results_dir`` for ``op_name``
-    at exactly ``sizes`` (the newest record wins). Emulator records and unreadable files are skipped."""
-    from .bench import load
+    """``{device: {(version, block_size): (ms, file)}}`` from the GPU records under ``results_dir`` for
+    ``op_name`` at exactly ``sizes`` (per device, the newest record wins). Emulator records and
+    unreadable files are skipped. Kept per device: two GPUs' times do not rank against each other."""
+    from .bench import load, record_date
 
-    found: dict = {}
+    records = []
     for path in sorted(glob.glob(os.path.join(str(results_dir), "*.json"))):
         try:
-            record = load(path)
+            records.append((path, load(path)))
         except (OSError, ValueError, json.JSONDecodeError):
             continue
+    found: dict = {}
+    # oldest first by the recorded date (file names do not sort by date: catalogue.json), so the newest wins
+    for path, record in sorted(records, key=lambda pr: record_date(pr[1])):
         if record.get("backend") != "cuda":
             continue
+        device = found.setdefault(record.get("device") or "unknown GPU", {})
         for entry in record.get("results", []):
             if entry.get("op") != op_name or entry.get("sizes") != sizes:
                 continue
             for b in entry.get("blocks", []):
                 if b.get("ok") and b.get("ms") is not None:
-                    found[(int(entry["version"]), b.get("block_size"))] = (float(b["ms"]), path)
+                    device[(int(entry["version"]), b.get("block_size"))] = (float(b["ms"]), path)
     return found
 
 
 def correlate(results: list, results_dir=None) -> dict | None:
     """Spearman's rank correlation between the model's times of ``results`` (analysed versions of
     one op) and GPU times measured at the same sizes and block sizes under ``results_dir``
-    (default ``bench/results``). None when fewer than three versions have both."""
+    (default ``bench/results``) on one GPU: the device with the most such versions. None when fewer
+    than three versions have both."""
     from .bench import DEFAULT_OUT
 
     # a partial model (cuBLAS calls not modelled) would rank a library-backed version as fast as its bias kernel
@@ -572,24 +578,31 @@ def correlate(results: list, results_dir=None) -> dict | None:
     if not results:
         return None
     results_dir = results_dir or DEFAULT_OUT
-    measured = measured_times(results[0]["op"], results[0]["sizes"], results_dir)
-    pairs = []
-    for r in results:
-        hit = measured.get((r["version"], r.get("block_size")))
-        if hit:
-            pairs.append((r["version"], r["summary"]["model_seconds"] * 1e3, hit[0], hit[1]))
+    best = None
+    for device, measured in measured_times(results[0]["op"], results[0]["sizes"], results_dir).items():
+        pairs = []
+        for r in results:
+            hit = measured.get((r["version"], r.get("block_size")))
+            if hit:
+                pairs.append((r["version"], r["summary"]["model_seconds"] * 1e3, hit[0], hit[1]))
+        if best is None or len(pairs) > len(best[1]):
+            best = (device, pairs)
+    if best is None:
+        return None
+    device, pairs = best
     rho = spearman([p[1] for p in pairs], [p[2] for p in pairs])
     if rho is None:
         return None
     return {"rho": rho, "pairs": [{"version": v, "model_ms": m, "measured_ms": t, "file": f} for v, m, t, f in pairs],
-            "gpu": results[0]["gpu"]["name"]}
+            "gpu": results[0]["gpu"]["name"], "device": device}
 
 
 def format_correlation(c: dict | None) -> str:
     if not c:
         return ""
     devices = sorted({os.path.basename(p["file"]) for p in c["pairs"]})
-    return (f"rank correlation, model ({c['gpu']}) vs measured GPU times: Spearman rho = {c['rho']:.2f} over "
+    return (f"rank correlation, model ({c['gpu']}) vs times measured on {c.get('device', 'a GPU')}: Spearman rho = "
+            f"{c['rho']:.2f} over "
             f"{len(c['pairs'])} versions ({', '.join(devices)})")
 
 

@@ -220,6 +220,10 @@ def run(op_names=None, *, small: bool = False, seed: int = 0, repeat: int = 50, 
     """
     from .sim import settings as sim_settings
 
+    if command is None:   # called from Python (a notebook): the record names the call, not a CLI never typed
+        given = [repr([op_names] if isinstance(op_names, str) else list(op_names))] if op_names else []
+        given += [f"{k}=True" for k, v in (("small", small), ("trainer", trainer)) if v]
+        command = f"llmcupy.bench.run({', '.join(given)})"
     with sim_settings(timeout=0):
         return _run(op_names, small=small, seed=seed, repeat=repeat, isolate=isolate, command=command,
                     progress=progress, verbose=verbose, log=log, trainer=trainer, analyze=analyze, gpu=gpu,
@@ -339,6 +343,16 @@ def _worst_rel(block: dict) -> float | None:
     return max(errs) if errs else None
 
 
+def _bound_name(bound: dict | None) -> str:
+    """The upper bound a fraction_of_bound is of, named with its value (harness._bound's record)."""
+    bound = bound or {}
+    if bound.get("kind") == "memory" and bound.get("copy_gbs"):
+        return f"the measured copy bandwidth ({bound['copy_gbs']:.0f} GB/s)"
+    if bound.get("cublas_ms"):
+        return f"cuBLAS's speed{' with TF32' if bound.get('tf32') else ''} ({bound['cublas_ms']:.4f} ms)"
+    return "its upper bound"
+
+
 def format_entry(entry: dict) -> str:
     """One line per (op, version): verdict, block sizes run, the best time and its share of the bound."""
     head = f"{entry['op']} v{entry['version']}{'*' if entry.get('default') else ''}"
@@ -362,7 +376,7 @@ def format_entry(entry: dict) -> str:
         if "tflops" in best:
             line += f", {best['tflops']:.2f} TFLOP/s"
         if "fraction_of_bound" in best:
-            line += f", {100 * best['fraction_of_bound']:.0f}% of bound"
+            line += f", {100 * best['fraction_of_bound']:.0f}% of {_bound_name(entry.get('bound'))}"
     summary = entry.get("metrics", {}).get("summary")
     if summary:
         spr = summary.get("sectors_per_request")
@@ -417,8 +431,15 @@ class _SaveAsYouGo:
         return save(record, self.out_dir, self.path)
 
 
+class OtherRecord(ValueError):
+    """A JSON object that is another tool's record, not a run of this benchmark: the start-up times
+    (``python -m llmcupy.startup`` writes them to ``bench/results/`` too), a profile, the side-by-side
+    step times. Readers of the whole folder skip it; a reader of one file refuses it."""
+
+
 def load(path: str | os.PathLike) -> dict:
-    """A results file: this module's record, or a ``python -m llmcupy.kernel --json`` list (wrapped)."""
+    """A results file: this module's record, or a ``python -m llmcupy.kernel --json`` list (wrapped).
+    Raises ValueError naming the file (:class:`OtherRecord` for another tool's record)."""
     try:
         data = json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -432,11 +453,18 @@ def load(path: str | os.PathLike) -> dict:
                          "results, which have 'op' and 'version')")
     if isinstance(data, list):  # the kernel CLI's --json: a list of harness sweeps
         results = [_version_entry_from_raw(r) for r in data]
-        backend = next((r.get("backend") for r in data if r.get("backend")), "unknown")
-        device = next((r.get("device") for r in data if r.get("device")), "unknown")
-        return {"schema": "llmcupy.kernel", "date": "unknown", "command": "unknown", "backend": backend,
-                "device": device, "software": {}, "git": {"commit": "unknown"}, "timed": backend == "cuda",
-                "ops": {}, "results": results}
+        def first(key, default):   # the kernel CLI stamps every entry (lists from before it: none)
+            return next((r[key] for r in data if r.get(key)), default)
+
+        backend = first("backend", "unknown")
+        return {"schema": "llmcupy.kernel", "date": first("date", "unknown"), "command": first("command", "unknown"),
+                "backend": backend, "device": first("device", "unknown"), "software": {},
+                "git": first("git", {"commit": "unknown"}), "timed": backend == "cuda", "ops": {}, "results": results}
+    if isinstance(data, dict) and "results" not in data and not str(data.get("schema", "")).startswith("llmcupy.bench"):
+        exc = OtherRecord(f"{path}: not a benchmark record (no 'results'"
+                          + (f"; schema {data['schema']})" if data.get("schema") else ")"))
+        exc.schema = data.get("schema")
+        raise exc
     if not isinstance(data, dict) or "results" not in data:
         raise ValueError(f"{path}: not a benchmark record (no 'results')")
     if not entries(data["results"]):
@@ -654,7 +682,8 @@ def _plot_op_panel(ax, op_name: str, entries: list, timed: bool):
             bound_text = f"bound {best_ms:.3g} ms: {bound['bytes'] / 1e6:.4g} MB at copy bw {bound['copy_gbs']:.0f} GB/s"
         elif bound and bound.get("cublas_ms"):
             ax.axhline(bound["cublas_ms"], color="black", linestyle="--", linewidth=1.2, label="bound")
-            bound_text = f"bound: cuBLAS {bound['cublas_ms']:.3g} ms ({bound.get('cublas_tflops', 0):.1f} TFLOP/s)"
+            bound_text = (f"bound: cuBLAS{' TF32' if bound.get('tf32') else ''} {bound['cublas_ms']:.3g} ms "
+                          f"({bound.get('cublas_tflops', 0):.1f} TFLOP/s)")
         else:
             bound_text = ""
     else:
@@ -732,7 +761,7 @@ def _plot_bound_summary(ax, by_op: dict):
         b, e = max(bests, key=lambda p: p[0]["fraction_of_bound"])
         fracs.append(b["fraction_of_bound"])
         rate = f"{b['gbs']:.0f} GB/s" if "gbs" in b else (f"{b['tflops']:.2f} TFLOP/s" if "tflops" in b else "")
-        bound = "copy bw" if "gbs" in b else "cuBLAS"
+        bound = "copy bw" if "gbs" in b else ("cuBLAS TF32" if (e.get("bound") or {}).get("tf32") else "cuBLAS")
         labels.append(f"v{e['version']} @ {b['block_size']}: {100 * b['fraction_of_bound']:.0f}% of {bound}"
                       f" ({b['ms']:.3g} ms, {rate})")
         colors.append("#2c7fb8" if "gbs" in b else "#d95f0e")
@@ -823,6 +852,10 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
     lines.append(describe("after: ", after))
     if before.get("device") != after.get("device"):
         lines.append("warning: the two runs are on different devices; the times are not comparable")
+    tf32 = [bool(rec.get("tf32")) for rec in (before, after)]   # records from before bench set it ran without
+    if tf32[0] != tf32[1]:
+        lines.append(f"warning: TF32 was {'on' if tf32[0] else 'off'} before and {'on' if tf32[1] else 'off'} "
+                     "after: the versions that call cuBLAS are not comparable")
     header = f"{'op':<30} {'ver':>4}  {'before ms':>10} {'(blk)':>6}  {'after ms':>10} {'(blk)':>6}  {'speed-up':>8}  correctness"
     lines += ["", header, "-" * len(header)]
     regressed = False
@@ -845,9 +878,10 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
                 regressed = True
             elif vb in ("FAIL", "ERROR") and va == "PASS":
                 corr += "  fixed"
-        if a is not None and b is not None and a.get("sizes") and b.get("sizes") and a["sizes"] != b["sizes"]:
+        other_sizes = a is not None and b is not None and a.get("sizes") and b.get("sizes") and a["sizes"] != b["sizes"]
+        if other_sizes:
             corr += "  (sizes differ)"
-        if bms and ams:
+        if bms and ams and not other_sizes:   # a ratio of times at other sizes is no speed-up
             sp = bms / ams
             if vb == va == "PASS":
                 speedups.append(sp)
@@ -863,7 +897,7 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
                 x, y = bb.get(bs), ab.get(bs)
                 xm = x.get("ms") if x else None
                 ym = y.get("ms") if y else None
-                sp = f"{xm / ym:7.2f}x" if xm and ym else f"{'-':>8}"
+                sp = f"{xm / ym:7.2f}x" if xm and ym and not other_sizes else f"{'-':>8}"
                 okx = {True: "PASS", False: "FAIL", None: "SKIP"}[x.get("ok")] if x else "-"
                 oky = {True: "PASS", False: "FAIL", None: "SKIP"}[y.get("ok")] if y else "-"
                 lines.append(f"{'':<30} {'':>4}  {_fmt_ms(xm)} {_fmt_blk(bs, True)}  {_fmt_ms(ym)} "
@@ -871,7 +905,8 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
     lines.append("")
     if speedups:
         geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-        lines.append(f"{len(speedups)} versions passing and timed in both: geometric-mean speed-up {geo:.2f}x, "
+        lines.append(f"{len(speedups)} versions passing and timed in both at the same sizes: geometric-mean "
+                     f"speed-up {geo:.2f}x, "
                      f"min {min(speedups):.2f}x, max {max(speedups):.2f}x (best block size of each)")
     else:
         lines.append("no version has times in both runs (an emulator run records correctness only)")
@@ -892,6 +927,9 @@ def list_results(out_dir=DEFAULT_OUT) -> str:
     for p in paths:
         try:
             r = load(p)
+        except OtherRecord:
+            lines.append(f"{p}: {_other_record_text(p)}")
+            continue
         except (ValueError, OSError, json.JSONDecodeError) as exc:
             lines.append(f"{p}: unreadable ({exc})")
             continue
@@ -901,6 +939,36 @@ def list_results(out_dir=DEFAULT_OUT) -> str:
         lines.append(f"{p}: {r.get('date', '?')} {r.get('device', '?')} commit {r.get('git', {}).get('commit', '?')[:10]}"
                      f" - {ops} ops, {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped ({timed})")
     return "\n".join(lines)
+
+
+def timed_runs(out_dir=DEFAULT_OUT) -> list:
+    """``[(path, record)]`` of the timed (GPU) runs under ``out_dir``, oldest first by their recorded
+    date (file names do not sort by date: ``catalogue.json``). Other tools' records there (start-up
+    times, profiles) are skipped; a broken file raises ValueError naming it."""
+    runs = []
+    for path in sorted(Path(out_dir).glob("*.json")):
+        try:
+            record = load(path)
+        except OtherRecord:
+            continue
+        if record.get("timed"):
+            runs.append((path, record))
+    return sorted(runs, key=lambda run: record_date(run[1]))
+
+
+def record_date(record: dict) -> str:
+    """The record's ISO date for sorting; "" (the oldest) when it has none ("unknown": a kernel --json
+    list from before the kernel CLI stamped its entries)."""
+    date = str(record.get("date") or "")
+    return date if date[:1].isdigit() else ""
+
+
+def _other_record_text(path) -> str:
+    """What --list-results says of another tool's record (load raised OtherRecord: a JSON object)."""
+    data = json.loads(Path(path).read_text())
+    what = f"a {data['schema']} record" if data.get("schema") else "a record"
+    when = " ".join(str(data[k]) for k in ("date", "device") if data.get(k))
+    return f"{what}{' (' + when + ')' if when else ''}, not a benchmark run"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -985,7 +1053,8 @@ def _defaults_main(argv) -> int:
 
     p = argparse.ArgumentParser(prog="python -m llmcupy.bench defaults",
                                 description="Write the trainer's kernel defaults: " + defaults.RULE + ".")
-    p.add_argument("--results", default=DEFAULT_OUT, metavar="DIR", help=f"the recorded runs (default {DEFAULT_OUT})")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help=f"the recorded runs (default {DEFAULT_OUT}, relative to the working folder)")
     p.add_argument("--out", default=None, metavar="FILE", help="where to write (default bench/defaults.json)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 when the file differs from what the results give")
@@ -993,10 +1062,16 @@ def _defaults_main(argv) -> int:
     out = Path(args.out) if args.out else defaults.default_path()
     from ._cli import BadPath, check_output_file, fail
 
+    given = args.results is not None
+    args.results = args.results if given else DEFAULT_OUT
     if not args.check and not os.path.isdir(args.results):
         # a typo, or the default relative to another working folder: deriving from nothing would
         # write a file with no GPU in it over the measured defaults (--check writes nothing: a
         # fresh clone, whose bench/results holds no GPU run yet, checks against none)
+        if not given:   # most often a fresh clone: no GPU run has been recorded at all
+            return fail(ValueError(f"no GPU run is recorded yet: {DEFAULT_OUT} is not in this folder (python -m "
+                                   "llmcupy.bench --trainer-shapes on a GPU makes it; run from the checkout's root, "
+                                   f"or give --results DIR); {defaults.display_path(out)} is left as it is"))
         return fail(ValueError(f"--results {args.results}: no such folder; give the folder of the recorded "
                                f"--trainer-shapes runs (default {DEFAULT_OUT}, relative to the working folder)"))
     if not args.check:

@@ -98,24 +98,31 @@ def record_tf32(record: dict) -> bool:
     return bool(record.get("tf32", False))
 
 
-def _newest_per_device(results_dir, other_tf32: list | None = None) -> dict:
+def _newest_per_device(results_dir, ignored: list | None = None) -> dict:
     """{device: (path, record)}: the newest timed GPU run at the trainer's shapes and TF32 setting per
-    device. Runs at the trainer's shapes measured with the other TF32 setting are appended to
-    ``other_tf32`` (their paths) instead."""
-    from .bench import load
+    device. Runs at the trainer's shapes measured with the other TF32 setting, and the other tools'
+    records a GPU session leaves beside the runs (start-up times, side by side), are appended to
+    ``ignored`` ("path: why") instead."""
+    from ._cli import message
+    from .bench import OtherRecord, load
 
     newest: dict = {}
     for path in sorted(glob.glob(os.path.join(str(results_dir), "*.json"))):
         try:
             record = load(path)
-        except (OSError, ValueError) as exc:   # json.JSONDecodeError is a ValueError
-            raise DefaultsError(f"{path}: not a readable benchmark record ({exc}); move it out of "
-                                f"{results_dir} or fix it") from None
+        except OtherRecord as exc:
+            if ignored is not None:
+                ignored.append(f"{path}: not a benchmark run ({'schema ' + str(exc.schema) if exc.schema else 'no schema'})")
+            continue
+        except (OSError, ValueError) as exc:   # json.JSONDecodeError is a ValueError; both name the file
+            raise DefaultsError(f"{message(exc)}; move it out of {results_dir} or fix it") from None
         if record.get("backend") != "cuda" or not record.get("timed") or record.get("sizes") != "trainer":
             continue
         if record_tf32(record) != TRAINER_TF32:
-            if other_tf32 is not None:
-                other_tf32.append(path)
+            if ignored is not None:
+                ignored.append(f"{path}: measured with TF32 {'on' if not TRAINER_TF32 else 'off'}, the trainer "
+                               f"runs with it {'on' if TRAINER_TF32 else 'off'} (bench --trainer-shapes --tf32 "
+                               f"{int(TRAINER_TF32)})")
             continue
         device = record.get("device") or "unknown GPU"
         if device not in newest or str(record.get("date", "")) > str(newest[device][1].get("date", "")):
@@ -162,10 +169,11 @@ def pick(record: dict) -> dict:
 def derive(results_dir) -> dict:
     """The defaults document from the runs under ``results_dir`` (no runs: no devices).
 
-    ``ignored`` lists the runs left out for their TF32 setting (printed, not written to the file)."""
+    ``ignored`` lists the runs left out for their TF32 setting and the other tools' records (printed,
+    not written to the file)."""
     devices = {}
-    other_tf32: list = []
-    for device, (path, record) in sorted(_newest_per_device(results_dir, other_tf32).items()):
+    ignored: list = []
+    for device, (path, record) in sorted(_newest_per_device(results_dir, ignored).items()):
         ops = pick(record)
         if not ops:
             continue
@@ -176,10 +184,8 @@ def derive(results_dir) -> dict:
         devices[device] = {"source": source, "date": record.get("date"), "tf32": record_tf32(record),
                            "commit": (record.get("git") or {}).get("commit", "unknown"), "ops": ops}
     doc = {"schema": SCHEMA, "written_by": "python -m llmcupy.bench defaults", "rule": RULE, "devices": devices}
-    if other_tf32:
-        doc["ignored"] = [f"{path}: measured with TF32 {'on' if not TRAINER_TF32 else 'off'}, the trainer runs "
-                          f"with it {'on' if TRAINER_TF32 else 'off'} (bench --trainer-shapes --tf32 "
-                          f"{int(TRAINER_TF32)})" for path in other_tf32]
+    if ignored:
+        doc["ignored"] = ignored
     return doc
 
 

@@ -242,7 +242,8 @@ def main(argv=None) -> int:
 
 def _main(argv=None) -> int:
     parser = _parser()
-    rest, size_flags = _split_size_flags(parser, list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest, size_flags = _split_size_flags(parser, argv)
     args = parser.parse_args(rest)
     if args.arch:
         # --arch is greedy: in `--compile-report --arch 86 softmax_forward` the op follows the archs
@@ -367,6 +368,15 @@ def _main(argv=None) -> int:
 
     isolate = isolation(len(plan), backend)
     results = []
+    if args.json:
+        # what `bench compare` and --list-results show of a kept run (the file stays a list of sweeps)
+        import shlex
+
+        from .bench import _utc_now, git_commit
+
+        args.provenance = {"date": _utc_now().isoformat().replace("+00:00", "Z"),
+                           "command": "python -m llmcupy.kernel" + ("" if not argv else " " + shlex.join(argv)),
+                           "git": git_commit()}
     run = _run_and_analyze if args.analyze else _run_one
     # a forked child per version in the emulator; on a GPU one spawned child until a version fails
     versions = harness.runner(isolate)
@@ -427,7 +437,7 @@ def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
 
                 print(analyze.format_analysis(result["analysis"], lines=not args.no_lines))
         print(flush=True)
-        results.append(result)
+        results.append({**result, **getattr(args, "provenance", {})})
         failed += result.get("ok") is False
         if args.json:  # after every version: a run stopped by a time limit keeps what it measured
             _write_json(args.json, results)

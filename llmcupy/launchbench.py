@@ -234,6 +234,7 @@ def main(argv=None) -> int:
     p.add_argument("--fused", action="store_true", help="the step with every fusion (as python -m llmcupy.train --fused)")
     p.add_argument("--json", help="also write the result to this file")
     p.add_argument("--backend", choices=_backend.CHOICES, default=None, help="cuda, sim or auto (default: auto)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     from .model import ModelError
 
@@ -252,6 +253,16 @@ def main(argv=None) -> int:
     r["fused"] = bool(args.fused)
     print(format_result(r))
     if args.json:
+        import platform
+        import shlex
+
+        from .bench import _software_versions, _utc_now, git_commit
+
+        # host microseconds depend on the machine, the Python and the commit: the record says which
+        r = {"schema": "llmcupy.launchbench/1", "date": _utc_now().isoformat().replace("+00:00", "Z"),
+             "command": "python -m llmcupy.launchbench" + ("" if not argv else " " + shlex.join(argv)),
+             "backend": _backend.get_backend(), "device": _backend.device_name(), "host": platform.node(),
+             "git": git_commit(), "software": _software_versions(), **r}
         from .fileio import atomic_write
 
         with atomic_write(args.json) as f:

@@ -544,10 +544,14 @@ def compile_report(files=None, archs=DEFAULT_ARCHS, kernels_dir: Path | None = N
     A file that fails to compile for an arch gives one row with ``kernel=None`` and ``ok=False``.
     """
     rows = []
-    for path in resolve_files(files, kernels_dir):
+    paths = resolve_files(files, kernels_dir)   # a bad folder or op name first, as before
+    # registers and spills change from one NVRTC release to the next: every row says which compiled it
+    release = "{}.{}".format(*find_nvrtc().version())
+    for path in paths:
         for arch in archs:
             res = compile_file(path, arch, kernels_dir)
-            base = {"file": res.file, "arch": res.arch, "ok": res.ok, "log": res.log, "warnings": res.warnings}
+            base = {"file": res.file, "arch": res.arch, "nvrtc": release, "ok": res.ok, "log": res.log,
+                    "warnings": res.warnings}
             if not res.ok or not res.kernels:
                 rows.append({**base, "kernel": None, "mangled": None, "registers": None, "spill_stores": None,
                              "spill_loads": None, "shared_bytes": None, "stack_bytes": None, "barriers": None})
@@ -576,7 +580,8 @@ def format_report(rows: list[dict]) -> str:
                       _fmt(r.get("stack_bytes")), status])
     widths = [max(len(row[c]) for row in table) for c in range(len(header))]
     numeric = {3, 4, 5, 6, 7}
-    lines = []
+    releases = sorted({r["nvrtc"] for r in rows if r.get("nvrtc")})
+    lines = [f"NVRTC {', '.join(releases)} (registers and spills change between releases)"] if releases else []
     for n, row in enumerate(table):
         cells = [cell.rjust(widths[c]) if c in numeric and n else cell.ljust(widths[c]) for c, cell in enumerate(row)]
         lines.append("  ".join(cells).rstrip())

@@ -24,7 +24,9 @@ launch is observed through the ops' profiler hook (``llmcupy.ops.add_hook``):
   phase, and the emulator's wall time per op, clearly labelled as such (percentages then refer to
   emulator time, which says nothing about a GPU).
 
-``--json PATH`` writes all of it.
+``--json PATH`` writes all of it, with what a record needs to be compared later: ``schema``
+(``llmcupy.profile/1``), ``date`` (UTC), ``command`` (the exact command line), ``git`` (``commit``,
+``dirty``), ``device`` and ``software`` (Python, NumPy, CuPy, CUDA runtime and driver).
 """
 
 from __future__ import annotations
@@ -183,7 +185,6 @@ def cublas_tflops(B: int, T: int, C: int) -> dict:
     out = cupy.empty((BT, OC), dtype=cupy.float32)
     t = timing.benchmark_ms(lambda: blas.gemm(a, w, out, trans_b=True), repeat=20, warmup=3)["min_ms"]
     flops = 2 * BT * C * OC
-    del a, w, out
     return {"gemm": f"({BT} x {C}) @ ({C} x {OC})", "ms": t, "flops": flops, "tflops": flops / (t * 1e-3) / 1e12}
 
 
@@ -363,6 +364,9 @@ def _batch(args, cfg, B: int, T: int):
     return x, y, f"first train batch of {args.train_data}"
 
 
+SCHEMA = "llmcupy.profile/1"
+
+
 def profile(args) -> dict:
     """The profile run; TF32 (``--tf32``) is on for this run only."""
     with contextlib.ExitStack() as scope:
@@ -467,6 +471,8 @@ def _profile(args, scope: contextlib.ExitStack) -> dict:
             check_loss(loss, t[0], "train")
         graph_ms = float(np.mean(times))
 
+    from .bench import _software_versions, _utc_now, git_commit
+
     step_ms = float(np.mean(step_times))
     summary = summarize(recorder.records, args.steps, step_ms, bounds, gpu)
     missing = sorted({r["op"] for r in recorder.records if r["kind"] is None})
@@ -476,6 +482,9 @@ def _profile(args, scope: contextlib.ExitStack) -> dict:
     if failed:
         notes.append(f"bound could not be evaluated for {', '.join(failed)}")
     report = {
+        "schema": SCHEMA, "date": _utc_now().isoformat().replace("+00:00", "Z"),
+        "command": getattr(args, "command", None) or "python -m llmcupy.profile", "git": git_commit(),
+        "software": _software_versions(),
         "timing": "gpu-events" if gpu else "cpu-emulator-wall",
         "note": GPU_NOTE if gpu else SIM_NOTE,
         "backend": _backend.get_backend(), "device": _backend.device_name(), "tf32": bool(tf32),
@@ -502,7 +511,11 @@ def _profile(args, scope: contextlib.ExitStack) -> dict:
 def main(argv=None) -> int:
     from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    import shlex
+
+    args.command = "python -m llmcupy.profile" + ("" if not argv else " " + shlex.join(argv))   # for the record
     if args.json:   # checked before the run: a path it cannot write was a traceback after the whole profile
         from .fileio import output_path_problem
 
@@ -529,8 +542,10 @@ def main(argv=None) -> int:
         return 130
     print_report(report)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        from .fileio import atomic_write
+
+        with atomic_write(args.json) as f:   # a reader never sees half a profile
+            f.write((json.dumps(report, indent=1) + "\n").encode())
         print(f"wrote {args.json}")
     return 0
 

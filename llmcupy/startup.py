@@ -13,7 +13,8 @@ twice, each in a fresh process, and measures the wall-clock time to its exit:
 
 The difference is what compiling costs at the first start. The record (device, versions, commit,
 date, command, both times and both runs' output tails) goes to ``bench/results/startup-*.json``
-(``--out``); in the emulator the times are the CPU emulator's and the record says so.
+(``--out``); in the emulator the times are the CPU emulator's, the record says so and goes to the
+git-ignored ``bench/results/sim/``, as ``python -m llmcupy.bench``'s emulator runs do.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+EMULATOR_NOTE = "CPU emulator: g++ builds and emulated steps, not a GPU's start time"
 TRAIN = [sys.executable, "-m", "llmcupy.train", "--benchmark", "--steps", "1", "--warmup", "0"]
 
 
@@ -67,19 +69,25 @@ def check_train_flags(train_flags: list[str]) -> int | None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m llmcupy.startup", description=__doc__.split("\n\n")[0],
                                 epilog="Other flags go to python -m llmcupy.train.")
-    p.add_argument("--out", default=os.path.join("bench", "results"), help="folder of the JSON record")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="folder of the JSON record (default bench/results on a GPU, bench/results/sim in the emulator)")
     args, train_flags = p.parse_known_args(argv)
     from . import _cli, bench
     from .runtime import backend as _backend
 
     try:
         backend = _backend.get_backend()
-    except _backend.BackendError as exc:
+        # the emulator's CPU times are no GPU evidence: kept apart, git-ignored, as bench's emulator runs
+        out = Path(args.out or (bench.DEFAULT_OUT if backend == "cuda" else bench.SIM_OUT))
+        _cli.check_output_folder(out, "--out")   # before the two runs, not a traceback after them
+    except (_backend.BackendError, _cli.BadPath) as exc:
         return _cli.fail(exc)
     refused = check_train_flags(train_flags)
     if refused is not None:
         return refused
     result = measure(train_flags)
+    if backend != "cuda":   # before the times, which would otherwise read as a GPU's
+        print(f"note: {EMULATOR_NOTE}")
     for what in ("cold", "warm"):
         r = result[what]
         if r is None:
@@ -97,11 +105,12 @@ def main(argv=None) -> int:
               "date": now.isoformat(), **bench.git_commit(), "versions": bench._software_versions(), **result,
               "compile_seconds": result["cold"]["seconds"] - result["warm"]["seconds"]}
     if backend != "cuda":
-        record["note"] = "CPU emulator: g++ builds and emulated steps, not a GPU's start time"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        record["note"] = EMULATOR_NOTE
+    from .fileio import atomic_write
+
     path = out / f"startup-{bench._slug(record['device'])}-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    with atomic_write(path) as f:   # bench defaults reads the folder: never half a record there
+        f.write((json.dumps(record, indent=2) + "\n").encode())
     print(f"wrote {path}")
     return 0
 

@@ -329,8 +329,8 @@ def test_spearman():
     assert analyze.spearman([1, 2], [2, 1]) is None and analyze.spearman([1, 1, 1], [1, 2, 3]) is None
 
 
-def _gpu_record(sizes, times, block_size=256, backend="cuda"):
-    return {"schema": bench.SCHEMA, "date": "2026-01-01T00:00:00Z", "backend": backend, "device": "NVIDIA H100 80GB HBM3",
+def _gpu_record(sizes, times, block_size=256, backend="cuda", device="NVIDIA H100 80GB HBM3"):
+    return {"schema": bench.SCHEMA, "date": "2026-01-01T00:00:00Z", "backend": backend, "device": device,
             "git": {"commit": "0" * 40}, "timed": backend == "cuda",
             "results": [{"op": "softmax_forward", "version": v, "ok": True, "sizes": sizes,
                          "blocks": [{"block_size": block_size, "ok": True, "ms": ms}]} for v, ms in times.items()]}
@@ -359,6 +359,39 @@ def test_correlation_with_a_synthetic_results_folder(tmp_path):
     (tmp_path / "e.json").write_text(json.dumps(_gpu_record(sizes, {1: 1.0, 5: 0.1, 6: 0.2, 7: 0.5}, backend="sim")))
     (tmp_path / "f.json").write_text("{not json")
     assert analyze.correlate(analyses, tmp_path) is None
+
+
+def test_correlation_never_mixes_the_times_of_two_gpus(tmp_path):
+    # before: each (version, block size) took its time from whichever file sorted last, so a T4 run of
+    # two versions beside an H100 run of four ranked T4 and H100 times together, as one GPU
+    op = llmcupy.ops["softmax_forward"]
+    sizes = {"B": 2, "T": 16, "V": 517}
+    inputs = op.make_inputs(np.random.default_rng(0), **sizes)
+    analyses = [analyze.analyze_version(op, v, sizes, inputs=inputs) for v in (1, 5, 6, 7)]
+    model = {a["version"]: a["summary"]["model_seconds"] for a in analyses}
+    ranked = sorted(model, key=model.get)
+    (tmp_path / "a_h100.json").write_text(json.dumps(_gpu_record(sizes, {v: 0.01 * (i + 1) for i, v in enumerate(ranked)})))
+    (tmp_path / "b_t4.json").write_text(json.dumps(_gpu_record(sizes, {ranked[0]: 9.0, ranked[1]: 0.001},
+                                                               device="Tesla T4")))
+    c = analyze.correlate(analyses, tmp_path)
+    assert c["device"] == "NVIDIA H100 80GB HBM3" and c["rho"] == pytest.approx(1.0) and len(c["pairs"]) == 4
+    assert {p["file"] for p in c["pairs"]} == {str(tmp_path / "a_h100.json")}
+    assert ("rank correlation, model (H100 SXM) vs times measured on NVIDIA H100 80GB HBM3: Spearman rho = 1.00 "
+            "over 4 versions (a_h100.json)") == analyze.format_correlation(c)
+
+
+def test_correlation_takes_the_newest_run_by_its_date_not_its_file_name(tmp_path):
+    # before: the file that sorted last won, so catalogue.json (kernel --json) beat a newer dated sweep
+    op = llmcupy.ops["softmax_forward"]
+    sizes = {"B": 2, "T": 16, "V": 517}
+    inputs = op.make_inputs(np.random.default_rng(0), **sizes)
+    analyses = [analyze.analyze_version(op, v, sizes, inputs=inputs) for v in (1, 5, 6, 7)]
+    model = {a["version"]: a["summary"]["model_seconds"] for a in analyses}
+    ranked = sorted(model, key=model.get)
+    newer = dict(_gpu_record(sizes, {v: 0.01 * (i + 1) for i, v in enumerate(ranked)}), date="2026-02-01T00:00:00Z")
+    (tmp_path / "20260201T000000Z_h100.json").write_text(json.dumps(newer))
+    (tmp_path / "catalogue.json").write_text(json.dumps(_gpu_record(sizes, {v: 0.01 * (4 - i) for i, v in enumerate(ranked)})))
+    assert analyze.correlate(analyses, tmp_path)["rho"] == pytest.approx(1.0)
 
 
 def test_kernel_cli_prints_the_correlation_when_bench_results_hold_gpu_times(tmp_path, monkeypatch, capsys):

@@ -221,6 +221,16 @@ def test_crashing_version_is_an_error_entry(monkeypatch):
     assert bench.format_entry(rec["results"][0]) == "gelu_forward v1: ERROR the kernel refused"
 
 
+def test_a_run_from_python_records_the_call_not_a_command_line(monkeypatch):
+    # before: "python -m llmcupy.bench", a command nobody typed (the notebook's sweep, say), which
+    # reruns the whole catalogue instead of the one op
+    monkeypatch.setattr(bench, "_sweep_one", lambda *args: {"ok": None, "skipped": "stub"})
+    rec = bench.run(["gelu_forward"], isolate=False, progress=False, log=io.StringIO())
+    assert rec["command"] == "llmcupy.bench.run(['gelu_forward'])"
+    rec = bench.run(["gelu_forward"], isolate=False, progress=False, log=io.StringIO(), command="python -m x")
+    assert rec["command"] == "python -m x"
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU records: plot and compare
 
@@ -232,10 +242,17 @@ def test_plot_of_a_gpu_record(tmp_path, before_after):
     rc, stdout, stderr = run("--from", str(before), "--plot", str(plot))
     assert rc == 0, stdout + stderr
     assert "softmax_forward v3: FAIL" in stdout
-    assert "softmax_forward v2*: PASS at 6 block sizes, max rel err 3.0e-07; best 1.5000 ms @ 256, 2193 GB/s, 76% of bound" in stdout
-    assert "matmul_forward v2*: PASS at 3 block sizes, max rel err 3.0e-07; best 9.0000 ms @ 16, 222.22 TFLOP/s, 44% of bound" in stdout
+    assert "softmax_forward v2*: PASS at 6 block sizes, max rel err 3.0e-07; best 1.5000 ms @ 256, 2193 GB/s, " in stdout
     assert "matmul_forward v3: SKIP (unavailable: no cuBLASLt binding)" in stdout
     assert_png(plot)
+
+
+def test_a_best_time_names_the_bound_its_fraction_is_of():
+    # before: "76% of bound" in both lines, which left the reader to guess copy bandwidth or cuBLAS
+    lines = {(e["op"], e["version"]): bench.format_entry(e) for e in synthetic_gpu_record()["results"]}
+    assert lines["softmax_forward", 2].endswith(
+        "best 1.5000 ms @ 256, 2193 GB/s, 76% of the measured copy bandwidth (2900 GB/s)")
+    assert lines["matmul_forward", 2].endswith("best 9.0000 ms @ 16, 222.22 TFLOP/s, 44% of cuBLAS's speed (4.0000 ms)")
 
 
 @needs_matplotlib
@@ -290,7 +307,7 @@ def test_compare_prints_deltas_and_flags_regressions(before_after):
     assert re.search(r"40\.0000\s+\(16\)\s+20\.0000\s+\(16\)\s+2\.00x\s+PASS$", lines[("matmul_forward", "1")])
     assert lines[("matmul_forward", "3")].rstrip().endswith("SKIP")
     assert "commit 1111111111" in stdout and "commit 2222222222" in stdout
-    assert "3 versions passing and timed in both: geometric-mean speed-up 2.00x" in stdout
+    assert "3 versions passing and timed in both at the same sizes: geometric-mean speed-up 2.00x" in stdout
     assert "REGRESSED" in stdout
 
     rc, stdout, _ = run("compare", str(before), str(before), "--blocks")
@@ -308,6 +325,33 @@ def test_compare_reports_versions_in_one_run_only_and_device_changes(tmp_path):
     assert not regressed
     assert "different devices" in text
     assert re.search(r"matmul_forward\s+1 .*only in before \(PASS\)", text)
+
+
+def test_compare_warns_when_one_run_had_tf32_and_the_other_not():
+    # before: a --trainer-shapes run (TF32 on) against a plain one showed the cuBLAS versions' tensor-core
+    # speed-up as if the code had changed, without a word
+    a = synthetic_gpu_record()
+    b = dict(synthetic_gpu_record(speed=0.5), tf32=True)
+    text, _ = bench.compare(a, b)
+    assert ("warning: TF32 was off before and on after: the versions that call cuBLAS are not comparable"
+            in text.splitlines()), text
+    assert "TF32" not in bench.compare(a, a)[0]
+
+
+def test_compare_gives_no_speed_up_between_different_sizes():
+    # before: "(sizes differ)" was noted, yet its ratio was printed as a speed-up and averaged in
+    a = synthetic_gpu_record()
+    b = synthetic_gpu_record(speed=0.5)
+    for r in b["results"]:
+        if (r["op"], r["version"]) == ("softmax_forward", 1):
+            r["sizes"] = {"B": 4, "T": 1024, "V": 50257}
+    text, regressed = bench.compare(a, b)
+    line = next(l for l in text.splitlines() if l.startswith("softmax_forward") and l.split()[1] == "1")
+    assert re.search(r"8\.0000\s+\(64\)\s+4\.0000\s+\(64\)\s+-\s+PASS  \(sizes differ\)$", line), line
+    assert "3 versions passing and timed in both at the same sizes: geometric-mean speed-up 2.00x" in text  # of 4
+    text, _ = bench.compare(a, b, blocks=True)
+    rows = text.split(line)[1].split("\nsoftmax_forward")[0].strip().splitlines()
+    assert len(rows) == 6 and all(re.search(r"\s-\s+PASS$", r) for r in rows), rows
 
 
 def test_compare_of_emulator_records_has_no_speedups(tmp_path):

@@ -141,6 +141,20 @@ def test_a_missing_results_folder_keeps_the_measured_defaults(results, tmp_path)
     assert rc == 2 and err.strip() == f"error: --out {tmp_path}: it is a folder; give a file name", err
 
 
+def test_no_results_folder_yet_says_no_gpu_run_is_recorded(tmp_path, monkeypatch):
+    # a fresh clone: no GPU run has made bench/results. Before, `bench defaults` as the READMEs give
+    # it blamed "--results bench/results", a flag the user never typed
+    out = tmp_path / "defaults.json"
+    out.write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    rc, stdout, err = _call(["defaults", "--out", out])
+    assert rc == 2 and err.strip() == (
+        "error: no GPU run is recorded yet: bench/results is not in this folder (python -m llmcupy.bench "
+        "--trainer-shapes on a GPU makes it; run from the checkout's root, or give --results DIR); "
+        f"{out} is left as it is"), err
+    assert out.read_text() == "{}"
+
+
 def test_the_committed_file_is_what_the_committed_results_give():
     # bench/defaults.json is regenerated whenever bench/results gains a GPU run
     rc, stdout, err = _call(["defaults", "--results", defaults.repo_dir() / "bench" / "results",
@@ -152,6 +166,30 @@ def test_a_bad_results_file_is_named(results, tmp_path):
     (results / "broken.json").write_text("{not json")
     rc, _, err = _call(["defaults", "--results", results, "--out", tmp_path / "d.json"])
     assert rc == 2 and "broken.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_other_records_of_a_gpu_session_are_skipped_not_fatal(results, tmp_path):
+    # a GPU session copies every record of its $OUT/results into bench/results (DEVELOPERS.md): the
+    # start-up times (python -m llmcupy.startup writes there by default) and llm.c side by side beside
+    # the sweeps. Before, `bench defaults` stopped at the first of them ("not a readable benchmark
+    # record ...; move it out") and --list-results called them unreadable.
+    startup = {"schema": "llmcupy.startup/1", "backend": "cuda", "device": GPU, "date": "2026-11-02T00:10:00+00:00",
+               "commit": "b" * 40, "cold": {"seconds": 40.0}, "warm": {"seconds": 9.0}}
+    (results / "startup-test-gpu-20261102T001000Z.json").write_text(json.dumps(startup))
+    (results / "side_by_side.json").write_text(json.dumps({"B": 4, "T": 1024, "gpu": GPU,
+                                                           "median_ms_per_step": {"llm.c": 90.0}}))
+    out = tmp_path / "defaults.json"
+    rc, stdout, err = _call(["defaults", "--results", results, "--out", out])
+    assert rc == 0, err
+    assert json.loads(out.read_text())["devices"][GPU]["ops"]["layernorm_forward"]["version"] == 3
+    assert "ignored side_by_side.json: not a benchmark run" in stdout.replace(f"{results}/", "")
+    assert "startup-test-gpu-20261102T001000Z.json: not a benchmark run (schema llmcupy.startup/1)" in stdout
+    listing = bench.list_results(results)
+    assert "unreadable" not in listing and "llmcupy.startup/1" in listing, listing
+    # a record that says it is a benchmark run but is broken is still an error, naming it once
+    (results / "cut.json").write_text(json.dumps({"schema": bench.SCHEMA, "date": "2026-11-02T00:00:00Z"}))
+    rc, _, err = _call(["defaults", "--results", results, "--out", out])
+    assert rc == 2 and err.count("cut.json") == 1 and len(err.strip().splitlines()) == 1, err
 
 
 def test_kernel_choice_follows_the_measured_defaults_and_flags_override_them(results, tmp_path):

@@ -46,6 +46,21 @@ def test_sizes_and_block_size_and_json(tmp_path):
     assert data[0]["ok"] is True
 
 
+def test_json_entries_say_when_and_how_they_were_made_and_bench_reads_it(tmp_path):
+    # a GPU session keeps `kernel --all --json` as bench/results/catalogue.json; before, its entries had
+    # no date, commit or command, so `bench compare` / `--list-results` showed "unknown" for all three
+    from llmcupy import bench
+
+    path = tmp_path / "r.json"
+    rc, out, err = run("gelu_forward", "1", "--B", "1", "--T", "3", "--block-size", "64", "--json", str(path))
+    assert rc == 0, out + err
+    entry = json.loads(path.read_text())[0]
+    assert entry["command"] == f"python -m llmcupy.kernel gelu_forward 1 --B 1 --T 3 --block-size 64 --json {path}"
+    assert entry["date"].endswith("Z") and entry["git"] == bench.git_commit()
+    record = bench.load(path)
+    assert (record["date"], record["command"], record["git"]) == (entry["date"], entry["command"], entry["git"])
+
+
 def test_all_versions_of_one_op():
     rc, out, err = run("softmax_forward", "--all")
     assert rc == 0, out + err
@@ -102,6 +117,11 @@ def test_compile_report_without_a_gpu(tmp_path, have_nvrtc):
     rows = json.loads((tmp_path / "r.json").read_text())
     k7 = [r for r in rows if r["kernel"] == "softmax_forward_kernel7"]
     assert len(k7) == 1 and k7[0]["ok"] and k7[0]["arch"] == 80 and k7[0]["registers"] > 0, k7
+    # register counts change with the NVRTC release: before, neither the table nor the rows named it
+    from llmcupy import nvrtc
+
+    version = "{}.{}".format(*nvrtc.find_nvrtc().version())
+    assert out.startswith(f"NVRTC {version} ") and {r["nvrtc"] for r in rows} == {version}, out
 
 
 def test_size_flags_are_taken_out_before_the_positionals():

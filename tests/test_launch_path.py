@@ -182,6 +182,12 @@ def test_launch_benchmark_cli_writes_its_json(tmp_path, capsys):
     assert launchbench.main(["--backend", "sim", "--init", "d1", "-t", "4", "--repeats", "1", "--json", str(path)]) == 0
     r = json.loads(path.read_text())
     assert r["model"] == "d1" and r["planned"]["us_per_op_call"] > 0 and "us/launch" in capsys.readouterr().out
+    # host microseconds depend on the machine and the commit: before, the record named neither
+    from llmcupy import bench
+
+    assert r["schema"] == "llmcupy.launchbench/1" and r["backend"] == "sim" and r["device"] and r["host"]
+    assert r["command"] == f"python -m llmcupy.launchbench --backend sim --init d1 -t 4 --repeats 1 --json {path}"
+    assert r["date"].endswith("Z") and r["git"] == bench.git_commit() and r["software"]["python"]
 
 
 @pytest.mark.gpu

@@ -97,6 +97,21 @@ def test_json_has_every_op_of_the_step_with_calls_bytes_flops(emulator_run):
     assert ph["classifier"]["flops"] == sum(r["flops"] or 0 for r in rows if r["phase"] == "classifier")
 
 
+def test_json_says_when_where_and_how_it_was_measured(emulator_run):
+    # before: device and backend only; a profile.json kept beside bench's records could not be
+    # told apart from another commit's or reproduced
+    import datetime
+
+    _, report = emulator_run
+    assert report["schema"] == "llmcupy.profile/1"
+    when = datetime.datetime.fromisoformat(report["date"].replace("Z", "+00:00"))
+    assert when.tzinfo is not None and abs((datetime.datetime.now(datetime.timezone.utc) - when).days) < 1
+    assert report["command"].startswith("python -m llmcupy.profile --init d2 -b 2 -t 64 -i ")
+    assert "--steps 2 --json " in report["command"] and report["command"].endswith("profile.json")
+    assert set(report["git"]) == {"commit", "dirty"} and report["git"]["commit"]
+    assert report["device"] and report["software"]["numpy"] == np.__version__
+
+
 def test_random_data_in_process(capsys):
     rc = profile.main(["--init", "d2", "-b", "1", "-t", "8", "--random-data", "--warmup", "0"])
     out = capsys.readouterr().out

@@ -188,6 +188,29 @@ def test_startup_runs_cold_then_warm_with_the_same_fresh_caches(tmp_path, monkey
     assert "cold start: 5.00 s" in capsys.readouterr().out
 
 
+def test_startup_keeps_emulator_records_out_of_the_gpu_results(tmp_path, monkeypatch, capsys):
+    # bench/results holds GPU evidence, committed; emulator runs of bench go to the git-ignored
+    # bench/results/sim. Before, startup's emulator record (CPU times of g++ builds) landed beside the
+    # GPU runs, and an --out naming a file was a FileExistsError traceback after both runs.
+    from llmcupy import startup
+
+    result = {"command": "-m llmcupy.train", "cold": {"seconds": 5.0, "returncode": 0, "tail": ""},
+              "warm": {"seconds": 1.5, "returncode": 0, "tail": ""}}
+    runs = []
+    monkeypatch.setattr(startup, "measure", lambda flags: runs.append(flags) or result)
+    monkeypatch.chdir(tmp_path)
+    assert startup.main(["--init", "d2"]) == 0
+    assert [p.relative_to(tmp_path).parent.as_posix() for p in tmp_path.rglob("startup-*.json")] == ["bench/results/sim"]
+    out = capsys.readouterr().out
+    assert "wrote bench/results/sim/startup-" in out
+    # the console said "cold start: 5.00 s" as if it were a GPU's start; only the file said otherwise
+    assert "note: CPU emulator: g++ builds and emulated steps, not a GPU's start time" in out
+    (tmp_path / "afile").write_text("")
+    assert startup.main(["--out", "afile", "--init", "d2"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --out afile is a file; give a folder"
+    assert len(runs) == 1   # refused before the runs
+
+
 def test_startup_refuses_bad_trainer_flags_once_and_records_no_failed_run(tmp_path, monkeypatch, capsys):
     from llmcupy import startup
 
@@ -282,3 +305,20 @@ def test_samples_stop_at_the_time_budget_but_never_below_the_minimum():
     assert r["repeat"] == 20  # a fast fn never reaches the budget
     r = timing.measure(slow, timing.HostClock(), repeat=7, warmup=1, budget_ms=None)
     assert r["repeat"] == 7
+
+
+def test_a_cublas_bound_says_whether_it_ran_with_tf32(monkeypatch):
+    # a trainer-shapes run measures cuBLAS with TF32 on (the trainer's setting): before, the record and
+    # bench's line said "of cuBLAS" alone, as if a hand-written FP32 kernel were held to FP32 cuBLAS
+    import llmcupy
+    from llmcupy import bench, harness
+    from llmcupy.runtime import blas
+
+    op = llmcupy.ops["matmul_forward"]
+    inputs = op.make_inputs(np.random.default_rng(0), **op.sim_sizes)
+    monkeypatch.setattr(timing, "benchmark_ms", lambda fn, repeat=20: {"mean_ms": 2.0})   # no GPU here
+    for enabled in (True, False):
+        monkeypatch.setattr(blas, "_TF32", [enabled])
+        bound = harness._bound(op, inputs, repeat=3)
+        assert bound["kind"] == "flops" and bound["cublas_ms"] == 2.0 and bound["tf32"] is enabled
+        assert bench._bound_name(bound) == f"cuBLAS's speed{' with TF32' if enabled else ''} (2.0000 ms)"
