@@ -28,6 +28,8 @@ version 4: bf16 only (a 32-bit compare-and-swap loop on pairs of bf16 values): n
 version 5: as 3 with grid = numSMs. Each block writes its 2C partials to its own slice of an fp32
            scratch ([grid][C] for dbias, then [grid][C] for dweight), fences, and bumps a counter
            after the slices; the last block to arrive sums all slices and adds into the outputs.
+           The slices are summed in block order, but each was filled by its warps' shared-memory
+           atomics, whose order varies run to run: not deterministic either (9 removes them).
 version 6: as 3, but every block adds its shared partials into one fp32 scratch (dbias C, dweight
            C, counter) with global atomics; the last block (by the counter) adds the scratch into
            the outputs. llm.c overwrites dweight / dbias here; ours accumulates, and fences
