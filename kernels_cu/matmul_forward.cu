@@ -369,9 +369,8 @@ __device__ __forceinline__ void mm5_gemm(float* out, float* pre, const float* in
 
 // grid (ceil(OC / 128), ceil(B*T / 128)): blockIdx.x walks OC, so consecutive blocks share a
 // 128-row slab of inp (the operand every column tile rereads) while it is hot in L2
-__global__ void __launch_bounds__(MM5_THREADS, MM5_MIN_BLOCKS) matmul_forward_kernel5(float* out, const float* inp,
-                                                                         const float* weight, const float* bias,
-                                                                         int BT, int C, int OC) {
+__global__ void __launch_bounds__(MM5_THREADS, MM5_MIN_BLOCKS)
+matmul_forward_kernel5(float* out, const float* inp, const float* weight, const float* bias, int BT, int C, int OC) {
     mm5_gemm<MM_EPI_BIAS>(out, NULL, inp, weight, bias, BT, C, OC);
 }
 
@@ -379,10 +378,9 @@ __global__ void __launch_bounds__(MM5_THREADS, MM5_MIN_BLOCKS) matmul_forward_ke
 // op matmul_gelu_forward, version 2: version 5 with GELU in the epilogue (pre = inp @ weight^T + bias,
 // out = gelu(pre)); version 1 of that op is kernel5 followed by gelu_forward.cu's kernel
 
-__global__ void __launch_bounds__(MM5_THREADS, MM5_MIN_BLOCKS) matmul_gelu_forward_kernel2(float* pre, float* out,
-                                                                              const float* inp, const float* weight,
-                                                                              const float* bias, int BT, int C,
-                                                                              int OC) {
+__global__ void __launch_bounds__(MM5_THREADS, MM5_MIN_BLOCKS)
+matmul_gelu_forward_kernel2(float* pre, float* out, const float* inp, const float* weight, const float* bias, int BT,
+                            int C, int OC) {
     mm5_gemm<MM_EPI_BIAS_GELU>(out, pre, inp, weight, bias, BT, C, OC);
 }
 
@@ -391,8 +389,7 @@ __global__ void __launch_bounds__(MM5_THREADS, MM5_MIN_BLOCKS) matmul_gelu_forwa
 // (out += inp @ weight^T, beta = 1). The launcher passes transposed copies where an operand is not
 // K-contiguous (see matmul_backward.cu's header).
 
-__global__ void __launch_bounds__(MM5_THREADS, MM5_MIN_BLOCKS) matmul_backward_gemm_kernel2(float* out, const float* inp,
-                                                                               const float* weight, int M, int K,
-                                                                               int N) {
+__global__ void __launch_bounds__(MM5_THREADS, MM5_MIN_BLOCKS)
+matmul_backward_gemm_kernel2(float* out, const float* inp, const float* weight, int M, int K, int N) {
     mm5_gemm<MM_EPI_ACCUMULATE>(out, NULL, inp, weight, NULL, M, K, N);
 }
