@@ -63,8 +63,8 @@ namespace cg = cooperative_groups;
 
 // Online softmax normaliser: fold one value into a thread's running (max, sum) pair. A thread
 // with no elements yet holds (-FLT_MAX, 0): the first fold multiplies 0 by exp(-huge) = 0, and
-// an idle thread's rescale to the row max is 0 * 0. (-FLT_MAX rather than -INFINITY, which NVRTC
-// does not define without host headers.)
+// an idle thread's rescale to the row max is 0 * 0. -FLT_MAX rather than -INFINITY: from -inf, a
+// first logit of -inf (a masked one) would give exp(-inf - -inf) = NaN and poison the row's sum.
 __device__ __forceinline__ void classifier_online_update(float& maxval, float& sumval, float v) {
     float old_max = maxval;
     maxval = fmaxf(maxval, v);

@@ -28,15 +28,18 @@ version 4: bf16 only (a 32-bit compare-and-swap loop on pairs of bf16 values): n
 version 5: as 3 with grid = numSMs. Each block writes its 2C partials to its own slice of an fp32
            scratch ([grid][C] for dbias, then [grid][C] for dweight), fences, and bumps a counter
            after the slices; the last block to arrive sums all slices and adds into the outputs.
+           The slices are summed in block order, but each was filled by its warps' shared-memory
+           atomics, whose order varies run to run: not deterministic either (9 removes them).
 version 6: as 3, but every block adds its shared partials into one fp32 scratch (dbias C, dweight
            C, counter) with global atomics; the last block (by the counter) adds the scratch into
            the outputs. llm.c overwrites dweight / dbias here; ours accumulates, and fences
            between the scratch atomics and the counter.
 version 7: version 6 without cooperative groups or templates (plain shuffle reductions).
 version 8: as 3 with float4 (128-bit) loads and stores, dinp written with an L2-only store hint
-           (__stcg), __launch_bounds__(1024, 2 on sm_80 / sm_90+, else 1). Shared partials use a
-           bank-friendly permuted index (element x of lane l's float4 in iteration i lives at
-           i*128 + l + 32*x) so the shared atomics of a warp hit 32 different banks; the block
+           (__stcg), __launch_bounds__(1024, 2 on sm_80 / sm_90+, else 1: 32 registers per thread,
+           so ptxas spills there in FP32). Shared partials use a bank-friendly permuted index
+           (element x of lane l's float4 in iteration i lives at i*128 + l + 32*x) so the shared
+           atomics of a warp hit 32 different banks; the block
            adds them into scratch in the same order; the last block (counter incremented with
            wrap-around, so it returns to zero) un-permutes and adds into the outputs. llm.c's
            second pass runs floor(C/128) iterations and silently skips the tail when C % 128 != 0
@@ -70,7 +73,11 @@ the mainline trainer adopted (block 512). The fp32 trainer uses version 2 with b
 
 namespace cg = cooperative_groups;
 
-// Minimum resident 1024-thread blocks per SM for version 8: 2 where an SM holds 2048 threads.
+// Minimum resident 1024-thread blocks per SM for versions 8 and 9 (llm.c's bound): 2 where an SM
+// holds 2048 threads. That caps a thread at 32 registers, too few for these FP32 kernels: ptxas
+// spills to local memory on sm_80 / sm_90 (NVRTC 12.9 loads 72-76 bytes per thread back in
+// version 8, 124-196 in version 9; `--compile-report layernorm_backward`). Version 10 asks for 2
+// blocks of 512 instead and keeps 64 registers without spills.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ >= 900)
 #define LNB_MIN_BLOCKS_1024 2
 #else

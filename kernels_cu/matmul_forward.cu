@@ -43,14 +43,15 @@ version 5: warp-tiled SIMT SGEMM for any shape. Over version 4 it changes four t
              start 20 floats apart, i.e. in 8 different 4-bank groups, so those float4 reads are
              conflict-free (version 4's unpadded 32-float rows rely on a rotated start instead);
            - double buffering: two slabs in shared memory (2 x 2 x 128 x 20 floats = 40 KiB, so two
-             blocks per SM with __launch_bounds__(256, 2), i.e. <= 128 registers per thread: the
-             thread keeps its 64 accumulators and the 8 weight float4 in registers and streams the
-             inp float4). On sm_80+ the next slab is copied global -> shared with cp.async
-             (<cuda_pipeline.h>: __pipeline_memcpy_async / commit / wait_prior) while the current
-             one is multiplied, without passing through registers; on older devices the next slab
-             is loaded into registers before the multiply and stored after it (the loads are in
-             flight during the FMAs; the 16 staging registers make ptxas spill 16 bytes on sm_75).
-             One barrier per 16-wide step either way;
+             blocks per SM on sm_80+ with __launch_bounds__(256, 2), i.e. <= 128 registers per
+             thread: the thread keeps its 64 accumulators and the 8 weight float4 in registers and
+             streams the inp float4; sm_75's 64 KiB per SM hold one such block, so there the bound
+             asks for one and ptxas takes ~170 registers instead of spilling). On sm_80+ the next
+             slab is copied global -> shared with cp.async (<cuda_pipeline.h>:
+             __pipeline_memcpy_async / commit / wait_prior) while the current one is multiplied,
+             without passing through registers; on older devices the next slab is loaded into
+             registers before the multiply and stored after it (the loads are in flight during the
+             FMAs). One barrier per 16-wide step either way;
            - tails: rows past B*T or OC and columns past C are zero-filled (cp.async's zfill), and
              the epilogue checks every row and column, so any B*T, C, OC works. When C % 4 == 0 and
              inp/weight are 16-byte aligned the slabs move as float4 (16-byte cp.async), else as
@@ -199,6 +200,16 @@ __global__ void __launch_bounds__(16 * 16, 2) matmul_forward_kernel4(float* out,
 #endif
 #endif
 
+// Two resident blocks per SM (<= 128 registers a thread) where two 40 KiB blocks fit: 164 KiB of
+// shared memory per SM on sm_80, 228 KiB on sm_90. sm_75 gives an SM 64 KiB, so only one block
+// fits whatever the registers; asking for two there would only cap the registers and make
+// ptxas spill.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define MM5_MIN_BLOCKS 1
+#else
+#define MM5_MIN_BLOCKS 2
+#endif
+
 #if MM5_ASYNC
 #include "async_copy.cuh"   // copy_chunk_async: a slab chunk by cp.async, zero-filled past the edges
 #endif
@@ -228,7 +239,7 @@ template <int EPI>
 __device__ __forceinline__ void mm5_gemm(float* out, float* pre, const float* inp, const float* weight,
                                          const float* bias, int M, int K, int N) {
     // 2 stages x (128 + 128) rows x 20 floats = 40 KiB: under the 48 KiB of static shared memory,
-    // and two blocks fit an SM's 228 KiB (H100) / 164 KiB (A100) with room to spare
+    // and two blocks fit an SM's 228 KiB (H100) / 164 KiB (A100) with room to spare (one on a T4)
     __shared__ __align__(16) float As[2][MM5_BM * MM5_LD];
     __shared__ __align__(16) float Bs[2][MM5_BN * MM5_LD];
 
@@ -358,9 +369,8 @@ __device__ __forceinline__ void mm5_gemm(float* out, float* pre, const float* in
 
 // grid (ceil(OC / 128), ceil(B*T / 128)): blockIdx.x walks OC, so consecutive blocks share a
 // 128-row slab of inp (the operand every column tile rereads) while it is hot in L2
-__global__ void __launch_bounds__(MM5_THREADS, 2) matmul_forward_kernel5(float* out, const float* inp,
-                                                                         const float* weight, const float* bias,
-                                                                         int BT, int C, int OC) {
+__global__ void __launch_bounds__(MM5_THREADS, MM5_MIN_BLOCKS)
+matmul_forward_kernel5(float* out, const float* inp, const float* weight, const float* bias, int BT, int C, int OC) {
     mm5_gemm<MM_EPI_BIAS>(out, NULL, inp, weight, bias, BT, C, OC);
 }
 
@@ -368,10 +378,9 @@ __global__ void __launch_bounds__(MM5_THREADS, 2) matmul_forward_kernel5(float* 
 // op matmul_gelu_forward, version 2: version 5 with GELU in the epilogue (pre = inp @ weight^T + bias,
 // out = gelu(pre)); version 1 of that op is kernel5 followed by gelu_forward.cu's kernel
 
-__global__ void __launch_bounds__(MM5_THREADS, 2) matmul_gelu_forward_kernel2(float* pre, float* out,
-                                                                              const float* inp, const float* weight,
-                                                                              const float* bias, int BT, int C,
-                                                                              int OC) {
+__global__ void __launch_bounds__(MM5_THREADS, MM5_MIN_BLOCKS)
+matmul_gelu_forward_kernel2(float* pre, float* out, const float* inp, const float* weight, const float* bias, int BT,
+                            int C, int OC) {
     mm5_gemm<MM_EPI_BIAS_GELU>(out, pre, inp, weight, bias, BT, C, OC);
 }
 
@@ -380,8 +389,7 @@ __global__ void __launch_bounds__(MM5_THREADS, 2) matmul_gelu_forward_kernel2(fl
 // (out += inp @ weight^T, beta = 1). The launcher passes transposed copies where an operand is not
 // K-contiguous (see matmul_backward.cu's header).
 
-__global__ void __launch_bounds__(MM5_THREADS, 2) matmul_backward_gemm_kernel2(float* out, const float* inp,
-                                                                               const float* weight, int M, int K,
-                                                                               int N) {
+__global__ void __launch_bounds__(MM5_THREADS, MM5_MIN_BLOCKS)
+matmul_backward_gemm_kernel2(float* out, const float* inp, const float* weight, int M, int K, int N) {
     mm5_gemm<MM_EPI_ACCUMULATE>(out, NULL, inp, weight, NULL, M, K, N);
 }

@@ -241,3 +241,44 @@ def test_trainer_step_launches_fit_every_claimed_architecture(sim_backend, have_
             if stats.shared_bytes + dynamic > g.smem_per_sm - g.smem_reserved:
                 problems.append(f"sm_{arch}: {kernel} needs {stats.shared_bytes} + {dynamic} bytes of shared memory")
     assert not problems, "launches of the trainer's step a GPU would refuse:\n" + "\n".join(problems)
+
+
+_ENTRY_BOUNDS = r"\.entry\s+(?P<name>\w+)\s*\([^)]*\)\s*(?:\.maxntid\s+(?P<threads>\d+),\s*(?P<ty>\d+),\s*(?P<tz>\d+))?" \
+                r"\s*(?:\.minnctapersm\s+(?P<blocks>\d+))?"
+
+
+@pytest.mark.parametrize("arch", [75, 80, 90])
+def test_the_blocks_a_launch_bound_asks_to_keep_resident_fit_on_an_sm(have_nvrtc, arch):
+    # __launch_bounds__(threads, blocks) makes ptxas cap each thread's registers so that `blocks`
+    # blocks can share an SM. When their threads or static shared memory cannot share it anyway
+    # (matmul_forward 5's two 40 KiB blocks on sm_75's 64 KiB), the cap buys no occupancy and only
+    # makes ptxas spill. PTX states the bound after the preprocessor, per architecture.
+    import re
+
+    from llmcupy import analyze, nvrtc
+
+    g = {75: analyze.GPUS["t4"], 80: analyze.GPUS["a100-sxm"], 90: analyze.GPUS["h100-sxm"]}[arch]
+    min_blocks = re.compile(r"__launch_bounds__\s*\((?:[^()]|\([^()]*\))*,")
+    files = [p for p in nvrtc.resolve_files() if min_blocks.search(p.read_text())]
+    assert any(p.name == "matmul_forward.cu" for p in files)
+    problems, checked = [], 0
+    for path in files:
+        table, reason = analyze.kernel_resources(path.name, arch)
+        if reason is not None and "mma.h" in reason:
+            continue  # matmul_forward_tf32 needs nvcc's crt/mma.h (test_nvrtc says so)
+        assert reason is None, reason
+        by_symbol = {stats.mangled: stats for stats in table.values()}
+        for m in re.finditer(_ENTRY_BOUNDS, nvrtc.file_ptx(path, arch)):
+            if not m.group("blocks") or int(m.group("blocks")) < 2:
+                continue
+            blocks = int(m.group("blocks"))
+            threads = int(m.group("threads")) * int(m.group("ty")) * int(m.group("tz"))
+            stats = by_symbol[m.group("name")]
+            checked += 1
+            if blocks * threads > g.max_threads_per_sm:
+                problems.append(f"{stats.kernel}: {blocks} x {threads} threads, an SM holds {g.max_threads_per_sm}")
+            if blocks * (stats.shared_bytes + g.smem_reserved) > g.smem_per_sm:
+                problems.append(f"{stats.kernel}: {blocks} x {stats.shared_bytes} bytes of static shared memory, "
+                                f"an SM has {g.smem_per_sm}")
+    assert checked >= 2, "the PTX's .minnctapersm directives were not found"
+    assert not problems, f"sm_{arch}: launch bounds asking for more resident blocks than fit:\n" + "\n".join(problems)

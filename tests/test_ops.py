@@ -73,6 +73,51 @@ def _run_version(name, number, shape_index):
     return ran
 
 
+def _deterministic_cases():
+    for name in llmcupy.ops:
+        for number, version in sorted(llmcupy.ops[name].versions.items()):
+            if version.available and version.deterministic:
+                yield pytest.param(name, number, id=f"{name}-v{number}")
+
+
+@pytest.mark.parametrize("name,number", list(_deterministic_cases()))
+def test_a_version_marked_deterministic_gives_the_same_bits_in_every_thread_order(name, number):
+    # `deterministic` is a promise to the trainer (its defaults and --kernel choices) that two runs
+    # print the same losses. fp32 atomics, in global or shared memory, break it: their order is the
+    # thread order, which the emulator varies here as a GPU's scheduler does.
+    outcome = run_isolated(_check_same_bits, name, number)
+    if outcome.get("skip"):
+        pytest.skip(outcome["skip"])
+    assert outcome.get("ok"), outcome.get("error")
+
+
+def _check_same_bits(name, number):
+    op = llmcupy.ops[name]
+    version = op.versions[number]
+    bs = version.default_block_size
+    # the largest test shape the version takes (most input elements): the most rows and blocks
+    # adding into one output
+    candidates = []
+    for i, shape in enumerate(op.test_shapes):
+        inputs = op.make_inputs(np.random.default_rng(i), **shape)
+        if version.requires is None or not version.requires(inputs, bs):
+            candidates.append((sum(v.size for v in inputs.values() if isinstance(v, np.ndarray)), i, inputs))
+    if not candidates:
+        return {"skip": f"{name} v{number}: no test shape allowed at block size {bs}"}
+    inputs = max(candidates, key=lambda c: c[:2])[2]
+    runs = []
+    for order in ("forward", "reverse", "random"):
+        with sim.settings(order=order, seed=5):
+            got = op.run(number, _fresh(inputs), bs)
+        runs.append({k: np.array(got[k], copy=True) for k in op.outputs if got[k] is not None})
+    for order, run in zip(("reverse", "random"), runs[1:]):
+        for k, v in run.items():
+            if not np.array_equal(v, runs[0][k], equal_nan=True):
+                return {"ok": False, "error": f"{name} v{number} {k}: the {order} thread order changed "
+                                              f"the bits (mark the version deterministic=False)"}
+    return {"ok": True}
+
+
 @pytest.mark.parametrize("name", list(llmcupy.ops))
 def test_op_is_well_formed(name):
     op = llmcupy.ops[name]

@@ -210,7 +210,8 @@ OP = Op(
         4: Version(4, "bf16 compare-and-swap on packed pairs", unavailable=(
             "bf16 only: its final update is a 32-bit compare-and-swap loop on pairs of bf16 values, which has "
             "no fp32 form (llm.c builds it only with bf16)")),
-        5: Version(5, "one block per SM, per-block scratch slices, the last block sums them", _launch_v5),
+        5: Version(5, "one block per SM, per-block scratch slices, the last block sums them", _launch_v5,
+                   deterministic=False),   # the slices are summed in order, but filled by shared atomics
         6: Version(6, "blocks add partials into one scratch with atomics, the last block adds it out",
                    _launch_shared_scratch("layernorm_backward_kernel6"), deterministic=False),
         7: Version(7, "version 6 with plain shuffles instead of cooperative groups",
