@@ -137,7 +137,8 @@ def atomic_write(path):
 
     The temporary file sits in the same folder (so the rename is atomic), is fsync'ed before the
     rename, and is removed if the block raises anything, KeyboardInterrupt included; the previous
-    ``path`` (if any) is then untouched. Missing parent folders are created.
+    ``path`` (if any) is then untouched. An OSError that names no file (a full disk) is raised again
+    naming ``path``. Missing parent folders are created.
     """
     path = Path(path)
     # the rename replaces whatever the name holds: a folder failed naming the hidden temporary file,
@@ -158,9 +159,13 @@ def atomic_write(path):
         # mkstemp makes the file private (0600); give it the permissions a plain open() would.
         os.chmod(tmp, 0o666 & ~_current_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            # a failed write or fsync (a full disk) names no file, so a CLI printed only "No space
+            # left on device": name the file being saved (left as it was)
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     with contextlib.suppress(OSError):  # make the rename itself durable (not possible everywhere)
         dfd = os.open(directory, os.O_RDONLY)

@@ -648,8 +648,11 @@ def save_state(model: GPT2, loader, rng, step: int, path: str, kept: str | None 
         from ._cli import message
 
         where = kept or "no earlier state was saved by this run"
+        # atomic_write names the file it saves; this message names it already
+        names_path = exc.filename is not None and os.path.abspath(exc.filename) == os.path.abspath(path)
+        reason = exc.strerror if names_path and exc.strerror else message(exc)
         raise OSError(f"--save-path {path}: saving the training state at step {step} failed "
-                      f"({message(exc)}); {where}") from exc
+                      f"({reason}); {where}") from exc
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)

@@ -188,6 +188,30 @@ def test_atomic_write_error_and_success(tmp_path):
 
 
 
+def test_a_full_disk_names_the_file_being_saved_and_keeps_the_old_one(tmp_path, monkeypatch):
+    # a write error names no file: convert -o, tokenizer -o, data --out and the trainer's checkpoints
+    # printed only "error: No space left on device"
+    import errno
+
+    from llmcupy._cli import message
+
+    path = tmp_path / "gpt2.bin"
+    ck.write_model(path, TINY, _params(TINY, seed=1))
+    before = path.read_bytes()
+
+    def full(f, array, dtype):
+        f.write(b"x" * 100)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ck, "write_array", full)
+    with pytest.raises(OSError) as exc:
+        ck.write_model(path, TINY, _params(TINY, seed=2))
+    assert exc.value.errno == errno.ENOSPC
+    assert message(exc.value) == f"{path}: {os.strerror(errno.ENOSPC)}"
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["gpt2.bin"]   # no temporary left behind
+
+
 def test_atomic_write_never_replaces_a_folder_or_a_special_file(tmp_path):
     # a folder failed naming the hidden temporary (".dir.xxxx.tmp is a folder"); a FIFO or device
     # (--save-path /dev/null as root) was replaced by a regular file

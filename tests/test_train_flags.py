@@ -288,6 +288,29 @@ def test_a_failed_save_names_the_file_and_the_state_left(data, tmp_path, monkeyp
     assert ckpt.load_training_state(state).step == 1
 
 
+def test_a_full_disk_during_the_write_itself_names_the_file_once(data, tmp_path, monkeypatch):
+    # the write (not the whole save) fails: atomic_write names the file, which the message names already
+    import errno
+
+    real, calls = np.savez, []
+
+    def full_disk(f, **arrays):
+        calls.append(1)
+        if len(calls) == 2:
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(f, **arrays)
+
+    monkeypatch.setattr(np, "savez", full_disk)
+    state = tmp_path / "st.npz"
+    rc, out, err = run_train(tiny(data, steps=3) + ["--save-every", 1, "--save-path", state])
+    assert rc == 2, out + err
+    assert (f"error: --save-path {state}: saving the training state at step 2 failed (No space left on "
+            f"device); the last state saved is in {state}, at step 1") in err, err
+    assert ckpt.load_training_state(state).step == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["st.npz"]   # no temporary left behind
+
+
 def test_help_says_what_the_flags_take():
     # -e's help named only an llm.c .bin (it takes a training state too), -s did not say 0 turns
     # samples off, and --benchmark did not say how many steps it times by default
