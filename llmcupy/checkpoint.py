@@ -170,6 +170,23 @@ def read_model_any(path) -> tuple[GPT2Config, np.ndarray, str]:
     return config, params, str(path)
 
 
+def check_finite_params(path, config: GPT2Config, params) -> None:
+    """Raises :class:`CheckpointError` when parameters are NaN or infinite (a diverged run's weights):
+    such a model cannot be trained, and sampling it prints the vocabulary's last token every time
+    (NaN logits select none). Names the file, the count and the first tensor that holds one."""
+    finite = np.isfinite(params)
+    bad = int(finite.size - np.count_nonzero(finite))
+    if not bad:
+        return
+    first, start = int(np.argmin(finite)), 0
+    for name, size in zip(param_shapes(config), param_sizes(config)):
+        if first < start + size:
+            break
+        start += size
+    raise CheckpointError(f"{path}: {bad} of its parameters are NaN or infinite (the first in {name}); it cannot "
+                          "be trained or sampled. Start from an earlier checkpoint or from --init")
+
+
 def write_model(path, config: GPT2Config, params, *, dtype: str = "fp32") -> None:
     """Writes a model file atomically: version 3 (``dtype="fp32"``) or 5 (``"bf16"``)."""
     params = np.asarray(params)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import write_model
+from .checkpoint import check_finite_params, write_model
 from .config import GPT2Config, num_parameters, split_params
 from .fileio import FileFormatError
 
@@ -300,6 +300,7 @@ def main(argv=None) -> int:
         return 2
     try:
         c, flat = read_any(args.weights, args.num_heads)
+        check_finite_params(args.weights, c, flat)   # the output would be refused by train and sample
         if args.num_heads is not None and args.num_heads != c.num_heads:   # a .bin or .npz names its own
             raise ConvertError(f"--num-heads {args.num_heads}: {args.weights} holds a model with NH = "
                                f"{c.num_heads} (--num-heads applies to safetensors input only)")

@@ -69,6 +69,7 @@ def main(argv=None) -> int:
 
                 raise FileNotFoundError(missing_model_message(path))
             cfg, params, _ = ckpt.read_model_any(path)
+            ckpt.check_finite_params(path, cfg, params)
         # the prompt needs tiktoken's encoder; decoding only needs a token table, which may come
         # from llm.c's tokenizer file, so an offline run without a prompt still works
         enc = get_encoding(args.bpe) if args.prompt else None

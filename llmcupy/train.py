@@ -189,10 +189,7 @@ def load_model(args, state=None) -> tuple[GPT2Config, np.ndarray, str]:
     if not os.path.exists(path):
         raise SystemExit(f"error: {missing_model_message(path)}")
     cfg, params, source = ckpt.read_model_any(path)
-    bad = int(np.size(params) - np.count_nonzero(np.isfinite(params)))
-    if bad:
-        raise ckpt.CheckpointError(f"{path}: {bad} of its parameters are NaN or infinite; it cannot be trained "
-                                   "or sampled. Start from an earlier checkpoint or from --init")
+    ckpt.check_finite_params(path, cfg, params)
     return cfg, params, source
 
 

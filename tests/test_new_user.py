@@ -353,6 +353,30 @@ def test_a_nan_in_the_starting_model_is_refused_without_claiming_a_saved_state(i
     assert rc == 2 and "NaN or infinite" in err and "last good state" not in err, err
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_sample_and_convert_refuse_a_model_with_nan_or_inf_weights(tmp_path, monkeypatch, bad):
+    # sample printed "<|endoftext|>" for every token with exit 0 (NaN logits select none, so the
+    # sampler falls back to the last id), and convert wrote the broken weights on without a word
+    from llmcupy import convert, sample
+    from llmcupy.tokenizer import Tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    Tokenizer([b"a"] * 50257).save("gpt2_tokenizer.bin")   # sample's decoder, found in the working folder
+    cfg = GPT2Config.preset("d1")
+    params = init_params(cfg)
+    params[[7, 9]] = bad
+    model = tmp_path / "bad.bin"
+    ckpt.write_model(model, cfg, params)
+    rc, out, err = _call(sample.main, ["-e", model, "-n", 2, "-t", 8])
+    assert rc == 2 and err == f"error: {model}: 2 of its parameters are NaN or infinite (the first in wte); it " \
+        "cannot be trained or sampled. Start from an earlier checkpoint or from --init\n", err
+    assert out == ""
+    out_file = tmp_path / "out.bin"
+    rc, out, err = _call(convert.main, [model, "-o", out_file])
+    assert rc == 2 and f"error: {model}: 2 of its parameters are NaN or infinite (the first in wte)" in err, err
+    assert not out_file.exists()
+
+
 def test_a_nonfinite_loss_exits_3_and_says_where_the_last_state_is(inputs, tmp_path, monkeypatch):
     from llmcupy import model as model_mod
 
