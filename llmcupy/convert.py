@@ -39,7 +39,7 @@ import numpy as np
 
 from .checkpoint import check_finite_params, write_model
 from .config import GPT2Config, num_parameters, split_params
-from .fileio import FileFormatError
+from .fileio import KNOWN_MAGICS, FileFormatError
 
 DEFAULT_OUT = "gpt2_124M.bin"
 HEAD_SIZE = 64
@@ -156,6 +156,8 @@ def _get(t: dict, key: str, shape) -> np.ndarray:
     if key not in t:
         raise ConvertError(f"missing tensor {key!r}")
     a = np.asarray(t[key])
+    if not np.issubdtype(a.dtype, np.floating):   # a cast would turn it into weights without a word
+        raise ConvertError(f"tensor {key!r} holds {a.dtype} values; GPT-2 weights are floating point")
     if a.shape != tuple(shape):
         raise ConvertError(f"tensor {key!r} has shape {a.shape}, expected {tuple(shape)} (Hugging Face layout)")
     return a.astype(np.float32, copy=False)
@@ -219,9 +221,18 @@ def convert(safetensors_path, out_path, *, num_heads: int | None = None, dtype: 
     src = Path(safetensors_path)
     if num_heads is None:
         num_heads = _num_heads_from_config(src)
-    config, flat = hf_to_llmc(load_safetensors(src), num_heads=num_heads)
+    config, flat = _convert_file(src, num_heads)
     write_model(out_path, config, flat, dtype=dtype)
     return config
+
+
+def _convert_file(path, num_heads: int | None) -> tuple[GPT2Config, np.ndarray]:
+    """:func:`hf_to_llmc` of a safetensors file, its errors naming the file."""
+    tensors = load_safetensors(path)
+    try:
+        return hf_to_llmc(tensors, num_heads=num_heads)
+    except ConvertError as e:
+        raise ConvertError(f"{path}: {e}") from e
 
 
 def read_any(path, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray]:
@@ -231,12 +242,16 @@ def read_any(path, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray
     check_readable_file(path, "a model.safetensors, a training state .npz or an llm.c model .bin")
     with open(path, "rb") as f:
         head = f.read(4)
-    if head == b"PK\x03\x04" or (len(head) == 4 and int(np.frombuffer(head, "<i4")[0]) == 20240326):
+    magic = int(np.frombuffer(head, "<i4")[0]) if len(head) == 4 else None
+    if head == b"PK\x03\x04" or magic == 20240326:
         config, flat, _ = read_model_any(path)
         return config, flat
+    if magic in KNOWN_MAGICS:   # another llm.c file (token data, tokenizer): not "cannot read safetensors"
+        raise ConvertError(f"{path}: it is {KNOWN_MAGICS[magic]}, not GPT-2 weights; give a model.safetensors, "
+                           "a training state .npz or an llm.c model .bin")
     if num_heads is None:
         num_heads = _num_heads_from_config(Path(path))
-    return hf_to_llmc(load_safetensors(path), num_heads=num_heads)
+    return _convert_file(path, num_heads)
 
 
 def _heads_were_guessed(path: Path) -> bool:

@@ -171,6 +171,35 @@ def test_errors(tmp_path, capsys):
     assert not (tmp_path / "x.bin").exists()
 
 
+def test_cli_errors_name_the_input_file(tmp_path, capsys):
+    # "error: missing tensor 'h.1.ln_2.bias'" named no file; an llm.c token file given as the weights
+    # was "cannot read safetensors file: ... header too large"; an integer tensor was converted silently
+    from llmcupy.data import write_tokens
+
+    out = tmp_path / "out.bin"
+    t = hf_tensors(buffers=False)
+    cases = []
+    missing = tmp_path / "missing.safetensors"
+    save_file({k: v for k, v in t.items() if k != "h.1.ln_2.bias"}, str(missing))
+    cases.append((missing, f"error: {missing}: missing tensor 'h.1.ln_2.bias'"))
+    shape = tmp_path / "shape.safetensors"
+    save_file({**t, "h.0.attn.c_attn.weight": t["h.0.attn.c_attn.weight"].T.copy()}, str(shape))
+    cases.append((shape, f"error: {shape}: tensor 'h.0.attn.c_attn.weight' has shape (192, 64), expected (64, 192)"))
+    ints = tmp_path / "ints.safetensors"
+    save_file({**t, "h.0.ln_1.bias": np.zeros(C, np.int64)}, str(ints))
+    cases.append((ints, f"error: {ints}: tensor 'h.0.ln_1.bias' holds int64 values; GPT-2 weights are floating point"))
+    tokens = tmp_path / "train.bin"
+    write_tokens(tokens, np.arange(10))
+    cases.append((tokens, f"error: {tokens}: it is an llm.c token (data) file, not GPT-2 weights"))
+    for src, expected in cases:
+        assert cv.main([str(src), "-o", str(out), "--num-heads", str(NH)]) == 2, src
+        err = capsys.readouterr().err
+        assert err.startswith(expected) and len(err.splitlines()) == 1, err
+        assert not out.exists()
+    with pytest.raises(ConvertError, match=f"{ints.name}: tensor 'h.0.ln_1.bias' holds int64"):
+        cv.convert(ints, out, num_heads=NH)
+
+
 def test_cli_refuses_outputs_it_cannot_write_or_that_are_its_input(tmp_path, capsys):
     src = tmp_path / "model.safetensors"
     save_file(hf_tensors(), str(src))
