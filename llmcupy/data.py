@@ -490,8 +490,17 @@ def main(argv=None) -> int:
         else:
             text_path = download.download("tinyshakespeare", args.out, base_url=args.base_url,
                                           progress=None)[0]   # a bar only on a terminal
-        text = text_path.read_text(encoding="utf-8")
-        prepare_tinyshakespeare(text, enc, args.out)
+        try:
+            text = text_path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:   # the codec's message names no file
+            raise DataError(f"{text_path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                            "--input takes the raw Tiny Shakespeare text") from None
+        try:
+            prepare_tinyshakespeare(text, enc, args.out)
+        except DataError:
+            raise
+        except ValueError as e:   # a text too short for the split: say which file
+            raise DataError(f"{text_path}: {e}") from None
     except (TokenizerError, download.DownloadError, FileFormatError, OSError, ValueError) as e:
         from ._cli import fail
 

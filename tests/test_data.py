@@ -114,6 +114,24 @@ def test_cli_errors(tmp_path, capsys, monkeypatch):
         data.main(["wikipedia"])
 
 
+def test_cli_names_an_input_text_it_cannot_use(tmp_path, capsys):
+    # a binary --input said only "'utf-8' codec can't decode byte 0xc6 in position 0: ...", and a
+    # short one "the text gives only N tokens": neither named the file
+    bpe = gen_inputs.write_tiny_bpe(tmp_path / "tiny.tiktoken")
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"plain start \xc6\xd7 then binary")
+    short = tmp_path / "short.txt"
+    short.write_text("too short\n\nfor a split")
+    out = tmp_path / "ts"
+    for text, message in ((binary, f"error: {binary}: not UTF-8 text (byte 0xc6 at offset 12); --input takes "
+                                   "the raw Tiny Shakespeare text"),
+                          (short, f"error: {short}: the text gives only ")):
+        assert data.main(["tinyshakespeare", "--bpe", str(bpe), "--input", str(text), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) and len(err.splitlines()) == 1, err
+        assert not out.exists() or not list(out.iterdir())
+
+
 # -- token files
 
 
