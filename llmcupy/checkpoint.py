@@ -377,11 +377,11 @@ def load_training_state(path) -> TrainingState:
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
             raise CheckpointError(f"{path}: not a readable {what} (truncated or corrupt?): {e}") from e
         if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise CheckpointError(f"{path}: not a {what} (a single .npy array, not an .npz archive)")
+            raise CheckpointError(f"{path}: not an {what} (a single .npy array, not an .npz archive)")
         try:
             with archive:
                 if "meta" not in archive.files:
-                    raise CheckpointError(f"{path}: not a {what}: no 'meta' member")
+                    raise CheckpointError(f"{path}: not an {what}: no 'meta' member")
                 arrays = {name: archive[name] for name in archive.files}
         except CheckpointError:
             raise
@@ -392,7 +392,7 @@ def load_training_state(path) -> TrainingState:
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: corrupt {what}: unreadable metadata ({e})") from e
     if not isinstance(meta, dict) or meta.get("format") != TRAIN_STATE_FORMAT:
-        raise CheckpointError(f"{path}: not a {what} (format tag {meta.get('format') if isinstance(meta, dict) else None!r})")
+        raise CheckpointError(f"{path}: not an {what} (format tag {meta.get('format') if isinstance(meta, dict) else None!r})")
     if meta.get("version") != TRAIN_STATE_VERSION:
         raise CheckpointError(f"{path}: unsupported {what} version {meta.get('version')!r} "
                               f"(supported: {TRAIN_STATE_VERSION})")

@@ -42,15 +42,16 @@ KNOWN_MAGICS = {20240326: "an llm.c model file", 20240327: "an llm.c debug-state
 
 
 def check_magic_version(header, path, what: str, magic: int, versions, hint: str = "") -> int:
-    """Checks header[0] (magic) and header[1] (version in ``versions``); returns the version."""
+    """Checks header[0] (magic) and header[1] (version in ``versions``); returns the version. ``what``
+    names the kind of file after "an" ("llm.c model file")."""
     hint = f" ({hint})" if hint else ""
     if int(header[0]) != magic:
         kind = KNOWN_MAGICS.get(int(header[0]))
         if kind is not None:   # another llm.c file given in the wrong place: say which it is
             raise FileFormatError(f"{path}: bad magic number {int(header[0])} (expected {magic}): it is {kind}, "
-                                  f"not a {what}; check which file this flag takes")
+                                  f"not an {what}; check which file this flag takes")
         raise FileFormatError(f"{path}: bad magic number {int(header[0])} (expected {magic}): "
-                              f"not a {what}{hint}")
+                              f"not an {what}{hint}")
     version = int(header[1])
     if version not in versions:
         ok = " or ".join(str(v) for v in versions)

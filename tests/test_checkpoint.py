@@ -279,7 +279,7 @@ def test_debug_state_errors(tmp_path):
         return p
 
     with pytest.raises(FileFormatError, match=r"magic\.bin: bad magic number 20240326 \(expected 20240327\): it is an "
-                                              r"llm\.c model file, not a llm\.c debug-state file"):
+                                              r"llm\.c model file, not an llm\.c debug-state file"):
         ck.read_debug_state(variant("magic.bin", {0: 20240326}), TINY)
     with pytest.raises(FileFormatError, match=r"version\.bin: unsupported llm.c debug-state file version 1"):
         ck.read_debug_state(variant("version.bin", {1: 1}), TINY)
@@ -420,7 +420,7 @@ def test_training_state_errors(tmp_path, monkeypatch):
         np.savez(p, **arrays)
         return p
 
-    with pytest.raises(CheckpointError, match=r"fmt\.npz: not a llmcupy training-state file \(format tag 'other'\)"):
+    with pytest.raises(CheckpointError, match=r"fmt\.npz: not an llmcupy training-state file \(format tag 'other'\)"):
         ck.load_training_state(rewrite("fmt.npz", format="other"))
     with pytest.raises(CheckpointError, match=r"ver\.npz: unsupported llmcupy training-state file version 9"):
         ck.load_training_state(rewrite("ver.npz", version=9))
@@ -432,7 +432,7 @@ def test_training_state_errors(tmp_path, monkeypatch):
         ck.load_training_state(rewrite("cfg.npz", config={"channels": 7, "num_heads": 2}))
     np.savez(tmp_path / "nometa.npz", params=state.params)
     _check_step_and_moments(tmp_path, path)
-    with pytest.raises(CheckpointError, match=r"nometa\.npz: not a llmcupy training-state file: no 'meta' member"):
+    with pytest.raises(CheckpointError, match=r"nometa\.npz: not an llmcupy training-state file: no 'meta' member"):
         ck.load_training_state(tmp_path / "nometa.npz")
     np.savez(tmp_path / "badjson.npz", params=state.params, meta=np.frombuffer(b"{not json", np.uint8))
     with pytest.raises(CheckpointError, match=r"badjson\.npz: corrupt .*unreadable metadata"):

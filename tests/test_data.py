@@ -164,7 +164,7 @@ def test_token_file_errors(tmp_path):
         ("magic.bin", [20240522, 1, 10], body, r"magic\.bin: bad magic number 20240522 \(expected 20240520\)"),
         # another llm.c file in its place (-i gpt2_124M.bin) is named as what it is
         ("model.bin", [20240326, 3, 10], body, r"model\.bin: bad magic number 20240326 \(expected 20240520\): it is "
-                                               r"an llm\.c model file, not a llm\.c token file"),
+                                               r"an llm\.c model file, not an llm\.c token file"),
         ("version.bin", [20240520, 2, 10], body, r"version\.bin: unsupported llm.c token file version 2"),
         ("short.bin", None, b"\x00" * 10, r"short\.bin: truncated llm.c token file: the header needs 1024 bytes"),
         ("cut.bin", [20240520, 1, 10], body[:-4], r"cut\.bin: truncated llm.c token file: expected 1044 bytes .* has 1040 \(4 missing\)"),
