@@ -264,6 +264,10 @@ class DataLoader:
             files = sorted(_glob.glob(str(pattern)))
         if not files:
             raise FileNotFoundError(f"no token files match {str(pattern)!r}")
+        for path in files:   # -i DIR: the open would fail with a bare "is a folder"
+            if os.path.isdir(path):
+                raise DataError(f"{path} is a folder, not a token file; give the token files in it with a glob "
+                                f"such as {os.path.join(path, '*.bin')!r}")
         self.files = files
         self.B, self.T = int(B), int(T)
         self.process_rank, self.num_processes = int(process_rank), int(num_processes)

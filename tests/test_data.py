@@ -349,6 +349,11 @@ def test_loader_errors(tmp_path):
         DataLoader(str(tmp_path / "m_*.bin"), 2, 4)
     with pytest.raises(ValueError, match="positive"):
         DataLoader(str(small), 0, 4)
+    # -i DIR said "DIR is a folder; give a file": the flag takes token files, by a glob
+    with pytest.raises(DataError) as exc:
+        DataLoader(str(tmp_path), 2, 4)
+    assert str(exc.value) == (f"{tmp_path} is a folder, not a token file; give the token files in it with a "
+                              f"glob such as '{tmp_path / '*.bin'}'")
 
 
 def test_loader_detects_files_changing_underneath(tmp_path):
