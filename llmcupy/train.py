@@ -431,6 +431,13 @@ def batch_shape(args, state=None) -> tuple[int, int]:
     """B and T: as given; else, when resuming, the state's (its data position counts batches of
     that shape, so ``--resume STATE`` alone continues the run); else llm.c's defaults."""
     saved = (state.loaders or {}).get("train") if state is not None else None
+    if isinstance(saved, dict) and saved.get("B") is not None and saved.get("T") is not None:
+        # the data position counts batches of the saved shape: another shape cannot continue it
+        given = [f"{flag} {getattr(args, name)}" for flag, name, key in (("-b", "batch_size", "B"), ("-t", "seq_len", "T"))
+                 if getattr(args, name) is not None and getattr(args, name) != int(saved[key])]
+        if given:
+            raise SystemExit(f"error: --resume {args.resume} continues a run at -b {int(saved['B'])} -t {int(saved['T'])}, "
+                             f"not {' '.join(given)}: leave out -b and -t (a resumed run keeps the state's batch shape)")
     for name, key, default in (("batch_size", "B", DEFAULT_B), ("seq_len", "T", DEFAULT_T)):
         if getattr(args, name) is None:
             value = saved.get(key) if isinstance(saved, dict) else None

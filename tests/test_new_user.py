@@ -133,6 +133,12 @@ def test_resume_refuses_a_model_that_disagrees_with_the_state(inputs, tmp_path):
     assert rc == 0, err
     rc, _, err = _train(["--init", "d2", "--resume", state, "--steps", 2, "-b", 2, "-t", 32] + inputs["data"])
     assert rc == 2 and "must agree" in err and "--init d2" in err, err
+    # another batch shape said "cannot resume this run from it (ValueError: data loader state does not
+    # match this loader: B is 2 in the state, 4 here)", naming neither flag nor what to do
+    rc, out, err = _train(["--resume", state, "--steps", 2, "-b", 4, "-v", 0, "-s", 0] + inputs["data"])
+    assert rc == 2 and err == (f"error: --resume {state} continues a run at -b 2 -t 32, not -b 4: leave out -b "
+                               "and -t (a resumed run keeps the state's batch shape)\n"), err
+    assert "allocated" not in out, out
     rc, out, err = _train(SMALL + ["--resume", state, "--steps", 2, "-v", 0, "-s", 0] + inputs["data"])
     assert rc == 0 and f"resumed from {state} at step 1" in out, err
     # the state alone: model, and B and T of its data position (the defaults, T = 1024, would not fit d1)
