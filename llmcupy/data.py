@@ -492,8 +492,11 @@ def main(argv=None) -> int:
         if args.input:
             text_path = Path(args.input)
         else:
-            text_path = download.download("tinyshakespeare", args.out, base_url=args.base_url,
-                                          progress=None)[0]   # a bar only on a terminal
+            try:
+                text_path = download.download("tinyshakespeare", args.out, base_url=args.base_url,
+                                              progress=None)[0]   # a bar only on a terminal
+            except download.Unreachable as e:   # offline: say how this command takes a copy
+                raise download.Unreachable(f"{e}; then give it with --input FILE") from None
         try:
             text = text_path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:   # the codec's message names no file
