@@ -70,6 +70,9 @@ def main(argv=None) -> int:
                 raise FileNotFoundError(missing_model_message(path))
             cfg, params, _ = ckpt.read_model_any(path)
             ckpt.check_finite_params(path, cfg, params)
+            from .train import check_vocab_has_eot
+
+            check_vocab_has_eot(cfg, path, "this command samples GPT-2's vocabulary")
         # the prompt needs tiktoken's encoder; decoding only needs a token table, which may come
         # from llm.c's tokenizer file, so an offline run without a prompt still works
         enc = get_encoding(args.bpe) if args.prompt else None

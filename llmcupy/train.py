@@ -227,6 +227,14 @@ def check_tokenizer_covers(tokenizer, vocab_size: int, name: str) -> None:
                              f"vocabulary of {vocab_size}; give the model's tokenizer (or -s 0: no samples)")
 
 
+def check_vocab_has_eot(cfg: GPT2Config, name, off: str) -> None:
+    """Samples start from <|endoftext|> (llm.c's EOT, id 50256): a model with fewer tokens trained and
+    then stopped at its first sample, on an out-of-vocabulary input id. ``off`` says how to do without."""
+    if cfg.vocab_size <= EOT:
+        raise ckpt.CheckpointError(f"{name}: the model's vocabulary has {cfg.vocab_size} tokens, without "
+                                   f"<|endoftext|> (id {EOT}), which starts every sample; {off}")
+
+
 class Logger:
     def __init__(self, path, resume_step: int | None = None):
         # llm.c truncates the log at start-up. A run resumed at step S keeps the interrupted run's
@@ -488,6 +496,8 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                                                        args.val_max_steps)
     # a tokenizer the user named must load before any work is done
     tokenizer = None if args.sample_every <= 0 or args.benchmark else load_tokenizer(args)
+    if args.sample_every > 0 and not args.benchmark:
+        check_vocab_has_eot(cfg, source, "turn samples off with -s 0")
     if tokenizer is not None:
         check_tokenizer_covers(tokenizer, V, args.tokenizer or getattr(args, "bpe", None) or (
             DEFAULT_TOKENIZER if os.path.exists(DEFAULT_TOKENIZER) else "tiktoken's GPT-2 encoding"))

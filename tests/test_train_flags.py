@@ -267,6 +267,28 @@ def test_a_tokenizer_smaller_than_the_vocabulary_is_refused_before_training(data
                                           "vocabulary of 50257")
 
 
+def test_a_model_without_the_start_token_is_refused_before_training_and_sampling(tmp_path, capsys):
+    # a model of 300 tokens trained, then stopped at the first sample with "input token id 50256 at
+    # (0, 0) is outside the vocabulary [0, 300)" (samples start from <|endoftext|>); sample said the same
+    from llmcupy import sample
+    from llmcupy.config import GPT2Config, init_params
+
+    cfg = GPT2Config(max_seq_len=64, vocab_size=300, num_layers=1, num_heads=2, channels=64)
+    model = tmp_path / "v300.bin"
+    ckpt.write_model(model, cfg, init_params(cfg))
+    tokens = tmp_path / "t300.bin"
+    write_tokens(tokens, np.random.default_rng(0).integers(0, 300, 400))
+    expected = (f"{model}: the model's vocabulary has 300 tokens, without <|endoftext|> (id 50256), which "
+                "starts every sample")
+    argv = ["-e", model, "-b", 1, "-t", 16, "-v", 0, "-s", 1, "--steps", 2, "-i", tokens]
+    refused_before_work(*run_train(argv), expected, "-s 0")
+    rc, out, err = run_train(argv[:-6] + ["-s", 0, "--steps", 1, "-i", tokens])   # no samples: it trains
+    assert rc == 0 and "step    1/1" in out, err
+    assert sample.main(["-e", str(model), "-n", "2", "-t", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {expected}") and len(err.splitlines()) == 1, err
+
+
 def test_a_failed_save_names_the_file_and_the_state_left(data, tmp_path, monkeypatch):
     # a full disk said only "error: No space left on device": no file, no word on the last good state
     import errno
