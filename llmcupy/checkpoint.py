@@ -49,6 +49,7 @@ DEBUG_MAGIC = 20240327
 DEBUG_VERSION = 2
 TRAIN_STATE_FORMAT = "llmcupy-train-state"
 TRAIN_STATE_VERSION = 1
+RANK_STATE_FORMAT = "llmcupy-rank-state"   # one rank's optimizer state in a -o DIR checkpoint (llmcupy.mainline)
 
 _REEXPORT_HINT = "re-export the weights with python -m llmcupy.convert"
 
@@ -391,6 +392,12 @@ def load_training_state(path) -> TrainingState:
         meta = json.loads(arrays.pop("meta").tobytes().decode())
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: corrupt {what}: unreadable metadata ({e})") from e
+    if isinstance(meta, dict) and meta.get("format") == RANK_STATE_FORMAT and isinstance(meta.get("step"), int):
+        # written by -o DIR checkpoints (llmcupy.mainline) beside the step's model file
+        folder = path.parent
+        model = folder / f"model_{meta['step']:08d}.bin"
+        raise CheckpointError(f"{path}: it is one rank's optimizer state of a -o DIR checkpoint, not a training "
+                              f"state; the model is {model} (-e takes it), and -o {folder} -y 1 continues that run")
     if not isinstance(meta, dict) or meta.get("format") != TRAIN_STATE_FORMAT:
         raise CheckpointError(f"{path}: not an {what} (format tag {meta.get('format') if isinstance(meta, dict) else None!r})")
     if meta.get("version") != TRAIN_STATE_VERSION:

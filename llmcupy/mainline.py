@@ -50,7 +50,7 @@ from .runtime import backend as _backend
 from .schedule import SCHEDULES, LRSchedule, ScheduleError
 
 DECAYED = ("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw")   # mainline's 2-D weights
-STATE_FORMAT = "llmcupy-rank-state"
+STATE_FORMAT = ckpt.RANK_STATE_FORMAT
 STATE_VERSION = 1
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
 

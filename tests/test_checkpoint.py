@@ -422,6 +422,13 @@ def test_training_state_errors(tmp_path, monkeypatch):
 
     with pytest.raises(CheckpointError, match=r"fmt\.npz: not an llmcupy training-state file \(format tag 'other'\)"):
         ck.load_training_state(rewrite("fmt.npz", format="other"))
+    # a -o DIR checkpoint's per-rank state given to -e or --resume said only "(format tag 'llmcupy-rank-state')"
+    rank = rewrite("state_00000020_00000.npz", format="llmcupy-rank-state", step=20)
+    with pytest.raises(CheckpointError) as exc:
+        ck.load_training_state(rank)
+    assert str(exc.value) == (f"{rank}: it is one rank's optimizer state of a -o DIR checkpoint, not a training "
+                              f"state; the model is {tmp_path / 'model_00000020.bin'} (-e takes it), and -o "
+                              f"{tmp_path} -y 1 continues that run")
     with pytest.raises(CheckpointError, match=r"ver\.npz: unsupported llmcupy training-state file version 9"):
         ck.load_training_state(rewrite("ver.npz", version=9))
     with pytest.raises(CheckpointError, match=r"size\.npz: params is float32\[10\]; the model needs float32\[\d+\]"):
