@@ -247,8 +247,11 @@ def read_debug_state(path, config: GPT2Config) -> DebugState:
             raise CheckpointError(f"{path}: debug state has T={T}, more than the model's "
                                   f"max_seq_len {config.max_seq_len}")
         BT, V, P = B * T, config.vocab_size, num_parameters(config)
-        check_size(path, what, file_size(f), debug_state_size(config, B, T),
-                   f"B={B}, T={T}, V={V}, {P} parameters")
+        try:
+            check_size(path, what, file_size(f), debug_state_size(config, B, T),
+                       f"B={B}, T={T}, V={V}, {P} parameters")
+        except FileFormatError as e:   # the expected size comes from the model given, as much as from the file
+            raise CheckpointError(f"{e}; or it was written for another model than the one given") from None
         x = read_array(f, np.int32, BT).reshape(B, T)
         y = read_array(f, np.int32, BT).reshape(B, T)
         logits = read_array(f, np.float32, BT * V).reshape(B, T, V)

@@ -292,8 +292,13 @@ def test_debug_state_errors(tmp_path):
     with pytest.raises(CheckpointError, match=r"zeroB\.bin: bad debug-state header: B=0"):
         ck.read_debug_state(variant("zeroB.bin", {2: 0}), TINY)
     other = GPT2Config(max_seq_len=16, vocab_size=90, num_layers=2, num_heads=2, channels=8)
-    with pytest.raises(FileFormatError, match=r"good\.bin: size mismatch"):  # written for another vocab
+    # written for another vocabulary (or model): it said only "truncated" or "size mismatch"
+    with pytest.raises(FileFormatError, match=r"good\.bin: size mismatch .*; or it was written for another model "
+                                              r"than the one given"):
         ck.read_debug_state(good, other)
+    bigger = GPT2Config(max_seq_len=16, vocab_size=100, num_layers=3, num_heads=2, channels=8)
+    with pytest.raises(FileFormatError, match=r"good\.bin: truncated .*; or it was written for another model"):
+        ck.read_debug_state(good, bigger)
     (tmp_path / "tiny.bin").write_bytes(b"\x01\x02")
     with pytest.raises(FileFormatError, match=r"tiny\.bin: truncated .*header needs 1024 bytes"):
         ck.read_debug_state(tmp_path / "tiny.bin", TINY)
