@@ -172,7 +172,27 @@ def load_safetensors(path) -> dict:
     except (SafetensorError, ValueError, TypeError) as e:
         if "bfloat16" in str(e):   # NumPy has no bfloat16: safetensors.numpy refuses bf16 exports
             return _load_bf16_safetensors(path)
+        needed, actual = _safetensors_sizes(path)
+        if needed is not None and actual < needed:   # a partial download: the library's words do not say so
+            raise ConvertError(f"{path}: truncated safetensors file: its header needs {needed} bytes, the file has "
+                               f"{actual} ({needed - actual} missing); download it again") from None
         raise ConvertError(f"{path}: cannot read safetensors file: {e}") from e
+
+
+def _safetensors_sizes(path) -> tuple[int | None, int]:
+    """(the size a safetensors file's header declares, or None if unreadable; the file's size). The
+    layout: an 8-byte little-endian header length, the JSON header (data_offsets per tensor), the data."""
+    actual = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= min(actual, 100 << 20):
+                return None, actual
+            header = json.loads(f.read(n))
+        ends = [int(info["data_offsets"][1]) for name, info in header.items() if name != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None, actual
+    return 8 + n + max(ends, default=0), actual
 
 
 def _load_bf16_safetensors(path) -> dict:

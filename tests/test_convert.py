@@ -200,6 +200,21 @@ def test_cli_errors_name_the_input_file(tmp_path, capsys):
         cv.convert(ints, out, num_heads=NH)
 
 
+def test_a_truncated_safetensors_file_is_named_truncated(tmp_path, capsys):
+    # a partial download by hand said "cannot read safetensors file: Error while deserializing header:
+    # incomplete metadata, file not fully covered"
+    src = tmp_path / "model.safetensors"
+    save_file(hf_tensors(buffers=False), str(src))
+    data = src.read_bytes()
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(data[:len(data) - 1000])
+    assert cv.main([str(cut), "-o", str(tmp_path / "x.bin"), "--num-heads", str(NH)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {cut}: truncated safetensors file: its header needs {len(data)} bytes, the file has "
+                   f"{len(data) - 1000} (1000 missing); download it again\n"), err
+    assert not (tmp_path / "x.bin").exists()
+
+
 def test_cli_refuses_outputs_it_cannot_write_or_that_are_its_input(tmp_path, capsys):
     src = tmp_path / "model.safetensors"
     save_file(hf_tensors(), str(src))
