@@ -150,6 +150,8 @@ def download(name: str, out_dir=None, *, base_url: str | None = None, progress: 
     paths = []
     for remote in SOURCES[name]:
         dest = out / remote.filename
+        if dest.is_dir():   # the sha256 check, then the save, would fail on it with "is a folder; give a file"
+            raise DownloadError(f"{dest} is a folder where the download goes; remove it, or give another --out")
         if dest.exists() and not force:
             if remote.sha256 is None:
                 log(f"{dest} already present (not checked: no known sha256; --force downloads again)")

@@ -283,6 +283,16 @@ def test_data_cli_offline_says_to_give_a_local_copy_with_input(tmp_path, capsys,
     assert err.rstrip().endswith("by hand); then give it with --input FILE"), err
 
 
+def test_a_folder_where_the_file_goes_is_named_before_downloading(tmp_path, capsys):
+    # it said "checking its sha256 (0.0 MB)", then "OUT/model.safetensors is a folder; give a file"
+    (tmp_path / "model.safetensors").mkdir()
+    assert dl.main(["gpt2", "--out", str(tmp_path), "--base-url", "http://127.0.0.1:1"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (f"error: {tmp_path / 'model.safetensors'} is a folder where the download goes; remove it, or "
+                   "give another --out\n"), err
+    assert "sha256" not in out and "downloading" not in out, out
+
+
 def test_unknown_name():
     with pytest.raises(ValueError, match="unknown download"):
         dl.download("gpt3")
