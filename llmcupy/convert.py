@@ -229,11 +229,18 @@ def _num_heads_from_config(path: Path) -> int | None:
     if not cfg.is_file():
         return None
     try:
-        n = json.loads(cfg.read_text()).get("n_head")
+        config = json.loads(cfg.read_text())
+        if not isinstance(config, dict):
+            raise ValueError(f"not a JSON object but a {type(config).__name__}")
     except (OSError, ValueError) as e:
         warnings.warn(f"ignoring unreadable {cfg}: {e}")
         return None
-    return int(n) if n else None
+    n = config.get("n_head")
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:   # int() made 2.7 a 2, "twelve" a traceback
+        raise ConvertError(f"{cfg}: n_head is {n!r}, not a positive whole number; correct it, or pass --num-heads N")
+    return n
 
 
 def convert(safetensors_path, out_path, *, num_heads: int | None = None, dtype: str = "fp32") -> GPT2Config:

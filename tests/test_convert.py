@@ -102,6 +102,18 @@ def test_num_heads_from_config_json(tmp_path):
     (tmp_path / "config.json").write_text("{broken")
     with pytest.warns(UserWarning, match="ignoring unreadable .*config.json"):
         assert cv.convert(src, tmp_path / "c.bin").num_heads == 1  # falls back to C / 64
+    # a JSON list was an AttributeError traceback; n_head "twelve" a ValueError one; 2.7 became 2 and
+    # 0 was taken for "no n_head" (a guess) without a word
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.warns(UserWarning, match="ignoring unreadable .*config.json.*not a JSON object"):
+        assert cv.convert(src, tmp_path / "d.bin").num_heads == 1
+    for n_head in ("twelve", 2.7, 0, -4, True):
+        (tmp_path / "config.json").write_text(json.dumps({"n_head": n_head}))
+        with pytest.raises(ConvertError) as exc:
+            cv.convert(src, tmp_path / "e.bin")
+        assert str(exc.value) == (f"{tmp_path / 'config.json'}: n_head is {n_head!r}, not a positive whole number; "
+                                  "correct it, or pass --num-heads N"), n_head
+    assert not (tmp_path / "e.bin").exists()
 
 
 def test_cli(tmp_path, capsys):
