@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import tokenize
 import warnings
 import zipfile
 from dataclasses import asdict, dataclass, field
@@ -52,6 +53,11 @@ TRAIN_STATE_VERSION = 1
 RANK_STATE_FORMAT = "llmcupy-rank-state"   # one rank's optimizer state in a -o DIR checkpoint (llmcupy.mainline)
 
 _REEXPORT_HINT = "re-export the weights with python -m llmcupy.convert"
+
+
+# what reading a damaged .npz archive raises; NumPy parses each member's .npy header as Python, so
+# one damaged byte there fails in the tokenizer or the parser
+NPZ_READ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, SyntaxError, tokenize.TokenError)
 
 
 class CheckpointError(FileFormatError):
@@ -378,7 +384,7 @@ def load_training_state(path) -> TrainingState:
     with open(path, "rb") as f:  # our handle: np.load leaks its own when a zip is corrupt
         try:
             archive = np.load(f, allow_pickle=False)
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        except NPZ_READ_ERRORS as e:
             raise CheckpointError(f"{path}: not a readable {what} (truncated or corrupt?): {e}") from e
         if not isinstance(archive, np.lib.npyio.NpzFile):
             raise CheckpointError(f"{path}: not an {what} (a single .npy array, not an .npz archive)")
@@ -389,8 +395,8 @@ def load_training_state(path) -> TrainingState:
                 arrays = {name: archive[name] for name in archive.files}
         except CheckpointError:
             raise
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
-            raise CheckpointError(f"{path}: corrupt {what}: {e}") from e
+        except NPZ_READ_ERRORS as e:
+            raise CheckpointError(f"{path}: corrupt {what}: {type(e).__name__}: {e}") from e
     try:
         meta = json.loads(arrays.pop("meta").tobytes().decode())
     except (ValueError, UnicodeDecodeError) as e:

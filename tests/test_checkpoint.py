@@ -449,6 +449,12 @@ def test_training_state_errors(tmp_path, monkeypatch):
     np.savez(tmp_path / "badjson.npz", params=state.params, meta=np.frombuffer(b"{not json", np.uint8))
     with pytest.raises(CheckpointError, match=r"badjson\.npz: corrupt .*unreadable metadata"):
         ck.load_training_state(tmp_path / "badjson.npz")
+    # one damaged byte in a member's .npy header (an unterminated quote) was a tokenize.TokenError traceback
+    raw = path.read_bytes()
+    damaged = tmp_path / "damaged.npz"
+    damaged.write_bytes(raw.replace(b"{'descr'", b"\"'descr'", 1))
+    with pytest.raises(CheckpointError, match=r"damaged\.npz: corrupt llmcupy training-state file"):
+        ck.load_training_state(damaged)
     np.save(tmp_path / "single.npy", np.zeros(3))
     with pytest.raises(CheckpointError, match=r"single.npy: not an llmcupy training-state file \(a single .npy array"):
         ck.load_training_state(tmp_path / "single.npy")
