@@ -438,18 +438,22 @@ def train(args) -> int:
 def batch_shape(args, state=None) -> tuple[int, int]:
     """B and T: as given; else, when resuming, the state's (its data position counts batches of
     that shape, so ``--resume STATE`` alone continues the run); else llm.c's defaults."""
-    saved = (state.loaders or {}).get("train") if state is not None else None
-    if isinstance(saved, dict) and saved.get("B") is not None and saved.get("T") is not None:
+    saved = None
+    if state is not None:
+        saved = state.loaders.get("train") if isinstance(state.loaders, dict) else None
+        shape = [saved.get(key) if isinstance(saved, dict) else None for key in ("B", "T")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
+            raise ckpt.CheckpointError(f"{args.resume}: cannot resume from it: its data position (loaders.train) has "
+                                       f"no batch shape (B={shape[0]!r}, T={shape[1]!r}); damaged?")
         # the data position counts batches of the saved shape: another shape cannot continue it
         given = [f"{flag} {getattr(args, name)}" for flag, name, key in (("-b", "batch_size", "B"), ("-t", "seq_len", "T"))
-                 if getattr(args, name) is not None and getattr(args, name) != int(saved[key])]
+                 if getattr(args, name) is not None and getattr(args, name) != saved[key]]
         if given:
-            raise SystemExit(f"error: --resume {args.resume} continues a run at -b {int(saved['B'])} -t {int(saved['T'])}, "
+            raise SystemExit(f"error: --resume {args.resume} continues a run at -b {saved['B']} -t {saved['T']}, "
                              f"not {' '.join(given)}: leave out -b and -t (a resumed run keeps the state's batch shape)")
     for name, key, default in (("batch_size", "B", DEFAULT_B), ("seq_len", "T", DEFAULT_T)):
         if getattr(args, name) is None:
-            value = saved.get(key) if isinstance(saved, dict) else None
-            setattr(args, name, int(value) if value is not None else default)
+            setattr(args, name, saved[key] if saved is not None else default)
     return args.batch_size, args.seq_len
 
 
@@ -517,7 +521,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             train_loader.load_state_dict(state.loaders["train"])
             if state.rng:
                 rng.load_state_dict(state.rng)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:   # damaged metadata
             raise ckpt.CheckpointError(f"{args.resume}: cannot resume this run from it ({type(exc).__name__}: "
                                        f"{exc})") from exc
         if state.m is not None:

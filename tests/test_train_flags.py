@@ -289,6 +289,26 @@ def test_a_model_without_the_start_token_is_refused_before_training_and_sampling
     assert err.startswith(f"error: {expected}") and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("where,value", [("rng", "x"), ("rng", [1, 2]), ("train", None), ("B", "x"), ("B", []),
+                                         ("shard_indices", 10**20)])
+def test_resuming_a_state_with_damaged_metadata_is_one_line(data, tmp_path, where, value):
+    # valid JSON with a wrong value in it ended in an AttributeError, ValueError, TypeError or
+    # OverflowError traceback
+    state = tmp_path / "st.npz"
+    assert run_train(tiny(data) + ["--save-path", state])[0] == 0
+    st = ckpt.load_training_state(state)
+    if where == "rng":
+        st.rng = value
+    elif where == "train":
+        st.loaders["train"] = value
+    else:
+        st.loaders["train"][where] = value
+    damaged = tmp_path / "damaged.npz"
+    ckpt.save_training_state(damaged, st)
+    argv = ["--resume", damaged, "-v", 0, "-s", 0, "--steps", 3] + data
+    refused_before_work(*run_train(argv), f"error: {damaged}: ")
+
+
 def test_a_failed_save_names_the_file_and_the_state_left(data, tmp_path, monkeypatch):
     # a full disk said only "error: No space left on device": no file, no word on the last good state
     import errno
