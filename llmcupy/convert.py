@@ -40,6 +40,7 @@ import numpy as np
 from .checkpoint import check_finite_params, write_model
 from .config import GPT2Config, num_parameters, split_params
 from .fileio import KNOWN_MAGICS, FileFormatError
+from ._cli import one_line_warnings
 
 DEFAULT_OUT = "gpt2_124M.bin"
 HEAD_SIZE = 64
@@ -312,6 +313,7 @@ def _output_problem(args) -> str | None:
     return None
 
 
+@one_line_warnings
 def main(argv=None) -> int:
     from ._cli import fail
 

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from . import checkpoint as ckpt
-from ._cli import fail
+from ._cli import fail, one_line_warnings
 from .config import PRESETS, GPT2Config, init_params
 from .fileio import FileFormatError
 from .model import GPT2, ModelError
@@ -32,6 +32,7 @@ from .tokenizer import TokenizerError, Tokenizer, get_encoding, write_sample_pie
 EOT = 50256
 
 
+@one_line_warnings
 def main(argv=None) -> int:
     from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
 

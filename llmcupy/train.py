@@ -25,7 +25,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import distributed, mainline
 from . import ops as ops_registry
-from ._cli import OneValue
+from ._cli import OneValue, one_line_warnings
 from .config import GPT2Config, PRESETS, init_params
 from .fileio import FileFormatError
 from .model import GPT2, STEP_OPS, KernelChoice, ModelError
@@ -795,6 +795,7 @@ def benchmark(model: GPT2, loader, args, run=None) -> int:
     return 0
 
 
+@one_line_warnings
 def main(argv=None) -> int:
     try:
         rc = _main(argv)

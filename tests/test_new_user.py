@@ -359,6 +359,20 @@ def test_a_nan_in_the_starting_model_is_refused_without_claiming_a_saved_state(i
     assert rc == 2 and "NaN or infinite" in err and "last good state" not in err, err
 
 
+def test_sample_prints_a_bf16_model_warning_in_one_line(tmp_path, monkeypatch):
+    # Python's format printed llmcupy's source path and line, then "  config, params = read_model(path)"
+    from llmcupy import sample
+    from llmcupy.tokenizer import Tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    Tokenizer([b"a"] * 50257).save("gpt2_tokenizer.bin")
+    cfg = GPT2Config.preset("d1")
+    ckpt.write_model("bf16.bin", cfg, init_params(cfg), dtype="bf16")
+    rc, out, err = _call(sample.main, ["-e", "bf16.bin", "-n", 1, "-t", 8])
+    assert rc == 0 and err == ("warning: bf16.bin: model file version 5 holds bf16 parameters; converted to fp32 "
+                               "(the values keep bf16 precision)\n"), err
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_sample_and_convert_refuse_a_model_with_nan_or_inf_weights(tmp_path, monkeypatch, bad):
     # sample printed "<|endoftext|>" for every token with exit 0 (NaN logits select none, so the
