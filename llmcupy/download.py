@@ -110,7 +110,7 @@ def download_file(url: str, dest, *, sha256: str | None = None, progress: bool |
     except urllib.error.URLError as e:
         reason = getattr(e.reason, "strerror", None) or e.reason
         raise Unreachable(f"cannot reach {url}: {reason} (offline? use --base-url or {BASE_ENV} "
-                            f"to point at a mirror, or download the file by hand)") from e
+                          f"to point at a mirror, or download the file by hand)") from e
     except (OSError, http.client.HTTPException) as e:
         raise DownloadError(f"cannot download {url}: {e}") from e
     with response:
