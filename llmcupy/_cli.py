@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+import warnings
 
 EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
@@ -37,6 +39,24 @@ def run_main(main) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=file or sys.stderr)
+
+
+def one_line_warnings(main):
+    """Decorates a CLI's ``main(argv)``: a warning (a bf16 model widened to fp32, an unreadable
+    config.json) prints as ``warning: <message>``, not as Python's two lines naming llmcupy's source
+    file and line. The previous warning settings are restored when ``main`` returns."""
+
+    @functools.wraps(main)
+    def wrapped(argv=None):
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return main(argv)
+
+    return wrapped
 
 
 def os_error_message(exc: OSError) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import tokenize
 import warnings
 import zipfile
 from dataclasses import asdict, dataclass, field
@@ -49,8 +50,14 @@ DEBUG_MAGIC = 20240327
 DEBUG_VERSION = 2
 TRAIN_STATE_FORMAT = "llmcupy-train-state"
 TRAIN_STATE_VERSION = 1
+RANK_STATE_FORMAT = "llmcupy-rank-state"   # one rank's optimizer state in a -o DIR checkpoint (llmcupy.mainline)
 
 _REEXPORT_HINT = "re-export the weights with python -m llmcupy.convert"
+
+
+# what reading a damaged .npz archive raises; NumPy parses each member's .npy header as Python, so
+# one damaged byte there fails in the tokenizer or the parser
+NPZ_READ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, SyntaxError, tokenize.TokenError)
 
 
 class CheckpointError(FileFormatError):
@@ -170,6 +177,23 @@ def read_model_any(path) -> tuple[GPT2Config, np.ndarray, str]:
     return config, params, str(path)
 
 
+def check_finite_params(path, config: GPT2Config, params) -> None:
+    """Raises :class:`CheckpointError` when parameters are NaN or infinite (a diverged run's weights):
+    such a model cannot be trained, and sampling it prints the vocabulary's last token every time
+    (NaN logits select none). Names the file, the count and the first tensor that holds one."""
+    finite = np.isfinite(params)
+    bad = int(finite.size - np.count_nonzero(finite))
+    if not bad:
+        return
+    first, start = int(np.argmin(finite)), 0
+    for name, size in zip(param_shapes(config), param_sizes(config)):
+        if first < start + size:
+            break
+        start += size
+    raise CheckpointError(f"{path}: {bad} of its parameters are NaN or infinite (the first in {name}); it cannot "
+                          "be trained or sampled. Start from an earlier checkpoint or from --init")
+
+
 def write_model(path, config: GPT2Config, params, *, dtype: str = "fp32") -> None:
     """Writes a model file atomically: version 3 (``dtype="fp32"``) or 5 (``"bf16"``)."""
     params = np.asarray(params)
@@ -229,8 +253,11 @@ def read_debug_state(path, config: GPT2Config) -> DebugState:
             raise CheckpointError(f"{path}: debug state has T={T}, more than the model's "
                                   f"max_seq_len {config.max_seq_len}")
         BT, V, P = B * T, config.vocab_size, num_parameters(config)
-        check_size(path, what, file_size(f), debug_state_size(config, B, T),
-                   f"B={B}, T={T}, V={V}, {P} parameters")
+        try:
+            check_size(path, what, file_size(f), debug_state_size(config, B, T),
+                       f"B={B}, T={T}, V={V}, {P} parameters")
+        except FileFormatError as e:   # the expected size comes from the model given, as much as from the file
+            raise CheckpointError(f"{e}; or it was written for another model than the one given") from None
         x = read_array(f, np.int32, BT).reshape(B, T)
         y = read_array(f, np.int32, BT).reshape(B, T)
         logits = read_array(f, np.float32, BT * V).reshape(B, T, V)
@@ -357,25 +384,31 @@ def load_training_state(path) -> TrainingState:
     with open(path, "rb") as f:  # our handle: np.load leaks its own when a zip is corrupt
         try:
             archive = np.load(f, allow_pickle=False)
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        except NPZ_READ_ERRORS as e:
             raise CheckpointError(f"{path}: not a readable {what} (truncated or corrupt?): {e}") from e
         if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise CheckpointError(f"{path}: not a {what} (a single .npy array, not an .npz archive)")
+            raise CheckpointError(f"{path}: not an {what} (a single .npy array, not an .npz archive)")
         try:
             with archive:
                 if "meta" not in archive.files:
-                    raise CheckpointError(f"{path}: not a {what}: no 'meta' member")
+                    raise CheckpointError(f"{path}: not an {what}: no 'meta' member")
                 arrays = {name: archive[name] for name in archive.files}
         except CheckpointError:
             raise
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
-            raise CheckpointError(f"{path}: corrupt {what}: {e}") from e
+        except NPZ_READ_ERRORS as e:
+            raise CheckpointError(f"{path}: corrupt {what}: {type(e).__name__}: {e}") from e
     try:
         meta = json.loads(arrays.pop("meta").tobytes().decode())
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: corrupt {what}: unreadable metadata ({e})") from e
+    if isinstance(meta, dict) and meta.get("format") == RANK_STATE_FORMAT and isinstance(meta.get("step"), int):
+        # written by -o DIR checkpoints (llmcupy.mainline) beside the step's model file
+        folder = path.parent
+        model = folder / f"model_{meta['step']:08d}.bin"
+        raise CheckpointError(f"{path}: it is one rank's optimizer state of a -o DIR checkpoint, not a training "
+                              f"state; the model is {model} (-e takes it), and -o {folder} -y 1 continues that run")
     if not isinstance(meta, dict) or meta.get("format") != TRAIN_STATE_FORMAT:
-        raise CheckpointError(f"{path}: not a {what} (format tag {meta.get('format') if isinstance(meta, dict) else None!r})")
+        raise CheckpointError(f"{path}: not an {what} (format tag {meta.get('format') if isinstance(meta, dict) else None!r})")
     if meta.get("version") != TRAIN_STATE_VERSION:
         raise CheckpointError(f"{path}: unsupported {what} version {meta.get('version')!r} "
                               f"(supported: {TRAIN_STATE_VERSION})")

@@ -37,9 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import write_model
+from .checkpoint import check_finite_params, write_model
 from .config import GPT2Config, num_parameters, split_params
-from .fileio import FileFormatError
+from .fileio import KNOWN_MAGICS, FileFormatError
+from ._cli import one_line_warnings
 
 DEFAULT_OUT = "gpt2_124M.bin"
 HEAD_SIZE = 64
@@ -156,6 +157,8 @@ def _get(t: dict, key: str, shape) -> np.ndarray:
     if key not in t:
         raise ConvertError(f"missing tensor {key!r}")
     a = np.asarray(t[key])
+    if not np.issubdtype(a.dtype, np.floating):   # a cast would turn it into weights without a word
+        raise ConvertError(f"tensor {key!r} holds {a.dtype} values; GPT-2 weights are floating point")
     if a.shape != tuple(shape):
         raise ConvertError(f"tensor {key!r} has shape {a.shape}, expected {tuple(shape)} (Hugging Face layout)")
     return a.astype(np.float32, copy=False)
@@ -170,7 +173,27 @@ def load_safetensors(path) -> dict:
     except (SafetensorError, ValueError, TypeError) as e:
         if "bfloat16" in str(e):   # NumPy has no bfloat16: safetensors.numpy refuses bf16 exports
             return _load_bf16_safetensors(path)
+        needed, actual = _safetensors_sizes(path)
+        if needed is not None and actual < needed:   # a partial download: the library's words do not say so
+            raise ConvertError(f"{path}: truncated safetensors file: its header needs {needed} bytes, the file has "
+                               f"{actual} ({needed - actual} missing); download it again") from None
         raise ConvertError(f"{path}: cannot read safetensors file: {e}") from e
+
+
+def _safetensors_sizes(path) -> tuple[int | None, int]:
+    """(the size a safetensors file's header declares, or None if unreadable; the file's size). The
+    layout: an 8-byte little-endian header length, the JSON header (data_offsets per tensor), the data."""
+    actual = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= min(actual, 100 << 20):
+                return None, actual
+            header = json.loads(f.read(n))
+        ends = [int(info["data_offsets"][1]) for name, info in header.items() if name != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None, actual
+    return 8 + n + max(ends, default=0), actual
 
 
 def _load_bf16_safetensors(path) -> dict:
@@ -207,11 +230,18 @@ def _num_heads_from_config(path: Path) -> int | None:
     if not cfg.is_file():
         return None
     try:
-        n = json.loads(cfg.read_text()).get("n_head")
+        config = json.loads(cfg.read_text())
+        if not isinstance(config, dict):
+            raise ValueError(f"not a JSON object but a {type(config).__name__}")
     except (OSError, ValueError) as e:
         warnings.warn(f"ignoring unreadable {cfg}: {e}")
         return None
-    return int(n) if n else None
+    n = config.get("n_head")
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:   # int() made 2.7 a 2, "twelve" a traceback
+        raise ConvertError(f"{cfg}: n_head is {n!r}, not a positive whole number; correct it, or pass --num-heads N")
+    return n
 
 
 def convert(safetensors_path, out_path, *, num_heads: int | None = None, dtype: str = "fp32") -> GPT2Config:
@@ -219,9 +249,18 @@ def convert(safetensors_path, out_path, *, num_heads: int | None = None, dtype: 
     src = Path(safetensors_path)
     if num_heads is None:
         num_heads = _num_heads_from_config(src)
-    config, flat = hf_to_llmc(load_safetensors(src), num_heads=num_heads)
+    config, flat = _convert_file(src, num_heads)
     write_model(out_path, config, flat, dtype=dtype)
     return config
+
+
+def _convert_file(path, num_heads: int | None) -> tuple[GPT2Config, np.ndarray]:
+    """:func:`hf_to_llmc` of a safetensors file, its errors naming the file."""
+    tensors = load_safetensors(path)
+    try:
+        return hf_to_llmc(tensors, num_heads=num_heads)
+    except ConvertError as e:
+        raise ConvertError(f"{path}: {e}") from e
 
 
 def read_any(path, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray]:
@@ -231,12 +270,16 @@ def read_any(path, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray
     check_readable_file(path, "a model.safetensors, a training state .npz or an llm.c model .bin")
     with open(path, "rb") as f:
         head = f.read(4)
-    if head == b"PK\x03\x04" or (len(head) == 4 and int(np.frombuffer(head, "<i4")[0]) == 20240326):
+    magic = int(np.frombuffer(head, "<i4")[0]) if len(head) == 4 else None
+    if head == b"PK\x03\x04" or magic == 20240326:
         config, flat, _ = read_model_any(path)
         return config, flat
+    if magic in KNOWN_MAGICS:   # another llm.c file (token data, tokenizer): not "cannot read safetensors"
+        raise ConvertError(f"{path}: it is {KNOWN_MAGICS[magic]}, not GPT-2 weights; give a model.safetensors, "
+                           "a training state .npz or an llm.c model .bin")
     if num_heads is None:
         num_heads = _num_heads_from_config(Path(path))
-    return hf_to_llmc(load_safetensors(path), num_heads=num_heads)
+    return _convert_file(path, num_heads)
 
 
 def _heads_were_guessed(path: Path) -> bool:
@@ -270,6 +313,7 @@ def _output_problem(args) -> str | None:
     return None
 
 
+@one_line_warnings
 def main(argv=None) -> int:
     from ._cli import fail
 
@@ -300,6 +344,7 @@ def main(argv=None) -> int:
         return 2
     try:
         c, flat = read_any(args.weights, args.num_heads)
+        check_finite_params(args.weights, c, flat)   # the output would be refused by train and sample
         if args.num_heads is not None and args.num_heads != c.num_heads:   # a .bin or .npz names its own
             raise ConvertError(f"--num-heads {args.num_heads}: {args.weights} holds a model with NH = "
                                f"{c.num_heads} (--num-heads applies to safetensors input only)")

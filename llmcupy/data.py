@@ -264,6 +264,10 @@ class DataLoader:
             files = sorted(_glob.glob(str(pattern)))
         if not files:
             raise FileNotFoundError(f"no token files match {str(pattern)!r}")
+        for path in files:   # -i DIR: the open would fail with a bare "is a folder"
+            if os.path.isdir(path):
+                raise DataError(f"{path} is a folder, not a token file; give the token files in it with a glob "
+                                f"such as {os.path.join(path, '*.bin')!r}")
         self.files = files
         self.B, self.T = int(B), int(T)
         self.process_rank, self.num_processes = int(process_rank), int(num_processes)
@@ -488,10 +492,22 @@ def main(argv=None) -> int:
         if args.input:
             text_path = Path(args.input)
         else:
-            text_path = download.download("tinyshakespeare", args.out, base_url=args.base_url,
-                                          progress=None)[0]   # a bar only on a terminal
-        text = text_path.read_text(encoding="utf-8")
-        prepare_tinyshakespeare(text, enc, args.out)
+            try:
+                text_path = download.download("tinyshakespeare", args.out, base_url=args.base_url,
+                                              progress=None)[0]   # a bar only on a terminal
+            except download.Unreachable as e:   # offline: say how this command takes a copy
+                raise download.Unreachable(f"{e}; then give it with --input FILE") from None
+        try:
+            text = text_path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:   # the codec's message names no file
+            raise DataError(f"{text_path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                            "--input takes the raw Tiny Shakespeare text") from None
+        try:
+            prepare_tinyshakespeare(text, enc, args.out)
+        except DataError:
+            raise
+        except ValueError as e:   # a text too short for the split: say which file
+            raise DataError(f"{text_path}: {e}") from None
     except (TokenizerError, download.DownloadError, FileFormatError, OSError, ValueError) as e:
         from ._cli import fail
 

@@ -47,6 +47,10 @@ class DownloadError(RuntimeError):
     """A download failed: unreachable host, HTTP error, short body or wrong checksum."""
 
 
+class Unreachable(DownloadError):
+    """The host cannot be reached (offline, no DNS, refused): the file may be fetched by hand."""
+
+
 @dataclass(frozen=True)
 class RemoteFile:
     url: str
@@ -105,8 +109,8 @@ def download_file(url: str, dest, *, sha256: str | None = None, progress: bool |
         raise DownloadError(f"download of {url} failed: HTTP {e.code} {e.reason}") from e
     except urllib.error.URLError as e:
         reason = getattr(e.reason, "strerror", None) or e.reason
-        raise DownloadError(f"cannot reach {url}: {reason} (offline? use --base-url or {BASE_ENV} "
-                            f"to point at a mirror, or download the file by hand)") from e
+        raise Unreachable(f"cannot reach {url}: {reason} (offline? use --base-url or {BASE_ENV} "
+                          f"to point at a mirror, or download the file by hand)") from e
     except (OSError, http.client.HTTPException) as e:
         raise DownloadError(f"cannot download {url}: {e}") from e
     with response:
@@ -146,6 +150,8 @@ def download(name: str, out_dir=None, *, base_url: str | None = None, progress: 
     paths = []
     for remote in SOURCES[name]:
         dest = out / remote.filename
+        if dest.is_dir():   # the sha256 check, then the save, would fail on it with "is a folder; give a file"
+            raise DownloadError(f"{dest} is a folder where the download goes; remove it, or give another --out")
         if dest.exists() and not force:
             if remote.sha256 is None:
                 log(f"{dest} already present (not checked: no known sha256; --force downloads again)")

@@ -42,15 +42,16 @@ KNOWN_MAGICS = {20240326: "an llm.c model file", 20240327: "an llm.c debug-state
 
 
 def check_magic_version(header, path, what: str, magic: int, versions, hint: str = "") -> int:
-    """Checks header[0] (magic) and header[1] (version in ``versions``); returns the version."""
+    """Checks header[0] (magic) and header[1] (version in ``versions``); returns the version. ``what``
+    names the kind of file after "an" ("llm.c model file")."""
     hint = f" ({hint})" if hint else ""
     if int(header[0]) != magic:
         kind = KNOWN_MAGICS.get(int(header[0]))
         if kind is not None:   # another llm.c file given in the wrong place: say which it is
             raise FileFormatError(f"{path}: bad magic number {int(header[0])} (expected {magic}): it is {kind}, "
-                                  f"not a {what}; check which file this flag takes")
+                                  f"not an {what}; check which file this flag takes")
         raise FileFormatError(f"{path}: bad magic number {int(header[0])} (expected {magic}): "
-                              f"not a {what}{hint}")
+                              f"not an {what}{hint}")
     version = int(header[1])
     if version not in versions:
         ok = " or ".join(str(v) for v in versions)
@@ -137,7 +138,8 @@ def atomic_write(path):
 
     The temporary file sits in the same folder (so the rename is atomic), is fsync'ed before the
     rename, and is removed if the block raises anything, KeyboardInterrupt included; the previous
-    ``path`` (if any) is then untouched. Missing parent folders are created.
+    ``path`` (if any) is then untouched. An OSError that names no file (a full disk) is raised again
+    naming ``path``. Missing parent folders are created.
     """
     path = Path(path)
     # the rename replaces whatever the name holds: a folder failed naming the hidden temporary file,
@@ -158,9 +160,13 @@ def atomic_write(path):
         # mkstemp makes the file private (0600); give it the permissions a plain open() would.
         os.chmod(tmp, 0o666 & ~_current_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            # a failed write or fsync (a full disk) names no file, so a CLI printed only "No space
+            # left on device": name the file being saved (left as it was)
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     with contextlib.suppress(OSError):  # make the rename itself durable (not possible everywhere)
         dfd = os.open(directory, os.O_RDONLY)

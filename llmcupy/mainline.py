@@ -37,7 +37,6 @@ import os
 import re
 import sys
 import time
-import zipfile
 
 import numpy as np
 
@@ -50,7 +49,7 @@ from .runtime import backend as _backend
 from .schedule import SCHEDULES, LRSchedule, ScheduleError
 
 DECAYED = ("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw")   # mainline's 2-D weights
-STATE_FORMAT = "llmcupy-rank-state"
+STATE_FORMAT = ckpt.RANK_STATE_FORMAT
 STATE_VERSION = 1
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
 
@@ -415,8 +414,8 @@ class Run:
             meta = json.loads(arrays.pop("meta").tobytes().decode())   # JSON and UTF-8 errors are ValueErrors
             if not isinstance(meta, dict) or not {"adam_m", "adam_v"} <= set(arrays):
                 raise ValueError("no metadata or AdamW moments in it")
-        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-            # was a traceback (zipfile.BadZipFile: File is not a zip file)
+        except ckpt.NPZ_READ_ERRORS as exc:
+            # was a traceback (zipfile.BadZipFile: File is not a zip file; tokenize.TokenError)
             raise ckpt.CheckpointError(f"{state_path}: not a readable checkpoint state (truncated or corrupt?): "
                                        f"{exc}; {fall_back}") from exc
         if meta.get("format") != STATE_FORMAT or meta.get("version") != STATE_VERSION:

@@ -48,6 +48,7 @@ from .runtime.module import launch_count
 from .train import build_parser as build_train_parser
 from .fileio import FileFormatError
 from .train import batch_shape, check_loss, kernel_choice, load_model
+from ._cli import one_line_warnings
 
 PHASES = ("encoder", "forward blocks", "classifier", "backward blocks", "optimizer")
 OTHER = "other (memsets, host)"
@@ -508,6 +509,7 @@ def _profile(args, scope: contextlib.ExitStack) -> dict:
     return report
 
 
+@one_line_warnings
 def main(argv=None) -> int:
     from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
 

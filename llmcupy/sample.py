@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from . import checkpoint as ckpt
-from ._cli import fail
+from ._cli import fail, one_line_warnings
 from .config import PRESETS, GPT2Config, init_params
 from .fileio import FileFormatError
 from .model import GPT2, ModelError
@@ -32,6 +32,7 @@ from .tokenizer import TokenizerError, Tokenizer, get_encoding, write_sample_pie
 EOT = 50256
 
 
+@one_line_warnings
 def main(argv=None) -> int:
     from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
 
@@ -69,6 +70,10 @@ def main(argv=None) -> int:
 
                 raise FileNotFoundError(missing_model_message(path))
             cfg, params, _ = ckpt.read_model_any(path)
+            ckpt.check_finite_params(path, cfg, params)
+            from .train import check_vocab_has_eot
+
+            check_vocab_has_eot(cfg, path, "this command samples GPT-2's vocabulary")
         # the prompt needs tiktoken's encoder; decoding only needs a token table, which may come
         # from llm.c's tokenizer file, so an offline run without a prompt still works
         enc = get_encoding(args.bpe) if args.prompt else None

@@ -33,6 +33,7 @@ from .model import GPT2, STEP_OPS, ModelError
 from .runtime import backend as _backend
 from .runtime import blas
 from .train import kernel_choice, kernel_flag
+from ._cli import one_line_warnings
 
 LLMC_EXPECTED_LOSSES = [5.270007133483887, 4.059706687927246, 3.3751230239868164, 2.8007826805114746,
                         2.315382242202759, 1.8490285873413086, 1.3946564197540283, 0.9991465210914612,
@@ -166,6 +167,7 @@ def _run_gate(args, scope: contextlib.ExitStack) -> int:
     return 0 if overall else 1
 
 
+@one_line_warnings
 def main(argv=None) -> int:
     from .sim.compiler import CompilerNotFound   # no g++ for the emulator: set-up, exit 2
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import tiktoken
 
-from .fileio import (FileFormatError, atomic_write, check_magic_version, file_size, make_header,
+from .fileio import (KNOWN_MAGICS, FileFormatError, atomic_write, check_magic_version, file_size, make_header,
                      read_header)
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -59,6 +59,11 @@ def load_bpe_ranks(path) -> dict[bytes, int]:
         data = path.read_bytes()
     except OSError as e:
         raise TokenizerError(f"cannot read GPT-2 BPE file {path}: {e.strerror or e}") from e
+    kind = KNOWN_MAGICS.get(int.from_bytes(data[:4], "little")) if len(data) >= 4 else None
+    if kind is not None:   # the binary header would be quoted as the bad first line
+        hint = ("give it with --tokenizer, and the rank file with --bpe" if kind == KNOWN_MAGICS[TOKENIZER_MAGIC]
+                else "--bpe takes GPT-2's rank file")
+        raise TokenizerError(f"{path}: it is {kind}, not a tiktoken BPE rank file (gpt2.tiktoken); {hint}")
     ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(data.splitlines(), 1):
         if not line.strip():

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 
 from .config import GPT2Config, init_params, param_shapes
+from ._cli import one_line_warnings
 
 
 def _torch():
@@ -96,6 +97,7 @@ def adamw_losses(params: np.ndarray, cfg: GPT2Config, x, y, steps=10, lr=1e-4, b
     return losses, flat.detach().numpy().copy()
 
 
+@one_line_warnings
 def main(argv=None) -> int:
     from .config import PRESETS
 

@@ -25,7 +25,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import distributed, mainline
 from . import ops as ops_registry
-from ._cli import OneValue
+from ._cli import OneValue, one_line_warnings
 from .config import GPT2Config, PRESETS, init_params
 from .fileio import FileFormatError
 from .model import GPT2, STEP_OPS, KernelChoice, ModelError
@@ -189,10 +189,7 @@ def load_model(args, state=None) -> tuple[GPT2Config, np.ndarray, str]:
     if not os.path.exists(path):
         raise SystemExit(f"error: {missing_model_message(path)}")
     cfg, params, source = ckpt.read_model_any(path)
-    bad = int(np.size(params) - np.count_nonzero(np.isfinite(params)))
-    if bad:
-        raise ckpt.CheckpointError(f"{path}: {bad} of its parameters are NaN or infinite; it cannot be trained "
-                                   "or sampled. Start from an earlier checkpoint or from --init")
+    ckpt.check_finite_params(path, cfg, params)
     return cfg, params, source
 
 
@@ -228,6 +225,14 @@ def check_tokenizer_covers(tokenizer, vocab_size: int, name: str) -> None:
     if len(tokenizer) < vocab_size:
         raise TokenizerError(f"{name}: the tokenizer has {len(tokenizer)} tokens, fewer than the model's "
                              f"vocabulary of {vocab_size}; give the model's tokenizer (or -s 0: no samples)")
+
+
+def check_vocab_has_eot(cfg: GPT2Config, name, off: str) -> None:
+    """Samples start from <|endoftext|> (llm.c's EOT, id 50256): a model with fewer tokens trained and
+    then stopped at its first sample, on an out-of-vocabulary input id. ``off`` says how to do without."""
+    if cfg.vocab_size <= EOT:
+        raise ckpt.CheckpointError(f"{name}: the model's vocabulary has {cfg.vocab_size} tokens, without "
+                                   f"<|endoftext|> (id {EOT}), which starts every sample; {off}")
 
 
 class Logger:
@@ -433,11 +438,22 @@ def train(args) -> int:
 def batch_shape(args, state=None) -> tuple[int, int]:
     """B and T: as given; else, when resuming, the state's (its data position counts batches of
     that shape, so ``--resume STATE`` alone continues the run); else llm.c's defaults."""
-    saved = (state.loaders or {}).get("train") if state is not None else None
+    saved = None
+    if state is not None:
+        saved = state.loaders.get("train") if isinstance(state.loaders, dict) else None
+        shape = [saved.get(key) if isinstance(saved, dict) else None for key in ("B", "T")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
+            raise ckpt.CheckpointError(f"{args.resume}: cannot resume from it: its data position (loaders.train) has "
+                                       f"no batch shape (B={shape[0]!r}, T={shape[1]!r}); damaged?")
+        # the data position counts batches of the saved shape: another shape cannot continue it
+        given = [f"{flag} {getattr(args, name)}" for flag, name, key in (("-b", "batch_size", "B"), ("-t", "seq_len", "T"))
+                 if getattr(args, name) is not None and getattr(args, name) != saved[key]]
+        if given:
+            raise SystemExit(f"error: --resume {args.resume} continues a run at -b {saved['B']} -t {saved['T']}, "
+                             f"not {' '.join(given)}: leave out -b and -t (a resumed run keeps the state's batch shape)")
     for name, key, default in (("batch_size", "B", DEFAULT_B), ("seq_len", "T", DEFAULT_T)):
         if getattr(args, name) is None:
-            value = saved.get(key) if isinstance(saved, dict) else None
-            setattr(args, name, int(value) if value is not None else default)
+            setattr(args, name, saved[key] if saved is not None else default)
     return args.batch_size, args.seq_len
 
 
@@ -484,6 +500,8 @@ def _train(args, scope: contextlib.ExitStack) -> int:
                                                        args.val_max_steps)
     # a tokenizer the user named must load before any work is done
     tokenizer = None if args.sample_every <= 0 or args.benchmark else load_tokenizer(args)
+    if args.sample_every > 0 and not args.benchmark:
+        check_vocab_has_eot(cfg, source, "turn samples off with -s 0")
     if tokenizer is not None:
         check_tokenizer_covers(tokenizer, V, args.tokenizer or getattr(args, "bpe", None) or (
             DEFAULT_TOKENIZER if os.path.exists(DEFAULT_TOKENIZER) else "tiktoken's GPT-2 encoding"))
@@ -503,7 +521,7 @@ def _train(args, scope: contextlib.ExitStack) -> int:
             train_loader.load_state_dict(state.loaders["train"])
             if state.rng:
                 rng.load_state_dict(state.rng)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:   # damaged metadata
             raise ckpt.CheckpointError(f"{args.resume}: cannot resume this run from it ({type(exc).__name__}: "
                                        f"{exc})") from exc
         if state.m is not None:
@@ -648,8 +666,11 @@ def save_state(model: GPT2, loader, rng, step: int, path: str, kept: str | None 
         from ._cli import message
 
         where = kept or "no earlier state was saved by this run"
+        # atomic_write names the file it saves; this message names it already
+        names_path = exc.filename is not None and os.path.abspath(exc.filename) == os.path.abspath(path)
+        reason = exc.strerror if names_path and exc.strerror else message(exc)
         raise OSError(f"--save-path {path}: saving the training state at step {step} failed "
-                      f"({message(exc)}); {where}") from exc
+                      f"({reason}); {where}") from exc
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
@@ -774,6 +795,7 @@ def benchmark(model: GPT2, loader, args, run=None) -> int:
     return 0
 
 
+@one_line_warnings
 def main(argv=None) -> int:
     try:
         rc = _main(argv)

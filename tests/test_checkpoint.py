@@ -188,6 +188,30 @@ def test_atomic_write_error_and_success(tmp_path):
 
 
 
+def test_a_full_disk_names_the_file_being_saved_and_keeps_the_old_one(tmp_path, monkeypatch):
+    # a write error names no file: convert -o, tokenizer -o, data --out and the trainer's checkpoints
+    # printed only "error: No space left on device"
+    import errno
+
+    from llmcupy._cli import message
+
+    path = tmp_path / "gpt2.bin"
+    ck.write_model(path, TINY, _params(TINY, seed=1))
+    before = path.read_bytes()
+
+    def full(f, array, dtype):
+        f.write(b"x" * 100)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ck, "write_array", full)
+    with pytest.raises(OSError) as exc:
+        ck.write_model(path, TINY, _params(TINY, seed=2))
+    assert exc.value.errno == errno.ENOSPC
+    assert message(exc.value) == f"{path}: {os.strerror(errno.ENOSPC)}"
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["gpt2.bin"]   # no temporary left behind
+
+
 def test_atomic_write_never_replaces_a_folder_or_a_special_file(tmp_path):
     # a folder failed naming the hidden temporary (".dir.xxxx.tmp is a folder"); a FIFO or device
     # (--save-path /dev/null as root) was replaced by a regular file
@@ -255,7 +279,7 @@ def test_debug_state_errors(tmp_path):
         return p
 
     with pytest.raises(FileFormatError, match=r"magic\.bin: bad magic number 20240326 \(expected 20240327\): it is an "
-                                              r"llm\.c model file, not a llm\.c debug-state file"):
+                                              r"llm\.c model file, not an llm\.c debug-state file"):
         ck.read_debug_state(variant("magic.bin", {0: 20240326}), TINY)
     with pytest.raises(FileFormatError, match=r"version\.bin: unsupported llm.c debug-state file version 1"):
         ck.read_debug_state(variant("version.bin", {1: 1}), TINY)
@@ -268,8 +292,13 @@ def test_debug_state_errors(tmp_path):
     with pytest.raises(CheckpointError, match=r"zeroB\.bin: bad debug-state header: B=0"):
         ck.read_debug_state(variant("zeroB.bin", {2: 0}), TINY)
     other = GPT2Config(max_seq_len=16, vocab_size=90, num_layers=2, num_heads=2, channels=8)
-    with pytest.raises(FileFormatError, match=r"good\.bin: size mismatch"):  # written for another vocab
+    # written for another vocabulary (or model): it said only "truncated" or "size mismatch"
+    with pytest.raises(FileFormatError, match=r"good\.bin: size mismatch .*; or it was written for another model "
+                                              r"than the one given"):
         ck.read_debug_state(good, other)
+    bigger = GPT2Config(max_seq_len=16, vocab_size=100, num_layers=3, num_heads=2, channels=8)
+    with pytest.raises(FileFormatError, match=r"good\.bin: truncated .*; or it was written for another model"):
+        ck.read_debug_state(good, bigger)
     (tmp_path / "tiny.bin").write_bytes(b"\x01\x02")
     with pytest.raises(FileFormatError, match=r"tiny\.bin: truncated .*header needs 1024 bytes"):
         ck.read_debug_state(tmp_path / "tiny.bin", TINY)
@@ -396,8 +425,15 @@ def test_training_state_errors(tmp_path, monkeypatch):
         np.savez(p, **arrays)
         return p
 
-    with pytest.raises(CheckpointError, match=r"fmt\.npz: not a llmcupy training-state file \(format tag 'other'\)"):
+    with pytest.raises(CheckpointError, match=r"fmt\.npz: not an llmcupy training-state file \(format tag 'other'\)"):
         ck.load_training_state(rewrite("fmt.npz", format="other"))
+    # a -o DIR checkpoint's per-rank state given to -e or --resume said only "(format tag 'llmcupy-rank-state')"
+    rank = rewrite("state_00000020_00000.npz", format="llmcupy-rank-state", step=20)
+    with pytest.raises(CheckpointError) as exc:
+        ck.load_training_state(rank)
+    assert str(exc.value) == (f"{rank}: it is one rank's optimizer state of a -o DIR checkpoint, not a training "
+                              f"state; the model is {tmp_path / 'model_00000020.bin'} (-e takes it), and -o "
+                              f"{tmp_path} -y 1 continues that run")
     with pytest.raises(CheckpointError, match=r"ver\.npz: unsupported llmcupy training-state file version 9"):
         ck.load_training_state(rewrite("ver.npz", version=9))
     with pytest.raises(CheckpointError, match=r"size\.npz: params is float32\[10\]; the model needs float32\[\d+\]"):
@@ -408,11 +444,17 @@ def test_training_state_errors(tmp_path, monkeypatch):
         ck.load_training_state(rewrite("cfg.npz", config={"channels": 7, "num_heads": 2}))
     np.savez(tmp_path / "nometa.npz", params=state.params)
     _check_step_and_moments(tmp_path, path)
-    with pytest.raises(CheckpointError, match=r"nometa\.npz: not a llmcupy training-state file: no 'meta' member"):
+    with pytest.raises(CheckpointError, match=r"nometa\.npz: not an llmcupy training-state file: no 'meta' member"):
         ck.load_training_state(tmp_path / "nometa.npz")
     np.savez(tmp_path / "badjson.npz", params=state.params, meta=np.frombuffer(b"{not json", np.uint8))
     with pytest.raises(CheckpointError, match=r"badjson\.npz: corrupt .*unreadable metadata"):
         ck.load_training_state(tmp_path / "badjson.npz")
+    # one damaged byte in a member's .npy header (an unterminated quote) was a tokenize.TokenError traceback
+    raw = path.read_bytes()
+    damaged = tmp_path / "damaged.npz"
+    damaged.write_bytes(raw.replace(b"{'descr'", b"\"'descr'", 1))
+    with pytest.raises(CheckpointError, match=r"damaged\.npz: corrupt llmcupy training-state file"):
+        ck.load_training_state(damaged)
     np.save(tmp_path / "single.npy", np.zeros(3))
     with pytest.raises(CheckpointError, match=r"single.npy: not an llmcupy training-state file \(a single .npy array"):
         ck.load_training_state(tmp_path / "single.npy")

@@ -102,6 +102,18 @@ def test_num_heads_from_config_json(tmp_path):
     (tmp_path / "config.json").write_text("{broken")
     with pytest.warns(UserWarning, match="ignoring unreadable .*config.json"):
         assert cv.convert(src, tmp_path / "c.bin").num_heads == 1  # falls back to C / 64
+    # a JSON list was an AttributeError traceback; n_head "twelve" a ValueError one; 2.7 became 2 and
+    # 0 was taken for "no n_head" (a guess) without a word
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.warns(UserWarning, match="ignoring unreadable .*config.json.*not a JSON object"):
+        assert cv.convert(src, tmp_path / "d.bin").num_heads == 1
+    for n_head in ("twelve", 2.7, 0, -4, True):
+        (tmp_path / "config.json").write_text(json.dumps({"n_head": n_head}))
+        with pytest.raises(ConvertError) as exc:
+            cv.convert(src, tmp_path / "e.bin")
+        assert str(exc.value) == (f"{tmp_path / 'config.json'}: n_head is {n_head!r}, not a positive whole number; "
+                                  "correct it, or pass --num-heads N"), n_head
+    assert not (tmp_path / "e.bin").exists()
 
 
 def test_cli(tmp_path, capsys):
@@ -171,6 +183,50 @@ def test_errors(tmp_path, capsys):
     assert not (tmp_path / "x.bin").exists()
 
 
+def test_cli_errors_name_the_input_file(tmp_path, capsys):
+    # "error: missing tensor 'h.1.ln_2.bias'" named no file; an llm.c token file given as the weights
+    # was "cannot read safetensors file: ... header too large"; an integer tensor was converted silently
+    from llmcupy.data import write_tokens
+
+    out = tmp_path / "out.bin"
+    t = hf_tensors(buffers=False)
+    cases = []
+    missing = tmp_path / "missing.safetensors"
+    save_file({k: v for k, v in t.items() if k != "h.1.ln_2.bias"}, str(missing))
+    cases.append((missing, f"error: {missing}: missing tensor 'h.1.ln_2.bias'"))
+    shape = tmp_path / "shape.safetensors"
+    save_file({**t, "h.0.attn.c_attn.weight": t["h.0.attn.c_attn.weight"].T.copy()}, str(shape))
+    cases.append((shape, f"error: {shape}: tensor 'h.0.attn.c_attn.weight' has shape (192, 64), expected (64, 192)"))
+    ints = tmp_path / "ints.safetensors"
+    save_file({**t, "h.0.ln_1.bias": np.zeros(C, np.int64)}, str(ints))
+    cases.append((ints, f"error: {ints}: tensor 'h.0.ln_1.bias' holds int64 values; GPT-2 weights are floating point"))
+    tokens = tmp_path / "train.bin"
+    write_tokens(tokens, np.arange(10))
+    cases.append((tokens, f"error: {tokens}: it is an llm.c token (data) file, not GPT-2 weights"))
+    for src, expected in cases:
+        assert cv.main([str(src), "-o", str(out), "--num-heads", str(NH)]) == 2, src
+        err = capsys.readouterr().err
+        assert err.startswith(expected) and len(err.splitlines()) == 1, err
+        assert not out.exists()
+    with pytest.raises(ConvertError, match=f"{ints.name}: tensor 'h.0.ln_1.bias' holds int64"):
+        cv.convert(ints, out, num_heads=NH)
+
+
+def test_a_truncated_safetensors_file_is_named_truncated(tmp_path, capsys):
+    # a partial download by hand said "cannot read safetensors file: Error while deserializing header:
+    # incomplete metadata, file not fully covered"
+    src = tmp_path / "model.safetensors"
+    save_file(hf_tensors(buffers=False), str(src))
+    data = src.read_bytes()
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(data[:len(data) - 1000])
+    assert cv.main([str(cut), "-o", str(tmp_path / "x.bin"), "--num-heads", str(NH)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {cut}: truncated safetensors file: its header needs {len(data)} bytes, the file has "
+                   f"{len(data) - 1000} (1000 missing); download it again\n"), err
+    assert not (tmp_path / "x.bin").exists()
+
+
 def test_cli_refuses_outputs_it_cannot_write_or_that_are_its_input(tmp_path, capsys):
     src = tmp_path / "model.safetensors"
     save_file(hf_tensors(), str(src))
@@ -219,8 +275,10 @@ def test_bf16_safetensors_are_widened_exactly(tmp_path, capsys):
     src = tmp_path / "bf16.safetensors"
     _write_bf16_safetensors(src, t)
     out = tmp_path / "bf16.bin"
-    with pytest.warns(UserWarning, match="BF16 weights, widened to fp32"):
-        assert cv.main([str(src), "-o", str(out), "--num-heads", str(NH)]) == 0
+    assert cv.main([str(src), "-o", str(out), "--num-heads", str(NH)]) == 0
+    # one line, not Python's two (llmcupy's source file and line, then that line's code)
+    err = capsys.readouterr().err
+    assert err == f"warning: {src}: BF16 weights, widened to fp32 (the values keep bf16 precision)\n", err
     config, params = ck.read_model(out)
     rounded = {k: ck.bf16_to_fp32(ck.fp32_to_bf16(np.asarray(v, np.float32))).reshape(v.shape) for k, v in t.items()}
     ref_config, ref = cv.hf_to_llmc(rounded, num_heads=NH)

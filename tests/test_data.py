@@ -114,6 +114,24 @@ def test_cli_errors(tmp_path, capsys, monkeypatch):
         data.main(["wikipedia"])
 
 
+def test_cli_names_an_input_text_it_cannot_use(tmp_path, capsys):
+    # a binary --input said only "'utf-8' codec can't decode byte 0xc6 in position 0: ...", and a
+    # short one "the text gives only N tokens": neither named the file
+    bpe = gen_inputs.write_tiny_bpe(tmp_path / "tiny.tiktoken")
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"plain start \xc6\xd7 then binary")
+    short = tmp_path / "short.txt"
+    short.write_text("too short\n\nfor a split")
+    out = tmp_path / "ts"
+    for text, message in ((binary, f"error: {binary}: not UTF-8 text (byte 0xc6 at offset 12); --input takes "
+                                   "the raw Tiny Shakespeare text"),
+                          (short, f"error: {short}: the text gives only ")):
+        assert data.main(["tinyshakespeare", "--bpe", str(bpe), "--input", str(text), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) and len(err.splitlines()) == 1, err
+        assert not out.exists() or not list(out.iterdir())
+
+
 # -- token files
 
 
@@ -146,7 +164,7 @@ def test_token_file_errors(tmp_path):
         ("magic.bin", [20240522, 1, 10], body, r"magic\.bin: bad magic number 20240522 \(expected 20240520\)"),
         # another llm.c file in its place (-i gpt2_124M.bin) is named as what it is
         ("model.bin", [20240326, 3, 10], body, r"model\.bin: bad magic number 20240326 \(expected 20240520\): it is "
-                                               r"an llm\.c model file, not a llm\.c token file"),
+                                               r"an llm\.c model file, not an llm\.c token file"),
         ("version.bin", [20240520, 2, 10], body, r"version\.bin: unsupported llm.c token file version 2"),
         ("short.bin", None, b"\x00" * 10, r"short\.bin: truncated llm.c token file: the header needs 1024 bytes"),
         ("cut.bin", [20240520, 1, 10], body[:-4], r"cut\.bin: truncated llm.c token file: expected 1044 bytes .* has 1040 \(4 missing\)"),
@@ -331,6 +349,11 @@ def test_loader_errors(tmp_path):
         DataLoader(str(tmp_path / "m_*.bin"), 2, 4)
     with pytest.raises(ValueError, match="positive"):
         DataLoader(str(small), 0, 4)
+    # -i DIR said "DIR is a folder; give a file": the flag takes token files, by a glob
+    with pytest.raises(DataError) as exc:
+        DataLoader(str(tmp_path), 2, 4)
+    assert str(exc.value) == (f"{tmp_path} is a folder, not a token file; give the token files in it with a "
+                              f"glob such as '{tmp_path / '*.bin'}'")
 
 
 def test_loader_detects_files_changing_underneath(tmp_path):

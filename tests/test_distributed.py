@@ -321,7 +321,13 @@ def test_a_damaged_checkpoint_is_one_line_saying_how_to_fall_back(data, tmp_path
     rc, _, err = run_train(_args(data, "-b", "4", "-x", "2", "-n", "1", "-o", out, "-u", "1"))
     assert rc == 0, err
     state = out / "state_00000002_00000.npz"
-    state.write_bytes(state.read_bytes()[:3000])
+    good = state.read_bytes()
+    # one damaged byte in a member's .npy header (an unterminated quote) was a tokenize.TokenError traceback
+    state.write_bytes(good.replace(b"{'descr'", b"\"'descr'", 1))
+    rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-o", out, "-u", "1", "-y", "1"))
+    assert rc == 2 and f"{state}: not a readable checkpoint state (truncated or corrupt?)" in err, stdout + err
+    assert len(err.strip().splitlines()) == 1, err
+    state.write_bytes(good[:3000])
     rc, stdout, err = run_train(_args(data, "-b", "4", "-x", "3", "-o", out, "-u", "1", "-y", "1"))
     assert rc == 2, stdout + err
     assert (f"{state}: not a readable checkpoint state (truncated or corrupt?)" in err

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gen_inputs
+
 from llmcupy import download as dl
 from llmcupy.download import DownloadError
 
@@ -265,6 +267,30 @@ def test_an_out_folder_that_is_a_file_is_refused_before_downloading(tmp_path, ca
     assert dl.main(["tinyshakespeare", "--out", str(afile), "--base-url", "http://127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
     assert f"--out {afile}: it is a file; give a folder" in err and "cannot reach" not in err, err
+
+
+def test_data_cli_offline_says_to_give_a_local_copy_with_input(tmp_path, capsys, monkeypatch):
+    # "download the file by hand" did not say how python -m llmcupy.data then takes it
+    from llmcupy import data
+
+    monkeypatch.delenv("http_proxy", raising=False)
+    monkeypatch.delenv("HTTP_PROXY", raising=False)
+    bpe = gen_inputs.write_tiny_bpe(tmp_path / "tiny.tiktoken")
+    assert data.main(["tinyshakespeare", "--out", str(tmp_path / "ts"), "--bpe", str(bpe),
+                      "--base-url", f"http://127.0.0.1:{_free_port()}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot reach ") and len(err.splitlines()) == 1, err
+    assert err.rstrip().endswith("by hand); then give it with --input FILE"), err
+
+
+def test_a_folder_where_the_file_goes_is_named_before_downloading(tmp_path, capsys):
+    # it said "checking its sha256 (0.0 MB)", then "OUT/model.safetensors is a folder; give a file"
+    (tmp_path / "model.safetensors").mkdir()
+    assert dl.main(["gpt2", "--out", str(tmp_path), "--base-url", "http://127.0.0.1:1"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (f"error: {tmp_path / 'model.safetensors'} is a folder where the download goes; remove it, or "
+                   "give another --out\n"), err
+    assert "sha256" not in out and "downloading" not in out, out
 
 
 def test_unknown_name():

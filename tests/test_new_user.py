@@ -133,6 +133,12 @@ def test_resume_refuses_a_model_that_disagrees_with_the_state(inputs, tmp_path):
     assert rc == 0, err
     rc, _, err = _train(["--init", "d2", "--resume", state, "--steps", 2, "-b", 2, "-t", 32] + inputs["data"])
     assert rc == 2 and "must agree" in err and "--init d2" in err, err
+    # another batch shape said "cannot resume this run from it (ValueError: data loader state does not
+    # match this loader: B is 2 in the state, 4 here)", naming neither flag nor what to do
+    rc, out, err = _train(["--resume", state, "--steps", 2, "-b", 4, "-v", 0, "-s", 0] + inputs["data"])
+    assert rc == 2 and err == (f"error: --resume {state} continues a run at -b 2 -t 32, not -b 4: leave out -b "
+                               "and -t (a resumed run keeps the state's batch shape)\n"), err
+    assert "allocated" not in out, out
     rc, out, err = _train(SMALL + ["--resume", state, "--steps", 2, "-v", 0, "-s", 0] + inputs["data"])
     assert rc == 0 and f"resumed from {state} at step 1" in out, err
     # the state alone: model, and B and T of its data position (the defaults, T = 1024, would not fit d1)
@@ -351,6 +357,44 @@ def test_a_nan_in_the_starting_model_is_refused_without_claiming_a_saved_state(i
     ckpt.write_model(model, cfg, params)
     rc, _, err = _train(["-e", model, "-b", 2, "-t", 32, "--steps", 1] + inputs["data"])
     assert rc == 2 and "NaN or infinite" in err and "last good state" not in err, err
+
+
+def test_sample_prints_a_bf16_model_warning_in_one_line(tmp_path, monkeypatch):
+    # Python's format printed llmcupy's source path and line, then "  config, params = read_model(path)"
+    from llmcupy import sample
+    from llmcupy.tokenizer import Tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    Tokenizer([b"a"] * 50257).save("gpt2_tokenizer.bin")
+    cfg = GPT2Config.preset("d1")
+    ckpt.write_model("bf16.bin", cfg, init_params(cfg), dtype="bf16")
+    rc, out, err = _call(sample.main, ["-e", "bf16.bin", "-n", 1, "-t", 8])
+    assert rc == 0 and err == ("warning: bf16.bin: model file version 5 holds bf16 parameters; converted to fp32 "
+                               "(the values keep bf16 precision)\n"), err
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_sample_and_convert_refuse_a_model_with_nan_or_inf_weights(tmp_path, monkeypatch, bad):
+    # sample printed "<|endoftext|>" for every token with exit 0 (NaN logits select none, so the
+    # sampler falls back to the last id), and convert wrote the broken weights on without a word
+    from llmcupy import convert, sample
+    from llmcupy.tokenizer import Tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    Tokenizer([b"a"] * 50257).save("gpt2_tokenizer.bin")   # sample's decoder, found in the working folder
+    cfg = GPT2Config.preset("d1")
+    params = init_params(cfg)
+    params[[7, 9]] = bad
+    model = tmp_path / "bad.bin"
+    ckpt.write_model(model, cfg, params)
+    rc, out, err = _call(sample.main, ["-e", model, "-n", 2, "-t", 8])
+    assert rc == 2 and err == f"error: {model}: 2 of its parameters are NaN or infinite (the first in wte); it " \
+        "cannot be trained or sampled. Start from an earlier checkpoint or from --init\n", err
+    assert out == ""
+    out_file = tmp_path / "out.bin"
+    rc, out, err = _call(convert.main, [model, "-o", out_file])
+    assert rc == 2 and f"error: {model}: 2 of its parameters are NaN or infinite (the first in wte)" in err, err
+    assert not out_file.exists()
 
 
 def test_a_nonfinite_loss_exits_3_and_says_where_the_last_state_is(inputs, tmp_path, monkeypatch):

@@ -118,6 +118,13 @@ def test_bad_bpe_files(tmp_path):
     small.write_bytes(b"".join(b"%s %d\n" % (__import__("base64").b64encode(bytes([i])), i) for i in range(256)))
     with pytest.raises(tk.TokenizerError, match="has 256 BPE ranks"):
         tk.get_encoding(small)
+    # llm.c's gpt2_tokenizer.bin given as --bpe printed 60 bytes of its binary header
+    table = tmp_path / "gpt2_tokenizer.bin"
+    _tiny_table().save(table)
+    with pytest.raises(tk.TokenizerError) as exc:
+        tk.get_encoding(table)
+    assert str(exc.value) == (f"{table}: it is an llm.c tokenizer file, not a tiktoken BPE rank file (gpt2.tiktoken); "
+                              "give it with --tokenizer, and the rank file with --bpe")
 
 
 # -- llm.c tokenizer file

@@ -267,6 +267,48 @@ def test_a_tokenizer_smaller_than_the_vocabulary_is_refused_before_training(data
                                           "vocabulary of 50257")
 
 
+def test_a_model_without_the_start_token_is_refused_before_training_and_sampling(tmp_path, capsys):
+    # a model of 300 tokens trained, then stopped at the first sample with "input token id 50256 at
+    # (0, 0) is outside the vocabulary [0, 300)" (samples start from <|endoftext|>); sample said the same
+    from llmcupy import sample
+    from llmcupy.config import GPT2Config, init_params
+
+    cfg = GPT2Config(max_seq_len=64, vocab_size=300, num_layers=1, num_heads=2, channels=64)
+    model = tmp_path / "v300.bin"
+    ckpt.write_model(model, cfg, init_params(cfg))
+    tokens = tmp_path / "t300.bin"
+    write_tokens(tokens, np.random.default_rng(0).integers(0, 300, 400))
+    expected = (f"{model}: the model's vocabulary has 300 tokens, without <|endoftext|> (id 50256), which "
+                "starts every sample")
+    argv = ["-e", model, "-b", 1, "-t", 16, "-v", 0, "-s", 1, "--steps", 2, "-i", tokens]
+    refused_before_work(*run_train(argv), expected, "-s 0")
+    rc, out, err = run_train(argv[:-6] + ["-s", 0, "--steps", 1, "-i", tokens])   # no samples: it trains
+    assert rc == 0 and "step    1/1" in out, err
+    assert sample.main(["-e", str(model), "-n", "2", "-t", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {expected}") and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("where,value", [("rng", "x"), ("rng", [1, 2]), ("train", None), ("B", "x"), ("B", []),
+                                         ("shard_indices", 10**20)])
+def test_resuming_a_state_with_damaged_metadata_is_one_line(data, tmp_path, where, value):
+    # valid JSON with a wrong value in it ended in an AttributeError, ValueError, TypeError or
+    # OverflowError traceback
+    state = tmp_path / "st.npz"
+    assert run_train(tiny(data) + ["--save-path", state])[0] == 0
+    st = ckpt.load_training_state(state)
+    if where == "rng":
+        st.rng = value
+    elif where == "train":
+        st.loaders["train"] = value
+    else:
+        st.loaders["train"][where] = value
+    damaged = tmp_path / "damaged.npz"
+    ckpt.save_training_state(damaged, st)
+    argv = ["--resume", damaged, "-v", 0, "-s", 0, "--steps", 3] + data
+    refused_before_work(*run_train(argv), f"error: {damaged}: ")
+
+
 def test_a_failed_save_names_the_file_and_the_state_left(data, tmp_path, monkeypatch):
     # a full disk said only "error: No space left on device": no file, no word on the last good state
     import errno
@@ -286,6 +328,29 @@ def test_a_failed_save_names_the_file_and_the_state_left(data, tmp_path, monkeyp
     assert (f"--save-path {state}: saving the training state at step 2 failed (No space left on device); "
             f"the last state saved is in {state}, at step 1") in err, err
     assert ckpt.load_training_state(state).step == 1
+
+
+def test_a_full_disk_during_the_write_itself_names_the_file_once(data, tmp_path, monkeypatch):
+    # the write (not the whole save) fails: atomic_write names the file, which the message names already
+    import errno
+
+    real, calls = np.savez, []
+
+    def full_disk(f, **arrays):
+        calls.append(1)
+        if len(calls) == 2:
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(f, **arrays)
+
+    monkeypatch.setattr(np, "savez", full_disk)
+    state = tmp_path / "st.npz"
+    rc, out, err = run_train(tiny(data, steps=3) + ["--save-every", 1, "--save-path", state])
+    assert rc == 2, out + err
+    assert (f"error: --save-path {state}: saving the training state at step 2 failed (No space left on "
+            f"device); the last state saved is in {state}, at step 1") in err, err
+    assert ckpt.load_training_state(state).step == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["st.npz"]   # no temporary left behind
 
 
 def test_help_says_what_the_flags_take():
