@@ -266,7 +266,7 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
     record = {
         "schema": SCHEMA,
         "date": date.isoformat().replace("+00:00", "Z"),
-        "command": command or "python -m llmcupy.bench",
+        "command": command,   # run() names the CLI line or the Python call
         "backend": backend,
         "device": _backend.device_name(),
         "software": _software_versions(),
