@@ -525,6 +525,8 @@ def main(argv=None) -> int:
             return 2
     try:
         report = profile(args)
+    except BrokenPipeError:
+        raise   # stdout's reader went away (| head), not a bad file: run_main ends quietly with 141
     except (ops_registry.OpError, ModelError, FileFormatError, OSError, _backend.BackendError, CompilerNotFound) as exc:
         from ._cli import fail
 
@@ -551,4 +553,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from llmcupy._cli import run_main
+
+    sys.exit(run_main(main))

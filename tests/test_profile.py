@@ -142,6 +142,17 @@ def test_errors(capsys, tmp_path):
     assert (p.steps, p.warmup, p.json) == (1, 1, None)
 
 
+def test_output_piped_into_head_ends_quietly():
+    # `python -m llmcupy.profile ... | head -1`: the table met the closed pipe, a BrokenPipeError traceback
+    proc = subprocess.Popen([sys.executable, "-m", "llmcupy.profile", "--init", "d1", "-b", "1", "-t", "8",
+                             "--random-data", "--backend", "sim"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("profiling random init d1")
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141 and err == "", err
+
+
 def test_token_ids_outside_the_vocabulary_are_refused_naming_the_file(capsys, tmp_path):
     # as the trainer does: every token file is scanned, before the model is allocated. An id past the
     # first batch is caught too (the model's own check would only ever see the batch it is given).
