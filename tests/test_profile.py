@@ -142,6 +142,13 @@ def test_errors(capsys, tmp_path):
     assert (p.steps, p.warmup, p.json) == (1, 1, None)
 
 
+def test_help_describes_the_profile_not_the_trainer():
+    # the trainer's flags come with the trainer's help: --benchmark promised "--steps steps (default 10)"
+    text = " ".join(profile.build_parser().format_help().split())
+    assert "(default 10)" not in text
+    assert "--benchmark implied: the profile always runs one fixed batch" in text
+
+
 def test_output_piped_into_head_ends_quietly():
     # `python -m llmcupy.profile ... | head -1`: the table met the closed pipe, a BrokenPipeError traceback
     proc = subprocess.Popen([sys.executable, "-m", "llmcupy.profile", "--init", "d1", "-b", "1", "-t", "8",
