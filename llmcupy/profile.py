@@ -519,12 +519,12 @@ def main(argv=None) -> int:
 
     args.command = "python -m llmcupy.profile" + ("" if not argv else " " + shlex.join(argv))   # for the record
     if args.json:   # checked before the run: a path it cannot write was a traceback after the whole profile
-        from .fileio import output_path_problem
+        from ._cli import BadPath, check_output_file, fail
 
-        problem = output_path_problem(args.json)
-        if problem:
-            print(f"error: --json {args.json}: {problem}", file=sys.stderr)
-            return 2
+        try:
+            check_output_file(args.json, "--json")   # as the other CLIs: atomic_write's rules (/dev/null)
+        except BadPath as exc:
+            return fail(exc)
     try:
         report = profile(args)
     except BrokenPipeError:

@@ -142,6 +142,15 @@ def test_errors(capsys, tmp_path):
     assert (p.steps, p.warmup, p.json) == (1, 1, None)
 
 
+def test_json_on_a_device_is_refused_before_the_run(capsys):
+    # --json /dev/null passed the start-up check, then the whole profile ran and the atomic write
+    # refused to rename over the device: a FileExistsError traceback, exit 1
+    rc = profile.main(["--init", "d2", "-b", "1", "-t", "8", "--random-data", "--json", "/dev/null"])
+    captured = capsys.readouterr()
+    assert rc == 2 and "--json /dev/null: it exists and is not a regular file" in captured.err, captured.err
+    assert "profiling" not in captured.out
+
+
 def test_help_describes_the_profile_not_the_trainer():
     # the trainer's flags come with the trainer's help: --benchmark promised "--steps steps (default 10)"
     text = " ".join(profile.build_parser().format_help().split())
