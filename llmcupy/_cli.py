@@ -1,4 +1,5 @@
-"""What every CLI does with an error: one line on stderr and one exit-code rule.
+"""What every CLI does with an error: one line on stderr and one exit-code rule. The CLIs return
+the codes as numbers; this table is where their meaning is written down.
 
     0    success
     1    an internal error (a bug: the traceback is printed) or, for validating CLIs, a FAIL
@@ -7,6 +8,7 @@
     3    a run stopped by a non-finite loss
     130  interrupted (Ctrl-C)
     141  stdout closed before the output ended (``| head``), as a process killed by SIGPIPE
+         (a CLI whose ``__main__`` goes through :func:`run_main`)
 """
 
 from __future__ import annotations
@@ -15,14 +17,6 @@ import argparse
 import functools
 import sys
 import warnings
-
-EXIT_INTERNAL = 1
-EXIT_BAD_INPUT = 2
-EXIT_NONFINITE = 3
-EXIT_INTERRUPTED = 130
-
-
-EXIT_BROKEN_PIPE = 141
 
 
 def run_main(main) -> int:
@@ -38,7 +32,7 @@ def run_main(main) -> int:
         # Python's recipe: stdout points at /dev/null, so the flush at interpreter exit cannot fail again
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
+        return 141
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -76,8 +70,8 @@ def message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def fail(exc: BaseException, code: int = EXIT_BAD_INPUT) -> int:
-    """Prints ``error: <message>`` and returns ``code``."""
+def fail(exc: BaseException, code: int = 2) -> int:
+    """Prints ``error: <message>`` and returns ``code`` (2 unless told: bad input)."""
     print(f"error: {message(exc)}", file=sys.stderr)
     return code
 

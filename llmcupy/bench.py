@@ -150,14 +150,14 @@ def _sweep_one(op_name: str, number: int, small: bool, seed: int, repeat: int, t
 
 
 def _sweep_and_analyze(op_name: str, number: int, small: bool, seed: int, repeat: int, analyze: bool,
-                       gpu: str | None, *trainer, tf32: bool = False) -> dict:
+                       gpu: str | None, trainer: bool = False, *, tf32: bool = False) -> dict:
     """``_sweep_one`` with TF32 set as ``tf32`` asks (here, in the child that runs the version: the setting
     is per process), then (``analyze``) the version's metrics and model at the same sizes. ``raw["tf32"]``
     says whether TF32 was in effect (never in the emulator or before sm_80, whatever was asked)."""
     from .runtime import blas
 
     with blas.tf32(tf32) as in_effect:
-        raw = _sweep_one(op_name, number, small, seed, repeat, *trainer)
+        raw = _sweep_one(op_name, number, small, seed, repeat, trainer)
     raw["tf32"] = in_effect
     if analyze and raw.get("ok") is not None:
         from . import analyze as _analyze
@@ -266,7 +266,7 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
     record = {
         "schema": SCHEMA,
         "date": date.isoformat().replace("+00:00", "Z"),
-        "command": command or "python -m llmcupy.bench",
+        "command": command,   # run() names the CLI line or the Python call
         "backend": backend,
         "device": _backend.device_name(),
         "software": _software_versions(),
@@ -310,8 +310,7 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
         if bar is not None:
             bar.set_postfix_str(f"{op_name} v{number}")
         try:
-            extra = (True,) if trainer else ()   # (the trainer's shapes; absent otherwise, as before)
-            raw = versions.call(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu, *extra,
+            raw = versions.call(_sweep_and_analyze, op_name, number, small, seed, repeat, analyze, gpu, trainer,
                                 tf32=tf32)
         except (OpError, _backend.BackendError) as exc:
             raw = {"ok": False, "error": str(exc)}

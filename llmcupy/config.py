@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,13 +46,6 @@ class GPT2Config:
         if name not in PRESETS:
             raise ValueError(f"unknown --init {name!r}; choose one of {', '.join(PRESETS)} or a model .bin file")
         return PRESETS[name]
-
-    @property
-    def head_size(self) -> int:
-        return self.channels // self.num_heads
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _pad(v: int, multiple: int = 128) -> int:

@@ -1,10 +1,11 @@
 """Validate a kernel version against its reference and time it: what the kernel CLI and the
 benchmark share.
 
-``validate(op, version, sizes)`` builds inputs at ``sizes``, runs the NumPy reference once, then the
-version at each requested block size, and compares every output with the op's tolerance. On a GPU,
-``sweep(...)`` also times each block size and relates it to the op's upper bound: the device's
-measured copy bandwidth for memory-bound ops, cuBLAS on the same shapes for GEMM-shaped ones.
+``sweep(op, number, sizes)`` builds inputs at ``sizes``, runs the NumPy reference once, then the
+version at each requested block size, and compares every output with the op's tolerance. On a GPU
+it also times each block size and relates it to the op's upper bound: the device's measured copy
+bandwidth for memory-bound ops, cuBLAS on the same shapes for GEMM-shaped ones. ``runner`` runs
+versions one after another in child processes, so that one that crashes fails only itself.
 """
 
 from __future__ import annotations

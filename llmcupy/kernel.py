@@ -23,7 +23,7 @@ import json
 import sys
 
 from . import harness
-from ._cli import EXIT_INTERRUPTED, int_at_least
+from ._cli import int_at_least
 from . import ops as ops_registry
 from .ops import OpError
 from .runtime import backend as _backend
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
         return _main(argv)
     except KeyboardInterrupt:   # before or after the versions' loop (which says what it kept)
         print("\ninterrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return 130
 
 
 def _main(argv=None) -> int:
@@ -388,7 +388,7 @@ def _main(argv=None) -> int:
             _write_json(args.json, results)
         kept = f"; {args.json} holds the versions that finished" if args.json and results else ""
         print(f"\ninterrupted after {len(results)} of {len(plan)} versions{kept}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return 130
     if failed is None:   # nothing can run here (no compiler): said in one line
         return 2
     versions.close()

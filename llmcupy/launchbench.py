@@ -249,7 +249,7 @@ def main(argv=None) -> int:
         return _cli.fail(exc)   # T past the model's context, out of memory: one line, exit 2
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
-        return _cli.EXIT_INTERRUPTED
+        return 130
     r["fused"] = bool(args.fused)
     print(format_result(r))
     if args.json:

@@ -116,7 +116,7 @@ class KernelChoice:
             if op.startswith("flash_attention"):
                 return self.flash
             return op in self.versions
-        return not any(op in replaced and self.uses(fusion) for fusion, replaced in _REPLACED_BY.items())
+        return self.replaced_by(op) is None
 
     def replaced_by(self, op: str) -> str | None:
         """The selected fusion that runs instead of ``op``, or None when the step runs ``op`` itself."""

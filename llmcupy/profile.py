@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
             action.default, action.help = 1, "profiled steps (default 1); the table reports the mean per step"
         elif action.dest == "warmup":
             action.default, action.help = 1, "untimed warm-up steps first (default 1)"
+        elif action.dest == "benchmark":   # the trainer's help promised its 10 timed steps
+            action.help = "implied: the profile always runs one fixed batch"
     g = p.add_argument_group("profile")
     g.add_argument("--json", default=None, metavar="PATH", help="write the whole profile as JSON")
     g.add_argument("--random-data", action="store_true",
@@ -519,14 +521,16 @@ def main(argv=None) -> int:
 
     args.command = "python -m llmcupy.profile" + ("" if not argv else " " + shlex.join(argv))   # for the record
     if args.json:   # checked before the run: a path it cannot write was a traceback after the whole profile
-        from .fileio import output_path_problem
+        from ._cli import BadPath, check_output_file, fail
 
-        problem = output_path_problem(args.json)
-        if problem:
-            print(f"error: --json {args.json}: {problem}", file=sys.stderr)
-            return 2
+        try:
+            check_output_file(args.json, "--json")   # as the other CLIs: atomic_write's rules (/dev/null)
+        except BadPath as exc:
+            return fail(exc)
     try:
         report = profile(args)
+    except BrokenPipeError:
+        raise   # stdout's reader went away (| head), not a bad file: run_main ends quietly with 141
     except (ops_registry.OpError, ModelError, FileFormatError, OSError, _backend.BackendError, CompilerNotFound) as exc:
         from ._cli import fail
 
@@ -553,4 +557,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from llmcupy._cli import run_main
+
+    sys.exit(run_main(main))

@@ -2,7 +2,7 @@
 
 The FP32 trainer seeds one :class:`XorShiftRNG` with 1337 at start-up and draws one ``coin`` per
 generated token from it for the whole run. :func:`sample_mult` picks a token from raw logits the
-way the trainer does; :func:`sample_mult_probs` is the CPU trainer's walk over probabilities.
+way the trainer does.
 """
 
 from __future__ import annotations
@@ -72,13 +72,3 @@ def sample_mult(logits, coin: float) -> int:
         hits = np.flatnonzero(threshold < cdf)
     return int(hits[0]) if hits.size else l.size - 1
 
-
-def sample_mult_probs(probs, coin: float) -> int:
-    """The CPU trainer's walk over a normalised probability vector: first i with coin < cdf
-    (fp32 running sum), else ``len(probs) - 1``."""
-    p = np.asarray(probs, dtype=np.float32).reshape(-1)
-    if p.size == 0:
-        raise ValueError("sample_mult_probs needs at least one probability")
-    cdf = np.cumsum(p, dtype=np.float32)
-    hits = np.flatnonzero(np.float32(coin) < cdf)
-    return int(hits[0]) if hits.size else p.size - 1

@@ -45,7 +45,7 @@ class LRSchedule:
 
     def __call__(self, step: int) -> float:
         lr_max, lr_min = self.lr_max, self.lr_max * self.final_frac
-        if self.kind == "constant" or (self.warmup == 0 and self.final_frac == 1.0):
+        if self.constant:
             return lr_max
         if step < self.warmup:
             return lr_max * (step + 1) / self.warmup

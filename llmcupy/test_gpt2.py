@@ -177,6 +177,8 @@ def main(argv=None) -> int:
         parser.error(f"--steps must be at least 1 (got {args.steps}): step 0 checks the loss and gradients")
     try:
         return run_gate(args)
+    except BrokenPipeError:
+        raise   # stdout's reader went away (| head), not a bad file: run_main ends quietly with 141
     except (ops_registry.OpError, ModelError, FileFormatError, OSError, _backend.BackendError, CompilerNotFound) as exc:
         # FileFormatError (CheckpointError included): a bad model, debug-state or losses file
         from ._cli import fail
@@ -185,4 +187,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from llmcupy._cli import run_main
+
+    sys.exit(run_main(main))

@@ -187,8 +187,8 @@ def test_failed_version_exits_1_and_is_recorded(tmp_path, monkeypatch, capsys):
     """A version that fails validation (or crashes) is recorded, plotted, and fails the run."""
     real = bench._sweep_one
 
-    def fake(op_name, number, small, seed, repeat):
-        result = real(op_name, number, small, seed, repeat)
+    def fake(op_name, number, small, seed, repeat, trainer=False):
+        result = real(op_name, number, small, seed, repeat, trainer)
         if number == 2:
             result["blocks"][1]["ok"] = False
             result["blocks"][1]["checks"][0].update(ok=False, mismatches=3)
@@ -211,7 +211,7 @@ def test_failed_version_exits_1_and_is_recorded(tmp_path, monkeypatch, capsys):
 def test_crashing_version_is_an_error_entry(monkeypatch):
     from llmcupy.ops import OpError
 
-    def boom(op_name, number, small, seed, repeat):
+    def boom(op_name, number, small, seed, repeat, trainer=False):
         raise OpError("the kernel refused")
 
     monkeypatch.setattr(bench, "_sweep_one", boom)

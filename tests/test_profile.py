@@ -142,6 +142,33 @@ def test_errors(capsys, tmp_path):
     assert (p.steps, p.warmup, p.json) == (1, 1, None)
 
 
+def test_json_on_a_device_is_refused_before_the_run(capsys):
+    # --json /dev/null passed the start-up check, then the whole profile ran and the atomic write
+    # refused to rename over the device: a FileExistsError traceback, exit 1
+    rc = profile.main(["--init", "d2", "-b", "1", "-t", "8", "--random-data", "--json", "/dev/null"])
+    captured = capsys.readouterr()
+    assert rc == 2 and "--json /dev/null: it exists and is not a regular file" in captured.err, captured.err
+    assert "profiling" not in captured.out
+
+
+def test_help_describes_the_profile_not_the_trainer():
+    # the trainer's flags come with the trainer's help: --benchmark promised "--steps steps (default 10)"
+    text = " ".join(profile.build_parser().format_help().split())
+    assert "(default 10)" not in text
+    assert "--benchmark implied: the profile always runs one fixed batch" in text
+
+
+def test_output_piped_into_head_ends_quietly():
+    # `python -m llmcupy.profile ... | head -1`: the table met the closed pipe, a BrokenPipeError traceback
+    proc = subprocess.Popen([sys.executable, "-m", "llmcupy.profile", "--init", "d1", "-b", "1", "-t", "8",
+                             "--random-data", "--backend", "sim"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("profiling random init d1")
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141 and err == "", err
+
+
 def test_token_ids_outside_the_vocabulary_are_refused_naming_the_file(capsys, tmp_path):
     # as the trainer does: every token file is scanned, before the model is allocated. An id past the
     # first batch is caught too (the model's own check would only ever see the batch it is given).

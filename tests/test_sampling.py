@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from llmcupy.sampling import XorShiftRNG, sample_mult, sample_mult_probs, u32_to_f32, xorshift_step
+from llmcupy.sampling import XorShiftRNG, sample_mult, u32_to_f32, xorshift_step
 
 
 def test_reference_u32_from_seed_1337():
@@ -96,11 +96,3 @@ def test_sample_mult_frequencies():
     rng = XorShiftRNG()
     counts = np.bincount([sample_mult(l, rng.random_f32()) for _ in range(4000)], minlength=3)
     assert np.allclose(counts / 4000, p, atol=0.03)
-
-
-def test_sample_mult_probs():
-    p = np.array([0.25, 0.25, 0.5], dtype=np.float32)
-    assert sample_mult_probs(p, 0.0) == 0
-    assert sample_mult_probs(p, 0.3) == 1
-    assert sample_mult_probs(p, 0.75) == 2
-    assert sample_mult_probs(np.array([0.5, 0.4], np.float32), 0.95) == 1  # no hit: fallback V-1

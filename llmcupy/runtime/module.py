@@ -74,7 +74,22 @@ def _check_dim_limits(kernel: str, grid3: tuple, block3: tuple) -> None:
                                           "or loop inside the kernel")
 
 
-class _Trusted:
+class _NestedFlag:
+    """A process-wide switch for a ``with`` block: on while ``depth`` > 0, so blocks nest. The launch
+    path reads the subclass's ``depth`` directly (a class attribute: no instance lookup per launch)."""
+
+    depth = 0
+
+    def __enter__(self):
+        type(self).depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        type(self).depth -= 1
+        return False
+
+
+class _Trusted(_NestedFlag):
     """``with TRUSTED:`` launches skip the per-argument checks against the C signature.
 
     Only for callers that checked the same call before: ``Op.run`` replaying a launch plan (the
@@ -82,15 +97,7 @@ class _Trusted:
     pointees' alignment (``float4*``) is still checked, since it is a property of each address.
     """
 
-    depth = 0
-
-    def __enter__(self):
-        _Trusted.depth += 1
-        return self
-
-    def __exit__(self, *exc):
-        _Trusted.depth -= 1
-        return False
+    depth = 0   # its own count, not _NestedFlag's
 
 
 TRUSTED = _Trusted()
@@ -143,22 +150,14 @@ def launch_count() -> int:
     return LAUNCHES[0]
 
 
-class _Stubbed:
+class _Stubbed(_NestedFlag):
     """``with STUBBED:`` every check and all the Python of a launch run, but not the kernel itself.
 
     For measuring the host cost of the launch path without a GPU (``python -m llmcupy.launchbench``);
     outputs are left as they were.
     """
 
-    depth = 0
-
-    def __enter__(self):
-        _Stubbed.depth += 1
-        return self
-
-    def __exit__(self, *exc):
-        _Stubbed.depth -= 1
-        return False
+    depth = 0   # its own count, not _NestedFlag's
 
 
 STUBBED = _Stubbed()

@@ -22,8 +22,8 @@ The method (:func:`measure`), per sample::
   the GPU alone; the result is the mean, min and max over ``repeat`` samples.
 
 :func:`measure` takes a clock: :class:`CudaClock` (events, the spin kernel, a memset) on a GPU;
-:class:`HostClock` in the emulator, which follows the same steps with the host's clock (what the
-tests check: order, calibration, the retry); it never stands in for GPU time.
+:class:`HostClock`, for the tests without a GPU, follows the same steps with the host's clock (what
+they check: order, calibration, the retry); nothing else uses it, so it never stands in for GPU time.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ MIN_SAMPLES = 5
 
 class HostClock:
     """The method's steps on the host: markers are perf_counter readings, the delay and the flush
-    are recorded but cost nothing. The emulator's code path, for tests; not a GPU time."""
+    are recorded but cost nothing. For the tests of :func:`measure` without a GPU; not a GPU time
+    (the emulator times nothing: :func:`benchmark_ms` refuses it)."""
 
     timing = "host (emulator code path, not GPU time)"
 
