@@ -8,7 +8,7 @@ the codes as numbers; this table is where their meaning is written down.
     3    a run stopped by a non-finite loss
     130  interrupted (Ctrl-C)
     141  stdout closed before the output ended (``| head``), as a process killed by SIGPIPE
-         (a CLI whose ``__main__`` goes through :func:`run_main`)
+         (every CLI's ``__main__`` goes through :func:`run_main`)
 """
 
 from __future__ import annotations
@@ -71,9 +71,26 @@ def message(exc: BaseException) -> str:
 
 
 def fail(exc: BaseException, code: int = 2) -> int:
-    """Prints ``error: <message>`` and returns ``code`` (2 unless told: bad input)."""
+    """Prints ``error: <message>`` and returns ``code`` (2 unless told: bad input). A BrokenPipeError
+    from stdout's reader going away (``| head``) is no bad input: it is raised again, for
+    :func:`run_main` to end quietly with 141 (the CLIs hand every OSError here)."""
+    if isinstance(exc, BrokenPipeError) and stdout_reader_gone():
+        raise exc
     print(f"error: {message(exc)}", file=sys.stderr)
     return code
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it: poll() reports an error on it. Tells a
+    closed ``| head`` from a broken pipe elsewhere (a peer's socket), which is a real error."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):   # no poll() (Windows), no real stdout (a notebook)
+        return False
 
 
 class BadPath(ValueError):

@@ -137,4 +137,6 @@ def generate(cfg: GPT2Config, params: np.ndarray, context: list[int], n: int, T:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from llmcupy._cli import run_main
+
+    sys.exit(run_main(main))

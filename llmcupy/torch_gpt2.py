@@ -203,4 +203,6 @@ def _write_gate_inputs(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from llmcupy._cli import run_main
+
+    sys.exit(run_main(main))

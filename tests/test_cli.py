@@ -227,6 +227,37 @@ def test_output_piped_into_head_ends_quietly():
     assert proc.wait(timeout=300) == 141 and err == "", err
 
 
+@pytest.mark.parametrize("cli", ["train", "sample"])
+def test_trainer_and_sampler_piped_into_head_end_quietly(cli, tmp_path):
+    # `python -m llmcupy.train ... | head -2`: the write after head left was handed to the OSError
+    # handler, "error: Broken pipe" and exit 2, the code for a bad input file
+    import numpy as np
+
+    from llmcupy.checkpoint import write_model
+    from llmcupy.config import PRESETS, init_params
+    from llmcupy.data import write_tokens
+
+    tokens, model = tmp_path / "tokens.bin", tmp_path / "model.bin"
+    write_tokens(tokens, np.random.default_rng(0).integers(0, 50257, 2000))
+    write_model(model, PRESETS["d1"], init_params(PRESETS["d1"], seed=0))
+    argv = {"train": ["--init", "d1", "-t", "16", "-b", "2", "-x", "3", "-v", "0", "-s", "0", "-i", tokens, "-j", tokens],
+            "sample": ["-e", model, "-t", "16", "-n", "200", "--seed", "1"]}[cli]
+    proc = subprocess.Popen([sys.executable, "-m", f"llmcupy.{cli}", "--backend", "sim", *map(str, argv)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    assert os.read(proc.stdout.fileno(), 1)   # the first byte (sample writes a token at a time), then gone
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141 and "error" not in err and "Traceback" not in err, err
+
+
+def test_a_broken_pipe_elsewhere_is_still_an_error(capsys):
+    # only stdout's reader going away ends quietly: a peer's closed socket is a real error (exit 2)
+    from llmcupy._cli import fail
+
+    assert fail(BrokenPipeError(32, "Broken pipe")) == 2
+    assert "error: Broken pipe" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--order", "reverse"], "--order reverse sets the emulator's thread order (add --backend sim)"),
     (["--sanitize"], "--sanitize runs in the emulator only (add --backend sim)"),
