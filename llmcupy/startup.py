@@ -11,10 +11,13 @@ twice, each in a fresh process, and measures the wall-clock time to its exit:
   compiled (NVRTC on a GPU, g++ in the emulator);
 * **warm**: again with the caches the cold run filled.
 
-The difference is what compiling costs at the first start. The record (device, versions, commit,
-date, command, both times and both runs' output tails) goes to ``bench/results/startup-*.json``
-(``--out``); in the emulator the times are the CPU emulator's, the record says so and goes to the
-git-ignored ``bench/results/sim/``, as ``python -m llmcupy.bench``'s emulator runs do.
+The difference is what compiling costs at the first start. The record (``llmcupy.startup/1``) carries
+the provenance of the other records in bench/results (``schema``, ``date`` in UTC, ``command`` as typed,
+``backend``, ``device``, ``host``, ``git``, ``software``), then ``train_command`` (the trainer's command
+line it timed), ``cold`` and ``warm`` (``seconds``, ``returncode`` and the output's ``tail``) and
+``compile_seconds``. It goes to ``bench/results/startup-*.json`` (``--out``); in the emulator the times
+are the CPU emulator's, the record says so and goes to the git-ignored ``bench/results/sim/``, as
+``python -m llmcupy.bench``'s emulator runs do.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -49,7 +53,7 @@ def measure(train_flags: list[str], run=None) -> dict:
         cold = run(argv, env)
         # a run that failed measured no start: the warm run would only fail again
         warm = run(argv, env) if cold["returncode"] == 0 else None
-    return {"command": shlex.join(argv[1:]), "cold": cold, "warm": warm}
+    return {"command": "python " + shlex.join(argv[1:]), "cold": cold, "warm": warm}
 
 
 def check_train_flags(train_flags: list[str]) -> int | None:
@@ -71,6 +75,7 @@ def main(argv=None) -> int:
                                 epilog="Other flags go to python -m llmcupy.train.")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="folder of the JSON record (default bench/results on a GPU, bench/results/sim in the emulator)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, train_flags = p.parse_known_args(argv)
     from . import _cli, bench
     from .runtime import backend as _backend
@@ -101,8 +106,12 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return r["returncode"]
     now = bench._utc_now()
-    record = {"schema": "llmcupy.startup/1", "backend": backend, "device": _backend.device_name(),
-              "date": now.isoformat(), **bench.git_commit(), "versions": bench._software_versions(), **result,
+    # the provenance in the shape of the sweeps' and launchbench's, so one reader takes it from any record
+    record = {"schema": "llmcupy.startup/1", "date": now.isoformat().replace("+00:00", "Z"),
+              "command": "python -m llmcupy.startup" + ("" if not argv else " " + shlex.join(argv)),
+              "backend": backend, "device": _backend.device_name(), "host": platform.node(),
+              "git": bench.git_commit(), "software": bench._software_versions(),
+              "train_command": result["command"], "cold": result["cold"], "warm": result["warm"],
               "compile_seconds": result["cold"]["seconds"] - result["warm"]["seconds"]}
     if backend != "cuda":
         record["note"] = EMULATOR_NOTE

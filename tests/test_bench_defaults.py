@@ -173,8 +173,8 @@ def test_the_other_records_of_a_gpu_session_are_skipped_not_fatal(results, tmp_p
     # start-up times (python -m llmcupy.startup writes there by default) and llm.c side by side beside
     # the sweeps. Before, `bench defaults` stopped at the first of them ("not a readable benchmark
     # record ...; move it out") and --list-results called them unreadable.
-    startup = {"schema": "llmcupy.startup/1", "backend": "cuda", "device": GPU, "date": "2026-11-02T00:10:00+00:00",
-               "commit": "b" * 40, "cold": {"seconds": 40.0}, "warm": {"seconds": 9.0}}
+    startup = {"schema": "llmcupy.startup/1", "backend": "cuda", "device": GPU, "date": "2026-11-02T00:10:00Z",
+               "git": {"commit": "b" * 40, "dirty": False}, "cold": {"seconds": 40.0}, "warm": {"seconds": 9.0}}
     (results / "startup-test-gpu-20261102T001000Z.json").write_text(json.dumps(startup))
     (results / "side_by_side.json").write_text(json.dumps({"B": 4, "T": 1024, "gpu": GPU,
                                                            "median_ms_per_step": {"llm.c": 90.0}}))

@@ -70,7 +70,7 @@ def test_explore_kernels(tmp_path, monkeypatch):
     # benchmark record", and a run whose name sorts last was plotted as the newest whatever its date
     (results / "startup-h100-20250102T000000Z.json").write_text(json.dumps(
         {"schema": "llmcupy.startup/1", "backend": "cuda", "device": "NVIDIA H100 80GB HBM3",
-         "date": "2025-01-02T00:00:00+00:00", "cold": {"seconds": 30.0}, "warm": {"seconds": 8.0}}))
+         "date": "2025-01-02T00:00:00Z", "cold": {"seconds": 30.0}, "warm": {"seconds": 8.0}}))
     (results / "older.json").write_text(json.dumps(synthetic_gpu_record(date="2024-12-01T00:00:00Z")))
     nb = execute("explore_kernels.ipynb", tmp_path, monkeypatch, LLMCUPY_BENCH_RESULTS=results)
     out = stdout_of(nb)

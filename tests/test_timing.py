@@ -322,3 +322,36 @@ def test_a_cublas_bound_says_whether_it_ran_with_tf32(monkeypatch):
         bound = harness._bound(op, inputs, repeat=3)
         assert bound["kind"] == "flops" and bound["cublas_ms"] == 2.0 and bound["tf32"] is enabled
         assert bench._bound_name(bound) == f"cuBLAS's speed{' with TF32' if enabled else ''} (2.0000 ms)"
+
+
+def test_startup_record_has_the_provenance_of_the_other_records(tmp_path, monkeypatch):
+    # bench sweeps, profile --json, kernel --json and launchbench --json all stamp `date` (UTC, "Z"),
+    # `command` (as typed), `git` {commit, dirty} and `software`. The start-up record had `versions`,
+    # commit/dirty at the top level, a "+00:00" date and the trainer's command in place of its own, so
+    # one reader could not take the provenance of every record in bench/results the same way.
+    import json
+    import re
+
+    from llmcupy import bench, startup
+
+    result = {"command": "python -m llmcupy.train --benchmark --init d2",
+              "cold": {"seconds": 5.0, "returncode": 0, "tail": ""},
+              "warm": {"seconds": 1.5, "returncode": 0, "tail": ""}}
+    monkeypatch.setattr(startup, "measure", lambda flags: result)
+    assert startup.main(["--out", str(tmp_path), "--init", "d2"]) == 0
+    path = next(tmp_path.glob("startup-*.json"))
+    record = json.loads(path.read_text())
+    assert record["schema"] == "llmcupy.startup/1"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["date"]), record["date"]
+    assert record["command"] == "python -m llmcupy.startup --out " + str(tmp_path) + " --init d2"
+    assert record["train_command"] == result["command"]
+    assert set(record["git"]) == {"commit", "dirty"}
+    assert {"python", "numpy"} <= set(record["software"])
+    assert not {"versions", "commit", "dirty"} & set(record), sorted(record)
+    assert record["host"] and record["backend"] == "sim" and record["device"]
+    # the readers of the results folder name it by its schema, date and device
+    with pytest.raises(bench.OtherRecord) as refused:
+        bench.load(path)
+    assert refused.value.schema == "llmcupy.startup/1"
+    assert (f"a llmcupy.startup/1 record ({record['date']} {record['device']}), not a benchmark run"
+            in bench.list_results(tmp_path))
