@@ -27,7 +27,7 @@ from . import distributed, mainline
 from . import ops as ops_registry
 from ._cli import OneValue, one_line_warnings
 from .config import GPT2Config, PRESETS, init_params
-from .fileio import FileFormatError
+from .fileio import FileFormatError, atomic_write
 from .model import GPT2, STEP_OPS, KernelChoice, ModelError
 from .runtime import blas
 from .runtime.module import launch_count
@@ -243,16 +243,20 @@ class Logger:
         self.f = None
         if not path:
             return
+        if resume_step is None or not os.path.isfile(path):
+            self.f = open(path, "w")
+            return
         kept = []
-        if resume_step is not None and os.path.isfile(path):
-            with open(path, errors="replace") as old:
-                for line in old:
-                    head = line.split(" ", 1)[0]
-                    if head.startswith("s:") and head[2:].isdigit() and int(head[2:]) < resume_step:
-                        kept.append(line if line.endswith("\n") else line + "\n")
-        self.f = open(path, "w")
-        self.f.writelines(kept)
-        self.f.flush()
+        with open(path, errors="replace") as old:
+            for line in old:
+                head = line.split(" ", 1)[0]
+                if head.startswith("s:") and head[2:].isdigit() and int(head[2:]) < resume_step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+        # the kept lines replace the log in one rename: a Ctrl-C, kill or full disk before it leaves the
+        # interrupted run's log whole (a truncating open lost it). The real path: a symlink stays one.
+        with atomic_write(os.path.realpath(path)) as f:
+            f.write("".join(kept).encode())
+        self.f = open(path, "a")
 
     def log(self, step: int, kind: str, value: float) -> None:
         if self.f:

@@ -126,6 +126,58 @@ def test_kill_during_a_save_then_resume_equals_an_uninterrupted_run(inputs, tmp_
     assert log.read_text() == full_log.read_text()
 
 
+def test_a_resumed_log_survives_a_failure_while_it_is_rewritten(tmp_path, monkeypatch):
+    # A resumed run keeps the -o log's lines before its step and drops the later ones. Before, the log
+    # was opened with truncation and the kept lines written back after: a Ctrl-C, a kill or a full
+    # disk in between left an empty log, the interrupted run's lines lost.
+    import builtins
+    import errno
+
+    from llmcupy import fileio, train
+
+    kept = "s:0 tel:4.0000\ns:0 trl:4.1000\ns:1 trl:3.9000\n"
+    old = kept + "s:2 trl:3.8000\ns:3 trl:3.7000\n"
+    log = tmp_path / "train.log"
+    log.write_text(old)
+
+    def interrupted_after_opening(file, mode="r", *args, **kwargs):
+        f = builtins.open(file, mode, *args, **kwargs)
+        if os.fspath(file) == str(log) and mode[0] in "wa":
+            f.close()
+            raise KeyboardInterrupt   # right after the log is opened for writing
+        return f
+
+    monkeypatch.setattr(train, "open", interrupted_after_opening, raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        train.Logger(str(log), resume_step=2)
+    assert log.read_text().startswith(kept)
+    monkeypatch.undo()
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    log.write_text(old)
+    monkeypatch.setattr(fileio.os, "fsync", full_disk)   # the kept lines do not reach the disk
+    with pytest.raises(OSError, match="No space left on device") as failed:
+        train.Logger(str(log), resume_step=2)
+    assert failed.value.filename == str(log)          # named, for the CLI's one-line error
+    assert log.read_text() == old and [p.name for p in tmp_path.iterdir()] == ["train.log"]
+    monkeypatch.undo()
+
+    # the resumed run writes after the kept lines; a log behind a symlink stays behind it
+    target = tmp_path / "logs" / "real.log"
+    target.parent.mkdir()
+    target.write_text(old)
+    link = tmp_path / "link.log"
+    link.symlink_to(target)
+    for path in (log, link):
+        logger = train.Logger(str(path), resume_step=2)
+        logger.log(2, "trl", 3.75)
+        logger.close()
+        assert path.read_text() == kept + "s:2 trl:3.7500\n"
+    assert link.is_symlink()
+
+
 def test_resume_refuses_a_model_that_disagrees_with_the_state(inputs, tmp_path):
     state = tmp_path / "s.npz"
     rc, _, err = _train(SMALL + ["--steps", 1, "-v", 0, "-s", 0, "--save-every", 1, "--save-path", state]
