@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the state after the last step is saved there once, at the end")
     r.add_argument("--resume", default=None,
                    help="resume from a training state written by --save-every (it holds the model: -e/--init "
-                        "are not needed, and must agree with it if given)")
+                        "are not needed, must agree with it if given, and their weights are not used)")
     k = p.add_argument_group("kernel versions (python -m llmcupy.kernel --list shows them)")
     for op in STEP_OPS:
         k.add_argument(kernel_flag(op), dest=f"kernel_{op}", type=int, metavar="N", action=OneValue,
@@ -181,6 +181,9 @@ def load_model(args, state=None) -> tuple[GPT2Config, np.ndarray, str]:
                 raise ckpt.CheckpointError(
                     f"--resume {resume} holds a model {state.config}, but {flag} gives {other}; they must "
                     f"agree (or leave out {flag.split()[0]}: the training state holds the model)")
+            # the common case (the original command with --resume added): agreeing, yet not what the run
+            # trains on, which nothing else would say
+            print(f"note: the weights come from --resume {resume} (step {state.step}); {flag} is not used")
         return state.config, state.params, f"{resume} (training state)"
     if args.init:
         cfg = GPT2Config.preset(args.init)

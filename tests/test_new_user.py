@@ -199,6 +199,28 @@ def test_resume_refuses_a_model_that_disagrees_with_the_state(inputs, tmp_path):
     assert re.search(r"\| batch size B\s+\| 2 ", out) and re.search(r"\| sequence length T\s+\| 32 ", out), out
 
 
+def test_resume_with_the_original_model_flag_says_the_state_s_weights_are_used(inputs, tmp_path):
+    # The common way to resume: the original command with --resume added. Its -e (or --init) agrees
+    # with the state's shape, and the state's weights are the ones trained on; before, the -e file
+    # was read, checked and then dropped without a word, as if the run started from it.
+    cfg = GPT2Config.preset("d1")
+    model = tmp_path / "start.bin"
+    ckpt.write_model(model, cfg, init_params(cfg, seed=7))
+    state = tmp_path / "s.npz"
+    common = ["-b", 2, "-t", 32, "-v", 0, "-s", 0] + inputs["data"]
+    rc, _, err = _train(["-e", model, "--steps", 1, "--save-every", 1, "--save-path", state] + common)
+    assert rc == 0, err
+    for flag in (["-e", model], ["--init", "d1"]):
+        rc, out, err = _train(flag + ["--resume", state, "--steps", 2] + common)
+        assert rc == 0, err
+        notes = [line for line in out.splitlines() if line.startswith("note:")]
+        assert notes == [f"note: the weights come from --resume {state} (step 1); {flag[0]} {flag[1]} is not "
+                         "used"], out
+        assert f"resumed from {state} at step 1" in out
+    rc, out, err = _train(["--resume", state, "--steps", 2] + common)   # the state alone: nothing to say
+    assert rc == 0 and "note:" not in out, out + err
+
+
 def test_resume_of_a_file_that_is_not_a_state_says_so_without_pickle(inputs, tmp_path):
     model = tmp_path / "model.bin"
     cfg = GPT2Config.preset("d1")
