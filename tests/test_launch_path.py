@@ -434,3 +434,40 @@ def test_array_address_matches_numpy_for_every_kind_of_array():
     rt.array_address(grown)
     grown.resize(1 << 16)                                 # nothing holds on to it: NumPy may still resize it
     assert rt.array_address(grown) == grown.ctypes.data
+
+
+def _unmarked_cases():
+    cases = []
+    for name in sorted(llmcupy.ops):
+        op = llmcupy.ops[name]
+        for n, v in sorted(op.versions.items()):
+            if not v.kernels_only and v.available:
+                cases.append((name, n))
+    return cases
+
+
+@pytest.mark.parametrize("op_name,number", _unmarked_cases())
+def test_a_launcher_that_only_launches_kernels_is_marked(op_name, number, monkeypatch, no_hazards):
+    # Record the unmarked launcher as if it were marked: when its launches are replayable (every
+    # array argument one of the call's, or scratch) and a replay of them alone writes the checked
+    # call's outputs, the launcher does nothing but launch kernels and lacks @kernels_only (its
+    # replays then run its Python, and check it, for nothing). Host work the recording cannot see
+    # (cuBLAS, a fill of an output, a copy) leaves the replay's outputs wrong, or no recording.
+    op = llmcupy.ops[op_name]
+    v = op.versions[number]
+    a = _inputs_for(op, v)
+    with _op.launch_plans(False):
+        checked = op.run(number, _copy(a), out=_poisoned_out(op, a))
+    monkeypatch.setattr(v, "kernels_only", True)
+    op.run(number, _copy(a), out=_poisoned_out(op, a))
+    (plan,) = op._plans.values()
+    if plan.launches is None:
+        return   # not replayable as recorded launches: the launcher must run on a replay
+    monkeypatch.setattr(v, "launch", lambda *args: pytest.fail("a replay ran the launcher"))
+    replayed = op.run(number, _copy(a), out=_poisoned_out(op, a))
+    if v.deterministic:   # NaN where both leave an entry unwritten (trimat's upper triangle)
+        same = all(np.array_equal(replayed[k], checked[k], equal_nan=True) for k in op.outputs)
+    else:                 # fp32 atomics: the order of the additions varies from run to run
+        same = all(r["ok"] for r in _op.check_outputs(op, checked, replayed, inputs=a))
+    assert not same, (f"{op_name} v{number}: its launches replay to the checked result, so its launcher "
+                      "only launches kernels: mark it @kernels_only (DEVELOPERS.md, adding a kernel version)")
