@@ -471,3 +471,29 @@ def test_a_launcher_that_only_launches_kernels_is_marked(op_name, number, monkey
         same = all(r["ok"] for r in _op.check_outputs(op, checked, replayed, inputs=a))
     assert not same, (f"{op_name} v{number}: its launches replay to the checked result, so its launcher "
                       "only launches kernels: mark it @kernels_only (DEVELOPERS.md, adding a kernel version)")
+
+
+def test_a_marked_launcher_that_calls_cublas_runs_its_launcher_on_a_replay(monkeypatch):
+    # a plan records kernel launches only: a cuBLAS call inside a launcher wrongly marked
+    # @kernels_only would be dropped from every replay, so the recording is given up instead
+    from llmcupy.runtime import blas
+
+    op = llmcupy.ops["matmul_forward"]
+    v2, v5 = op.versions[2], op.versions[5]
+    a = op.make_inputs(np.random.default_rng(0), B=1, T=4, C=8, OC=16)
+
+    def kernel_then_gemm(arrays, bs):
+        v5.launch(arrays, bs)       # out = inp @ weight^T + bias (a kernel)
+        bt = 4
+        blas.gemm(arrays["inp"].reshape(bt, 8), arrays["weight"], arrays["out"].reshape(bt, 16),
+                  trans_b=True, beta=1.0)   # out += inp @ weight^T (cuBLAS)
+
+    monkeypatch.setattr(v2, "launch", kernel_then_gemm)
+    monkeypatch.setattr(v2, "kernels_only", True)
+    monkeypatch.setattr(v2, "requires", v5.requires)
+    with _op.launch_plans(False):
+        checked = op.run(2, _copy(a))["out"]
+    op.run(2, _copy(a))
+    (plan,) = op._plans.values()
+    assert plan.launches is None
+    np.testing.assert_array_equal(op.run(2, _copy(a))["out"], checked)
