@@ -262,6 +262,11 @@ def _by_name(launches, arrays: dict, outputs: dict):
             if isinstance(a, np.ndarray):
                 names = sorted({f"in:{k}" for k, x in arrays.items() if x is a}
                                | {f"out:{k}" for k, x in outputs.items() if x is a})
+                if not names:   # q, k and v of a qkvr buffer: x[j] of one of the call's arrays
+                    names = sorted({f"{where}:{k}[{j}]" for where, d in (("in", arrays), ("out", outputs))
+                                    for k, x in d.items() if isinstance(x, np.ndarray) and x.ndim >= 1
+                                    and a.shape == x.shape[1:] for j in range(x.shape[0])
+                                    if a.ctypes.data == x[j].ctypes.data})
                 # none of the call's arrays: a scratch buffer of the launcher, known by shape and dtype
                 norm.append(tuple(names) if names else ("scratch", a.shape, a.dtype.str))
             elif a is None:
@@ -497,3 +502,31 @@ def test_a_marked_launcher_that_calls_cublas_runs_its_launcher_on_a_replay(monke
     (plan,) = op._plans.values()
     assert plan.launches is None
     np.testing.assert_array_equal(op.run(2, _copy(a))["out"], checked)
+
+
+def test_only_a_slice_along_the_first_axis_replays_as_a_view(monkeypatch):
+    # qkvr[0], qkvr[1], qkvr[2] (the q, k, v blocks) replay as the new call's qkvr[j]; a view cut
+    # any other way (here flat ranges of the same memory) is the launcher's own: it runs again
+    op = llmcupy.ops["attention_permute"]
+    v = op.versions[1]
+    a = op.make_inputs(np.random.default_rng(0), B=2, T=3, C=8, NH=2)
+    op.run(1, _copy(a))
+    (plan,) = op._plans.values()
+    assert [view[3] for view in plan.launches[0][7]] == [0, 1, 2]
+
+    @_op.kernels_only
+    def flat_views(arrays, bs):
+        qkvr = arrays["qkvr"]
+        flat, n = qkvr.reshape(-1), qkvr[0].size
+        # the kernel reads q, k, v as flat float pointers: the same bytes as qkvr[0], [1], [2]
+        kernel = _op.kernel_of("attention_permute", "attention_permute_kernel1")
+        B, T, C3 = arrays["inp"].shape
+        kernel(((n + bs - 1) // bs,), (bs,), (flat[:n], flat[n:2 * n], flat[2 * n:], arrays["inp"], np.int32(B),
+                                             np.int32(T), np.int32(2), np.int32(C3 // 6)))
+
+    monkeypatch.setattr(v, "launch", flat_views)
+    _op.clear_plans()
+    got = op.run(1, _copy(a))
+    (plan,) = op._plans.values()
+    assert plan.launches is None
+    np.testing.assert_array_equal(got["qkvr"], op.reference(**a))
