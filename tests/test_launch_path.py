@@ -535,3 +535,13 @@ def test_only_a_slice_along_the_first_axis_replays_as_a_view(monkeypatch):
     (plan,) = op._plans.values()
     assert plan.launches is None
     np.testing.assert_array_equal(got["qkvr"], op.reference(**a))
+
+
+def test_a_leading_slice_is_found_by_its_memory_and_never_stands_for_a_scalar():
+    x = np.zeros((3, 4), np.float32)
+    assert _op._leading_index(x[2], x) == 2
+    assert _op._leading_index(x.reshape(-1)[4:8], x) == 1      # the same memory as x[1]
+    assert _op._leading_index(x.reshape(-1)[1:5], x) is None   # straddles two rows
+    y = np.zeros(5, np.float32)
+    # y[1] of a 1-D array is a NumPy scalar, not the 0-d array a launch was given
+    assert _op._leading_index(y[1:2].reshape(()), y) is None

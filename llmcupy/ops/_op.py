@@ -249,8 +249,9 @@ def kernels_only(launch):
 
 def _leading_index(a, x):
     """j when ``a`` is the memory of ``x[j]`` (a slice along x's first axis, as ``qkvr[1]`` is k),
-    else None. Both C-contiguous of one dtype, so the address and the shape settle it."""
-    if (type(a) is not type(x) or getattr(x, "ndim", 0) < 1 or a.dtype != x.dtype
+    else None. Both C-contiguous of one dtype, so the address and the shape settle it. (x at least
+    2-D: a 1-D x[j] is a scalar, not the array the launch had.)"""
+    if (type(a) is not type(x) or getattr(x, "ndim", 0) < 2 or a.dtype != x.dtype
             or tuple(a.shape) != tuple(x.shape[1:]) or not (a.flags.c_contiguous and x.flags.c_contiguous)
             or a.base is None):
         return None
@@ -289,7 +290,7 @@ def _recorded_launches(recorder, arrays: dict, outputs: dict, out: dict | None):
         return names
 
     candidates = [x for x in (*arrays.values(), *outputs.values(), *(buf for _, buf, _ in recorder.scratch))
-                  if getattr(x, "ndim", 0) >= 1]
+                  if getattr(x, "ndim", 0) >= 2]
     templates, same = [], []
     for j, (kernel, grid3, block3, args, shared_mem, stream) in enumerate(recorder.launches):
         if stream is not None:
