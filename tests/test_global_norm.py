@@ -56,6 +56,24 @@ def test_v4_is_deterministic(no_hazards):
     assert len(seen) == 1
 
 
+def test_v4_takes_its_partials_from_a_graph_workspace(no_hazards):
+    # a CUDA graph capture must not allocate: version 4's per-block partials come from scratch(), so
+    # the warm-up step allocates them in the step's workspace and the sealed capture reuses them
+    from llmcupy.ops._op import Workspace, graph_safe
+
+    data = np.random.default_rng(2).uniform(-1, 1, 5000).astype(np.float32)
+    workspace = Workspace()
+    out = np.zeros(1, np.float32)
+    with graph_safe(workspace):
+        OP.run(4, {"data": data}, out={"out": out})
+    assert len(workspace) == 1
+    workspace.sealed = True
+    again = np.zeros(1, np.float32)
+    with graph_safe(workspace):
+        OP.run(4, {"data": data}, out={"out": again})
+    assert again[0] == out[0] and abs(float(out[0]) - float(OP.reference(data)[0])) <= 2e-4 * float(out[0])
+
+
 def test_bad_inputs():
     with pytest.raises(OpError, match="float32"):
         OP(np.ones(4, dtype=np.float64))

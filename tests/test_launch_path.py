@@ -262,6 +262,11 @@ def _by_name(launches, arrays: dict, outputs: dict):
             if isinstance(a, np.ndarray):
                 names = sorted({f"in:{k}" for k, x in arrays.items() if x is a}
                                | {f"out:{k}" for k, x in outputs.items() if x is a})
+                if not names:   # q, k and v of a qkvr buffer: x[j] of one of the call's arrays
+                    names = sorted({f"{where}:{k}[{j}]" for where, d in (("in", arrays), ("out", outputs))
+                                    for k, x in d.items() if isinstance(x, np.ndarray) and x.ndim >= 1
+                                    and a.shape == x.shape[1:] for j in range(x.shape[0])
+                                    if a.ctypes.data == x[j].ctypes.data})
                 # none of the call's arrays: a scratch buffer of the launcher, known by shape and dtype
                 norm.append(tuple(names) if names else ("scratch", a.shape, a.dtype.str))
             elif a is None:
@@ -320,6 +325,11 @@ def test_a_replayed_launch_passes_the_checked_launch_arguments(op_name, number, 
         assert (replayed[name] is replay_in.get(name)) == (checked[name] is checked_in.get(name))
         if v.deterministic:
             np.testing.assert_array_equal(replayed[name], checked[name], err_msg=f"{op_name} v{number} {name}")
+    if not v.deterministic:
+        # fp32 atomics add in another order each run, but host work the recording missed (zeroing an
+        # accumulator) is far outside the op's tolerance
+        for r in _op.check_outputs(op, checked, replayed, inputs=a):
+            assert r["ok"], f"{op_name} v{number}: the replay's {r['name']} differs from the checked call's: {r}"
 
 
 def test_a_new_shape_or_dtype_records_a_new_plan_with_its_own_arguments(monkeypatch):
@@ -434,3 +444,104 @@ def test_array_address_matches_numpy_for_every_kind_of_array():
     rt.array_address(grown)
     grown.resize(1 << 16)                                 # nothing holds on to it: NumPy may still resize it
     assert rt.array_address(grown) == grown.ctypes.data
+
+
+def _unmarked_cases():
+    cases = []
+    for name in sorted(llmcupy.ops):
+        op = llmcupy.ops[name]
+        for n, v in sorted(op.versions.items()):
+            if not v.kernels_only and v.available:
+                cases.append((name, n))
+    return cases
+
+
+@pytest.mark.parametrize("op_name,number", _unmarked_cases())
+def test_a_launcher_that_only_launches_kernels_is_marked(op_name, number, monkeypatch, no_hazards):
+    # Record the unmarked launcher as if it were marked: when its launches are replayable (every
+    # array argument one of the call's, or scratch) and a replay of them alone writes the checked
+    # call's outputs, the launcher does nothing but launch kernels and lacks @kernels_only (its
+    # replays then run its Python, and check it, for nothing). Host work the recording cannot see
+    # (cuBLAS, a fill of an output, a copy) leaves the replay's outputs wrong, or no recording.
+    op = llmcupy.ops[op_name]
+    v = op.versions[number]
+    a = _inputs_for(op, v)
+    with _op.launch_plans(False):
+        checked = op.run(number, _copy(a), out=_poisoned_out(op, a))
+    monkeypatch.setattr(v, "kernels_only", True)
+    op.run(number, _copy(a), out=_poisoned_out(op, a))
+    (plan,) = op._plans.values()
+    if plan.launches is None:
+        return   # not replayable as recorded launches: the launcher must run on a replay
+    monkeypatch.setattr(v, "launch", lambda *args: pytest.fail("a replay ran the launcher"))
+    replayed = op.run(number, _copy(a), out=_poisoned_out(op, a))
+    if v.deterministic:   # NaN where both leave an entry unwritten (trimat's upper triangle)
+        same = all(np.array_equal(replayed[k], checked[k], equal_nan=True) for k in op.outputs)
+    else:                 # fp32 atomics: the order of the additions varies from run to run
+        same = all(r["ok"] for r in _op.check_outputs(op, checked, replayed, inputs=a))
+    assert not same, (f"{op_name} v{number}: its launches replay to the checked result, so its launcher "
+                      "only launches kernels: mark it @kernels_only (DEVELOPERS.md, adding a kernel version)")
+
+
+def test_a_marked_launcher_that_calls_cublas_runs_its_launcher_on_a_replay(monkeypatch):
+    # a plan records kernel launches only: a cuBLAS call inside a launcher wrongly marked
+    # @kernels_only would be dropped from every replay, so the recording is given up instead
+    from llmcupy.runtime import blas
+
+    op = llmcupy.ops["matmul_forward"]
+    v2, v5 = op.versions[2], op.versions[5]
+    a = op.make_inputs(np.random.default_rng(0), B=1, T=4, C=8, OC=16)
+
+    def kernel_then_gemm(arrays, bs):
+        v5.launch(arrays, bs)       # out = inp @ weight^T + bias (a kernel)
+        bt = 4
+        blas.gemm(arrays["inp"].reshape(bt, 8), arrays["weight"], arrays["out"].reshape(bt, 16),
+                  trans_b=True, beta=1.0)   # out += inp @ weight^T (cuBLAS)
+
+    monkeypatch.setattr(v2, "launch", kernel_then_gemm)
+    monkeypatch.setattr(v2, "kernels_only", True)
+    monkeypatch.setattr(v2, "requires", v5.requires)
+    with _op.launch_plans(False):
+        checked = op.run(2, _copy(a))["out"]
+    op.run(2, _copy(a))
+    (plan,) = op._plans.values()
+    assert plan.launches is None
+    np.testing.assert_array_equal(op.run(2, _copy(a))["out"], checked)
+
+
+def test_only_a_slice_along_the_first_axis_replays_as_a_view(monkeypatch):
+    # qkvr[0], qkvr[1], qkvr[2] (the q, k, v blocks) replay as the new call's qkvr[j]; a view cut
+    # any other way (here flat ranges of the same memory) is the launcher's own: it runs again
+    op = llmcupy.ops["attention_permute"]
+    v = op.versions[1]
+    a = op.make_inputs(np.random.default_rng(0), B=2, T=3, C=8, NH=2)
+    op.run(1, _copy(a))
+    (plan,) = op._plans.values()
+    assert [view[3] for view in plan.launches[0][7]] == [0, 1, 2]
+
+    @_op.kernels_only
+    def flat_views(arrays, bs):
+        qkvr = arrays["qkvr"]
+        flat, n = qkvr.reshape(-1), qkvr[0].size
+        # the kernel reads q, k, v as flat float pointers: the same bytes as qkvr[0], [1], [2]
+        kernel = _op.kernel_of("attention_permute", "attention_permute_kernel1")
+        B, T, C3 = arrays["inp"].shape
+        kernel(((n + bs - 1) // bs,), (bs,), (flat[:n], flat[n:2 * n], flat[2 * n:], arrays["inp"], np.int32(B),
+                                             np.int32(T), np.int32(2), np.int32(C3 // 6)))
+
+    monkeypatch.setattr(v, "launch", flat_views)
+    _op.clear_plans()
+    got = op.run(1, _copy(a))
+    (plan,) = op._plans.values()
+    assert plan.launches is None
+    np.testing.assert_array_equal(got["qkvr"], op.reference(**a))
+
+
+def test_a_leading_slice_is_found_by_its_memory_and_never_stands_for_a_scalar():
+    x = np.zeros((3, 4), np.float32)
+    assert _op._leading_index(x[2], x) == 2
+    assert _op._leading_index(x.reshape(-1)[4:8], x) == 1      # the same memory as x[1]
+    assert _op._leading_index(x.reshape(-1)[1:5], x) is None   # straddles two rows
+    y = np.zeros(5, np.float32)
+    # y[1] of a 1-D array is a NumPy scalar, not the 0-d array a launch was given
+    assert _op._leading_index(y[1:2].reshape(()), y) is None

@@ -187,8 +187,10 @@ def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None, fill_coun
 # the recorded argument slots, without running the launcher's Python (no grid arithmetic, no
 # np.int32(...) per scalar, no kernel lookup). A recording is dropped, and the launcher runs under
 # ``trusted`` as for other versions, when a launch argument is an array that is not one of the
-# call's own (a view made in the launcher) nor a ``scratch()`` buffer (which a replay asks for,
-# and fills, again), or when the launcher used a stream or another op. An argument that was one array under several names (an in-place op given out=) replays only
+# call's own nor a ``scratch()`` buffer (which a replay asks for, and fills, again), nor a slice
+# ``x[j]`` of one of those along its first axis (the q, k, v blocks of a qkvr buffer; any other
+# view made in the launcher is its own), or when the launcher used a stream, cuBLAS or another
+# op. An argument that was one array under several names (an in-place op given out=) replays only
 # while a call's arrays under those names are again one array; otherwise the launcher runs.
 
 _MAX_PLANS = 1024                # per op: a caller cycling through endless shapes stays bounded
@@ -237,50 +239,83 @@ def _alignment(x) -> int:
 
 def kernels_only(launch):
     """Marks a Version launcher whose only effects are kernel launches on the arrays it is given and
-    on ``scratch()`` buffers (filled, if at all, by scratch's ``fill``), grids and scalars computed
-    from their shapes, the block size and scalar inputs (see the launch plans above): a launch plan
-    may record and replay those launches. No cuBLAS, no other host work on the arrays."""
+    on ``scratch()`` buffers (filled, if at all, by scratch's ``fill``), or on their slices ``x[j]``
+    along the first axis, grids and scalars computed from their shapes, the block size and scalar
+    inputs (see the launch plans above): a launch plan may record and replay those launches. No
+    cuBLAS, no other host work on the arrays."""
     launch.kernels_only = True
     return launch
+
+
+def _leading_index(a, x):
+    """j when ``a`` is the memory of ``x[j]`` (a slice along x's first axis, as ``qkvr[1]`` is k),
+    else None. Both C-contiguous of one dtype, so the address and the shape settle it. (x at least
+    2-D: a 1-D x[j] is a scalar, not the array the launch had.)"""
+    if (type(a) is not type(x) or getattr(x, "ndim", 0) < 2 or a.dtype != x.dtype
+            or tuple(a.shape) != tuple(x.shape[1:]) or not (a.flags.c_contiguous and x.flags.c_contiguous)
+            or a.base is None):
+        return None
+    stride = x.strides[0]
+    offset = _raw_address(a) - _raw_address(x)
+    if stride <= 0 or offset % stride or not 0 <= offset // stride < x.shape[0]:
+        return None
+    return offset // stride
 
 
 def _recorded_launches(recorder, arrays: dict, outputs: dict, out: dict | None):
     """The checked launches of a call as replayable templates, or None when they are not replayable.
 
-    Each launch becomes (kernel, grid, block, shared_mem, constants, slots, scratch): ``constants``
-    the prepared argument tuple with the arrays blanked, ``slots`` (index, source, name) triples
-    saying which array goes where: source 0 an input, 1 an output, 2 the launcher's name-th scratch
-    buffer, asked for again (and filled again) on a replay just before the launch it preceded, as
-    ``scratch`` lists. An argument that was one array under several
-    names (logits and dlogits of an in-place op given as out=) is taken from the first, and the
-    plan's ``same`` pairs say which names must again be one array for the recording to apply.
-    Returns (templates, same, scratch requests).
+    Each launch becomes (kernel, grid, block, shared_mem, constants, slots, scratch, views):
+    ``constants`` the prepared argument tuple with the arrays blanked, ``slots`` (index, source,
+    name) triples saying which array goes where: source 0 an input, 1 an output, 2 the launcher's
+    name-th scratch buffer, asked for again (and filled again) on a replay just before the launch
+    it preceded, as ``scratch`` lists; ``views`` (index, source, name, j) for an argument that was
+    ``array[j]`` of such an array (the three q, k, v blocks of a qkvr buffer). An argument that
+    was one array under several names (logits and dlogits of an in-place op given as out=) is
+    taken from the first, and the plan's ``same`` pairs say which names must again be one array
+    for the recording to apply. Returns (templates, same, scratch requests).
     """
     if recorder is None or not recorder.valid or not recorder.launches:
         return None, (), ()
     given = set(out or ())
     scratch_ids = {id(buf): i for i, (_, buf, _) in enumerate(recorder.scratch)}
+
+    def names_of(a):
+        names = [(0, k) for k, x in arrays.items() if x is a]
+        # an output not given by the caller but identical to an input is rebuilt as that input
+        # on every replay (aliases, allocate): no condition needed on it
+        names += [(1, k) for k, x in outputs.items() if x is a and (k in given or not names)]
+        if not names and id(a) in scratch_ids:
+            names = [(2, scratch_ids[id(a)])]
+        return names
+
+    candidates = [x for x in (*arrays.values(), *outputs.values(), *(buf for _, buf, _ in recorder.scratch))
+                  if getattr(x, "ndim", 0) >= 2]
     templates, same = [], []
     for j, (kernel, grid3, block3, args, shared_mem, stream) in enumerate(recorder.launches):
         if stream is not None:
             return None, (), ()   # a stream chosen by the launcher is state the key does not see
-        constants, slots = list(args), []
+        constants, slots, views = list(args), [], []
         for i, a in enumerate(args):
             if a is None or isinstance(a, (np.generic, bool, int, float)):
                 continue
-            names = [(0, k) for k, x in arrays.items() if x is a]
-            # an output not given by the caller but identical to an input is rebuilt as that input
-            # on every replay (aliases, allocate): no condition needed on it
-            names += [(1, k) for k, x in outputs.items() if x is a and (k in given or not names)]
-            if not names and id(a) in scratch_ids:
-                names = [(2, scratch_ids[id(a)])]
+            names, index = names_of(a), None
+            if not names:
+                for x in candidates:
+                    index = _leading_index(a, x)
+                    if index is not None:
+                        names = names_of(x)
+                        break
             if not names:
                 return None, (), ()   # a view or a temporary of its own: not one of the call's arrays
-            slots.append((i,) + names[0])
+            if index is None:
+                slots.append((i,) + names[0])
+            else:
+                views.append((i,) + names[0] + (index,))
             same += [(names[0], other) for other in names[1:] if (names[0], other) not in same]
             constants[i] = None
         before = tuple(k for k, (_, _, position) in enumerate(recorder.scratch) if position == j)
-        templates.append((kernel, grid3, block3, shared_mem, tuple(constants), tuple(slots), before))
+        templates.append((kernel, grid3, block3, shared_mem, tuple(constants), tuple(slots), before, tuple(views)))
     return tuple(templates), tuple(same), tuple(request for request, _, _ in recorder.scratch)
 
 
@@ -295,12 +330,14 @@ def _same_arrays(same, arrays: dict, outputs: dict) -> bool:
 def _replay_launches(launches, scratch_requests, arrays: dict, outputs: dict) -> None:
     buffers = []
     sources = (arrays, outputs, buffers)
-    for kernel, grid3, block3, shared_mem, constants, slots, before in launches:
+    for kernel, grid3, block3, shared_mem, constants, slots, before, views in launches:
         for k in before:   # in request order: buffers[k] is the k-th request's
             buffers.append(scratch(*scratch_requests[k]))
         args = list(constants)
         for i, source, name in slots:
             args[i] = sources[source][name]
+        for i, source, name, index in views:
+            args[i] = sources[source][name][index]
         kernel._launch_replayed(grid3, block3, tuple(args), shared_mem)
 
 

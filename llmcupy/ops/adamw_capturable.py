@@ -26,7 +26,7 @@ import numpy as np
 
 from ..runtime import backend as _backend
 from . import adamw as _adamw
-from ._op import Bound, Op, OpError, Version, check_float32, kernel_of, need
+from ._op import Bound, Op, OpError, Version, check_float32, kernel_of, kernels_only, need
 
 SOURCE = "adamw.cu"
 NAME = "adamw_capturable"
@@ -164,6 +164,7 @@ def _sizes(a):
 
 
 def _launch(kernel_name):
+    @kernels_only
     def launch(a, bs):
         n = int(a["params"].size)
         table_len = int(a["corrections"].shape[1])

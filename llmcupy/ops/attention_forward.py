@@ -40,7 +40,7 @@ import numpy as np
 from ..runtime import blas
 from ..runtime import xp as _xp
 from ._attention import causal_flops, check_packed_qkv, elementwise, packed_qkv, split_qkv
-from ._op import Bound, Op, Version, kernel_of, scratch
+from ._op import Bound, Op, Version, kernel_of, kernels_only, scratch
 from .attention_permute import launch_permute
 from .attention_unpermute import launch_unpermute
 
@@ -104,6 +104,7 @@ def _preatt(a, B, NH, T):
     return buf
 
 
+@kernels_only
 def _launch_v1(a, bs):
     B, T, C, NH = _dims(a)
     preatt = _preatt(a, B, NH, T)
@@ -116,6 +117,7 @@ def _launch_v1(a, bs):
     launch_permute(a["qkvr"], inp, NH, bs)  # not part of llm.c's v1: fills the qkvr output
 
 
+@kernels_only
 def _launch_v2(a, bs):
     B, T, C, NH = _dims(a)
     HS = C // NH

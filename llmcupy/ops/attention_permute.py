@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._attention import check_packed_qkv, elementwise, packed_qkv, split_qkv
-from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, kernel_of
+from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, kernel_of, kernels_only
 
 SOURCE = "permute.cu"
 FP32_EPS = float(np.finfo(np.float32).eps)
@@ -47,6 +47,7 @@ def launch_permute(qkvr, inp, NH: int, bs: int) -> None:
                 (qkvr[0], qkvr[1], qkvr[2], inp, np.int32(B), np.int32(T), np.int32(NH), np.int32(HS)))
 
 
+@kernels_only
 def _launch_v1(a, bs):
     _, _, _, NH = check_packed_qkv("attention_permute", a["inp"], a["NH"])
     launch_permute(a["qkvr"], a["inp"], NH, bs)

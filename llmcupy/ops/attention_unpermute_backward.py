@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._attention import as_int, elementwise
-from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, need
+from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, kernels_only, need
 from .attention_permute import (ATTENTION_SIZES, FP32_EPS, LAYOUT_SIM_SIZES, LAYOUT_TEST_SHAPES,
                                 LAYOUT_TOLERANCE_NOTE, layout_sizes)
 
@@ -52,6 +52,7 @@ def launch_unpermute_backward(dinp, dout, bs: int) -> None:
                 B * NH * T * HS, bs, (dinp, dout, np.int32(B), np.int32(T), np.int32(NH), np.int32(HS)))
 
 
+@kernels_only
 def _launch_v1(a, bs):
     launch_unpermute_backward(a["dinp"], a["dout"], bs)
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import ALL_BLOCK_SIZES, Bound, Op, OpError, Version, check_float32, host_checks_enabled, kernel_of, need
+from ._op import (ALL_BLOCK_SIZES, Bound, Op, OpError, Version, check_float32, host_checks_enabled, kernel_of,
+                  kernels_only, need)
 
 SOURCE = "crossentropy_forward.cu"
 NAME = "crossentropy_forward"
@@ -67,6 +68,7 @@ def row_sizes(a):
     return {"N": int(np.prod(probs.shape[:-1])), "V": int(probs.shape[-1])}
 
 
+@kernels_only
 def _launch_v1(a, bs):
     s = row_sizes(a)
     kernel = kernel_of(NAME, "crossentropy_forward_kernel1")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, need
+from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, kernels_only, need
 from .crossentropy_forward import check_targets, row_sizes
 
 SOURCE = "crossentropy_softmax_backward.cu"
@@ -57,6 +57,7 @@ def allocate(xp, a):
     return {"dlogits": a["dlogits"]}  # accumulated in place
 
 
+@kernels_only
 def _launch_v1(a, bs):
     s = row_sizes(a)
     total = s["N"] * s["V"]

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..runtime import backend as _backend
 from ..sim.launcher import DEVICE_MAX_THREADS_PER_SM, DEVICE_SMS
-from ._op import Bound, Op, Version, check_float32, kernel_of, need
+from ._op import Bound, Op, Version, check_float32, kernel_of, kernels_only, need, scratch
 
 SOURCE = "global_norm.cu"
 NAME = "global_norm"
@@ -83,11 +83,13 @@ def _launch_atomic(name):
     return launch
 
 
+@kernels_only
 def _launch_v4(a, bs):
     count = int(a["data"].size)
     bs = max(bs, 128)  # llm.c promotes blocks <= 64 to 128 threads
     grid = grid_size(count, bs, cap=AGGREGATE_THREADS)  # the fix: never more partials than 1024
-    partials = _backend.xp().empty(grid, dtype=np.float32)  # every entry is written by kernel 4
+    # scratch, not a fresh array: a graph capture may not allocate (every entry is written by kernel 4)
+    partials = scratch(NAME, "partials", grid)
     _kernel("global_norm_kernel4")((grid,), (bs,), (partials, a["data"], np.int64(count)))
     _kernel("global_norm_aggregate_kernel")((1,), (AGGREGATE_THREADS,), (a["out"], partials, np.int32(grid)))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
-from ._op import Bound, GrowingTolerance, Op, Version, kernel_of
+from ._op import Bound, GrowingTolerance, Op, Version, kernel_of, kernels_only
 from . import matmul_forward as _mm
 
 SOURCE = "matmul_forward_tf32.cu"
@@ -24,6 +24,7 @@ def tf32_round(x: np.ndarray) -> np.ndarray:
     return r.view(np.float32)
 
 
+@kernels_only
 def _launch(a, s):
     bt, c, oc = _mm._dims(a)
     kernel_of("matmul_forward_tf32", "matmul_forward_tf32_kernel1")(

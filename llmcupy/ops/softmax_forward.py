@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, need
+from ._op import ALL_BLOCK_SIZES, Bound, Op, Version, check_float32, kernel_of, kernels_only, need
 
 SOURCE = "softmax_forward.cu"
 
@@ -50,6 +50,7 @@ def _kernel(name):
 
 
 def _thread_per_row(name):
+    @kernels_only
     def launch(a, bs):
         n, _ = _nc(a)
         _kernel(name)(((n + bs - 1) // bs,), (bs,), _args(a))
@@ -58,6 +59,7 @@ def _thread_per_row(name):
 
 
 def _block_per_row(name, smem_floats):
+    @kernels_only
     def launch(a, bs):
         n, _ = _nc(a)
         _kernel(name)((n,), (bs,), _args(a), shared_mem=4 * smem_floats(bs))
@@ -66,6 +68,7 @@ def _block_per_row(name, smem_floats):
 
 
 def _warp_per_row(name):
+    @kernels_only
     def launch(a, bs):
         n, _ = _nc(a)
         _kernel(name)(((n * 32 + bs - 1) // bs,), (bs,), _args(a))
@@ -73,6 +76,7 @@ def _warp_per_row(name):
     return launch
 
 
+@kernels_only
 def _launch_v3(a, bs):
     n, _ = _nc(a)
     _kernel("softmax_forward_kernel3")((n,), (32,), _args(a))

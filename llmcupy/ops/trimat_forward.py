@@ -16,7 +16,7 @@ import numpy as np
 from ..runtime import blas
 from ..runtime import xp as _xp
 from ._attention import causal_flops, check_packed_qkv, packed_qkv, split_qkv
-from ._op import Bound, Op, Version, kernel_of
+from ._op import Bound, Op, Version, kernel_of, kernels_only
 from .attention_permute import launch_permute
 
 SOURCE = "trimat_forward.cu"
@@ -63,6 +63,7 @@ def _launch_v0(a, bs):
 
 
 def _custom(number):
+    @kernels_only
     def launch(a, bs):
         B, T, C, NH = _dims(a)
         grid = (T // TILE, T // TILE, B * NH)
