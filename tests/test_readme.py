@@ -176,3 +176,25 @@ def test_readme_ptx_line_runs_as_printed(tmp_path, have_nvrtc):
     proc = _run_readme_line(_readme_command("python -m llmcupy.nvrtc softmax_forward --ptx"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert ".target sm_80" in proc.stdout and ".entry _Z23softmax_forward_kernel1" in proc.stdout
+
+
+def test_python_names_the_readmes_give_resolve_after_import_llmcupy():
+    """Every `llmcupy.a.b` the READMEs name for Python use resolves after a plain `import llmcupy`, as a
+    notebook user types it: `llmcupy.analyze.analyze_version(op, 4)` and `llmcupy.runtime.blas.tf32`
+    were AttributeErrors unless the submodule had been imported by hand. Run in a fresh interpreter,
+    since this test process has imported most submodules already."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    text = "".join((root / name).read_text() for name in ("README.md", "examples/README.md", "bench/README.md"))
+    # not a module path (llmcupy/x.py), a C header (llmcupy_sim.h) or a command (python -m llmcupy.x)
+    names = sorted(set(re.findall(r"(?<!-m )(?<![\w/])llmcupy(?:\.[A-Za-z_]\w*)+", text)))
+    assert "llmcupy.analyze.analyze_version" in names, names
+    script = ("import functools, llmcupy\n"
+              "for name in %r:\n"
+              "    functools.reduce(getattr, name.split('.')[1:], llmcupy)\n" % names)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LLMCUPY_BACKEND": "sim", "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
