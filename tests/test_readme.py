@@ -198,3 +198,15 @@ def test_python_names_the_readmes_give_resolve_after_import_llmcupy():
     proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "LLMCUPY_BACKEND": "sim", "PYTHONPATH": str(root)})
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_readme_says_how_the_state_its_sample_line_reads_is_written():
+    """The README's `sample -e llmcupy_train_state.npz` came after train lines that save nothing, and
+    nothing said which flag writes that file: the paragraph must name --save-path and its default."""
+    from llmcupy.train import DEFAULT_SAVE_PATH
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    paragraph = re.search(r"A model you trained is its training state.*?\n\n", text, re.S)
+    assert paragraph, "the README's paragraph on trained models is missing"
+    assert "`--save-path P`" in paragraph.group(0) and f"`{DEFAULT_SAVE_PATH}`" in paragraph.group(0)
+    assert f"-e {DEFAULT_SAVE_PATH}" in _readme_command("python -m llmcupy.sample -e")
