@@ -210,3 +210,18 @@ def test_readme_says_how_the_state_its_sample_line_reads_is_written():
     assert paragraph, "the README's paragraph on trained models is missing"
     assert "`--save-path P`" in paragraph.group(0) and f"`{DEFAULT_SAVE_PATH}`" in paragraph.group(0)
     assert f"-e {DEFAULT_SAVE_PATH}" in _readme_command("python -m llmcupy.sample -e")
+
+
+def test_readme_says_every_cli_ends_quietly_with_141():
+    """The README named only kernel, bench, nvrtc and launchbench as ending with 141 under `| head`,
+    while every CLI's __main__ goes through _cli.run_main (train and sample included). The CLIs are
+    the modules the Architecture section lists as `python -m llmcupy.{...}`."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    listed = re.search(r"python -m llmcupy\.\{([^}]*)\}", text)
+    assert listed, "the README's list of CLIs is missing"
+    for name in (n.strip() for n in listed.group(1).split(",")):
+        source = (root / "llmcupy" / f"{name}.py").read_text()
+        assert "run_main(" in source.split('if __name__ == "__main__":')[-1], name
+    sentence = " ".join(re.search(r"\n\nEvery CLI reports bad input.*?\n\n", text, re.S).group(0).split())
+    assert "every CLI ends quietly with 141 when the reader of its output stops early" in sentence, sentence
