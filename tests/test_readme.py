@@ -225,3 +225,21 @@ def test_readme_says_every_cli_ends_quietly_with_141():
         assert "run_main(" in source.split('if __name__ == "__main__":')[-1], name
     sentence = " ".join(re.search(r"\n\nEvery CLI reports bad input.*?\n\n", text, re.S).group(0).split())
     assert "every CLI ends quietly with 141 when the reader of its output stops early" in sentence, sentence
+
+
+def test_readme_exit_codes_cover_what_the_clis_return():
+    """The README's list of exit codes left out 4, which train returns when another rank of a
+    data-parallel run did not reach a collective in time. Every integer a CLI's main (or a helper
+    named *main*) returns literally must be in that list."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    sentence = " ".join(re.search(r"\n\nEvery CLI reports bad input.*?\n\n", text, re.S).group(0).split())
+    listed = {int(n) for n in re.findall(r"\b(\d+) (?:on|when)\b", sentence)}
+    for name in (n.strip() for n in re.search(r"python -m llmcupy\.\{([^}]*)\}", text).group(1).split(",")):
+        tree = ast.parse((root / "llmcupy" / f"{name}.py").read_text())
+        for func in (f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and "main" in f.name):
+            for ret in (r for r in ast.walk(func) if isinstance(r, ast.Return) and isinstance(r.value, ast.Constant)):
+                if type(ret.value.value) is int:
+                    assert ret.value.value in listed, (name, func.name, ret.value.value, sentence)
