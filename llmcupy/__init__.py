@@ -22,10 +22,27 @@ against its C signature), naming what is wrong. The trainer is ``python -m llmcu
 kernel CLI ``python -m llmcupy.kernel``.
 """
 
+import importlib
+import pkgutil
+
 from .runtime import (BackendError, KernelArgumentError, RawKernel, RawModule, get_backend, set_backend, to_numpy,
                       xp)
 
 from . import ops  # noqa: E402  (llmcupy.ops["name"])
+
+
+def __getattr__(name):
+    """The package's modules load on first use (``llmcupy.analyze.analyze_version``,
+    ``llmcupy.model.activation_bytes``), so the README's dotted names work after ``import llmcupy``
+    without making that import pay for the trainer or the analyzer."""
+    if name in _submodules():
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _submodules() -> set[str]:
+    return {info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")}
+
 
 __version__ = "0.1.0"
 __all__ = ["BackendError", "KernelArgumentError", "RawKernel", "RawModule", "get_backend", "ops", "set_backend", "to_numpy", "xp"]

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import math
 import os
+import shlex
 import signal
 import sys
 import time
@@ -197,6 +198,11 @@ def load_model(args, state=None) -> tuple[GPT2Config, np.ndarray, str]:
 
 
 def missing_model_message(path) -> str:
+    if str(path).endswith(".npz"):   # a training state: only the trainer writes one, download gives a .bin
+        arg = shlex.quote(str(path))
+        return (f"no training state {str(path)!r}. The trainer writes one: add --save-path {arg} (saved after "
+                "the last step) or --save-every N to a run, e.g. python -m llmcupy.train --init d2 -b 4 -t 64 "
+                f"--steps 20 --save-path {arg}")
     return (f"no model file {str(path)!r}. Start from scratch with --init d12 (or d2 for the emulator), or "
             "get GPT-2 124M: python -m llmcupy.download gpt2 && python -m llmcupy.convert "
             f"data/gpt2/model.safetensors -o {DEFAULT_MODEL}")

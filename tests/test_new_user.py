@@ -399,6 +399,20 @@ def test_missing_default_model_is_exit_2_everywhere_with_the_real_paths(inputs, 
         assert "python -m llmcupy.convert data/gpt2/model.safetensors -o gpt2_124M.bin" in err, err
 
 
+def test_missing_training_state_says_how_the_trainer_writes_one(inputs, tmp_path, monkeypatch):
+    """The README's `sample -e llmcupy_train_state.npz` before any run saved a state: the advice was
+    GPT-2 124M's download and convert, which write a .bin, not the state the command names."""
+    from llmcupy import profile, sample, train
+
+    monkeypatch.chdir(tmp_path)
+    state = ["-e", "llmcupy_train_state.npz"]
+    for main, argv in ((train.main, state + inputs["data"]), (profile.main, state + ["--random-data"]),
+                       (sample.main, state)):
+        rc, _, err = _call(main, argv)
+        assert rc == 2 and "no training state 'llmcupy_train_state.npz'" in err, err
+        assert "--save-path llmcupy_train_state.npz" in err and "llmcupy.download" not in err, err
+
+
 # ---------------------------------------------------------------------------------------------
 # training input
 

@@ -176,3 +176,70 @@ def test_readme_ptx_line_runs_as_printed(tmp_path, have_nvrtc):
     proc = _run_readme_line(_readme_command("python -m llmcupy.nvrtc softmax_forward --ptx"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert ".target sm_80" in proc.stdout and ".entry _Z23softmax_forward_kernel1" in proc.stdout
+
+
+def test_python_names_the_readmes_give_resolve_after_import_llmcupy():
+    """Every `llmcupy.a.b` the READMEs name for Python use resolves after a plain `import llmcupy`, as a
+    notebook user types it: `llmcupy.analyze.analyze_version(op, 4)` and `llmcupy.runtime.blas.tf32`
+    were AttributeErrors unless the submodule had been imported by hand. Run in a fresh interpreter,
+    since this test process has imported most submodules already."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    text = "".join((root / name).read_text() for name in ("README.md", "examples/README.md", "bench/README.md"))
+    # not a module path (llmcupy/x.py), a C header (llmcupy_sim.h) or a command (python -m llmcupy.x)
+    names = sorted(set(re.findall(r"(?<!-m )(?<![\w/])llmcupy(?:\.[A-Za-z_]\w*)+", text)))
+    assert "llmcupy.analyze.analyze_version" in names, names
+    script = ("import functools, llmcupy\n"
+              "for name in %r:\n"
+              "    functools.reduce(getattr, name.split('.')[1:], llmcupy)\n" % names)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LLMCUPY_BACKEND": "sim", "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_readme_says_how_the_state_its_sample_line_reads_is_written():
+    """The README's `sample -e llmcupy_train_state.npz` came after train lines that save nothing, and
+    nothing said which flag writes that file: the paragraph must name --save-path and its default."""
+    from llmcupy.train import DEFAULT_SAVE_PATH
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    paragraph = re.search(r"A model you trained is its training state.*?\n\n", text, re.S)
+    assert paragraph, "the README's paragraph on trained models is missing"
+    assert "`--save-path P`" in paragraph.group(0) and f"`{DEFAULT_SAVE_PATH}`" in paragraph.group(0)
+    assert f"-e {DEFAULT_SAVE_PATH}" in _readme_command("python -m llmcupy.sample -e")
+
+
+def test_readme_says_every_cli_ends_quietly_with_141():
+    """The README named only kernel, bench, nvrtc and launchbench as ending with 141 under `| head`,
+    while every CLI's __main__ goes through _cli.run_main (train and sample included). The CLIs are
+    the modules the Architecture section lists as `python -m llmcupy.{...}`."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    listed = re.search(r"python -m llmcupy\.\{([^}]*)\}", text)
+    assert listed, "the README's list of CLIs is missing"
+    for name in (n.strip() for n in listed.group(1).split(",")):
+        source = (root / "llmcupy" / f"{name}.py").read_text()
+        assert "run_main(" in source.split('if __name__ == "__main__":')[-1], name
+    sentence = " ".join(re.search(r"\n\nEvery CLI reports bad input.*?\n\n", text, re.S).group(0).split())
+    assert "every CLI ends quietly with 141 when the reader of its output stops early" in sentence, sentence
+
+
+def test_readme_exit_codes_cover_what_the_clis_return():
+    """The README's list of exit codes left out 4, which train returns when another rank of a
+    data-parallel run did not reach a collective in time. Every integer a CLI's main (or a helper
+    named *main*) returns literally must be in that list."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    sentence = " ".join(re.search(r"\n\nEvery CLI reports bad input.*?\n\n", text, re.S).group(0).split())
+    listed = {int(n) for n in re.findall(r"\b(\d+) (?:on|when)\b", sentence)}
+    for name in (n.strip() for n in re.search(r"python -m llmcupy\.\{([^}]*)\}", text).group(1).split(",")):
+        tree = ast.parse((root / "llmcupy" / f"{name}.py").read_text())
+        for func in (f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and "main" in f.name):
+            for ret in (r for r in ast.walk(func) if isinstance(r, ast.Return) and isinstance(r.value, ast.Constant)):
+                if type(ret.value.value) is int:
+                    assert ret.value.value in listed, (name, func.name, ret.value.value, sentence)
