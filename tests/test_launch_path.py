@@ -228,6 +228,51 @@ def test_replayed_launches_on_a_gpu_match_checked_ones():
         llmcupy.set_backend("sim")
 
 
+@pytest.mark.gpu
+def test_slices_and_workspace_scratch_replay_on_a_gpu():
+    # What the emulator cannot show: a plan finds q, k, v = qkvr[j] through CuPy's own view attributes
+    # (.base, .strides, .data.ptr; CuPy leaves every slice of an empty array at its base's address),
+    # and global_norm 4's partials come from the workspace inside a real stream capture.
+    import cupy
+
+    llmcupy.set_backend("cuda")
+    try:
+        op = llmcupy.ops["attention_forward"]
+        a = op.make_inputs(np.random.default_rng(0), B=2, T=64, C=64, NH=2)
+        results = []
+        for _ in range(3):   # checked (records), then two replays
+            got = op.run(2, {"inp": cupy.asarray(a["inp"]), "NH": a["NH"]})
+            results.append({k: cupy.asnumpy(v) for k, v in got.items()})
+        (plan,) = [p for key, p in op._plans.items() if key[:2] == ("cuda", 2)]
+        assert plan.launches is not None
+        assert sorted(view[3] for t in plan.launches for view in t[7]) == [0, 0, 0, 1, 1, 1, 2, 2]
+        for r in results:
+            for check in _op.check_outputs(op, op.reference_fn(**a), r, inputs=a):
+                assert check["ok"], check
+
+        gn = llmcupy.ops["global_norm"]
+        data = cupy.asarray(gn.make_inputs(np.random.default_rng(1), count=50_001)["data"])
+        eager = cupy.asnumpy(gn.run(4, {"data": data})["out"])
+        workspace, out = _op.Workspace(), cupy.zeros(1, np.float32)
+        with _op.graph_safe(workspace):
+            gn.run(4, {"data": data}, out={"out": out})   # the warm-up: the partials are allocated here
+        workspace.sealed = True
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream, _op.graph_safe(workspace):
+            stream.begin_capture(cupy.cuda.runtime.streamCaptureModeThreadLocal)
+            try:
+                gn.run(4, {"data": data}, out={"out": out})   # a replayed plan, scratch from the workspace
+            finally:
+                graph = stream.end_capture()
+            out.fill(np.nan)
+            graph.launch(stream)
+            stream.synchronize()
+        assert len(workspace) == 1
+        np.testing.assert_array_equal(cupy.asnumpy(out), eager)   # version 4 is deterministic
+    finally:
+        llmcupy.set_backend("sim")
+
+
 # -- recorded launches: a kernels_only version's plan replays the checked call's launches ---------
 
 def _kernels_only_cases():
