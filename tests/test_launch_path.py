@@ -477,6 +477,24 @@ def test_a_replay_asks_for_the_launchers_scratch_again(monkeypatch):
     assert (fill, fill_count) == (0.0, 32)
 
 
+def test_a_replayed_null_pointer_to_a_vector_type_is_not_given_an_address():
+    # On cuda a checked launch prepares a None pointer as the 8-byte zero np.uint64(0), and a plan
+    # replays that prepared tuple: the replay's alignment check of a float4* parameter asked
+    # array_address for the zero's address (AttributeError: no 'ctypes') instead of passing it on
+    mod = llmcupy.RawModule(code=r"""
+    __global__ void add_bias(float* y, const float4* bias, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n && bias != nullptr) y[i] += reinterpret_cast<const float*>(bias)[i];
+    }""", target="sim")
+    kernel = mod.get_function("add_bias")
+    y = np.zeros(4, np.float32)
+    with rt.STUBBED:   # the replay's checks, without handing the cuda form of NULL to the emulator
+        kernel._launch_replayed((1, 1, 1), (4, 1, 1), (y, np.uint64(0), np.int32(4)), 0)
+        misaligned = np.zeros(8, np.float32)[1:5]   # an array's address is still checked
+        with pytest.raises(llmcupy.KernelArgumentError, match="not 16-byte aligned"):
+            kernel._launch_replayed((1, 1, 1), (4, 1, 1), (y, misaligned, np.int32(4)), 0)
+
+
 def test_array_address_matches_numpy_for_every_kind_of_array():
     buf = np.zeros((6, 8), np.float32)
     readonly = buf[2]

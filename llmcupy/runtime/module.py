@@ -332,7 +332,9 @@ class RawKernel:
         LAUNCHES[0] += 1
         for i, align in self._aligned_params():
             a = args[i]
-            if a is not None and array_address(a) % align:
+            # a null pointer has no address to check: None in the emulator, on cuda the 8-byte zero
+            # the checked launch prepared (a NumPy scalar, which array_address cannot read)
+            if a is not None and not isinstance(a, np.generic) and array_address(a) % align:
                 raise KernelArgumentError(f"{self.name}: argument {i} ({self.params[i].describe()}): address "
                                           f"{array_address(a):#x} is not {align}-byte aligned")
         if _Stubbed.depth:
