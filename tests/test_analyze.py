@@ -336,15 +336,21 @@ def _gpu_record(sizes, times, block_size=256, backend="cuda", device="NVIDIA H10
                          "blocks": [{"block_size": block_size, "ok": True, "ms": ms}]} for v, ms in times.items()]}
 
 
-def test_correlation_with_a_synthetic_results_folder(tmp_path):
+def _softmax_analyses():
+    """softmax_forward versions 1, 5, 6 and 7 analysed at small sizes: (sizes, analyses, the versions
+    ranked by the model's time, fastest first)."""
     op = llmcupy.ops["softmax_forward"]
     sizes = {"B": 2, "T": 16, "V": 517}
     inputs = op.make_inputs(np.random.default_rng(0), **sizes)
     analyses = [analyze.analyze_version(op, v, sizes, inputs=inputs) for v in (1, 5, 6, 7)]
     model = {a["version"]: a["summary"]["model_seconds"] for a in analyses}
+    return sizes, analyses, sorted(model, key=model.get)
+
+
+def test_correlation_with_a_synthetic_results_folder(tmp_path):
+    sizes, analyses, ranked = _softmax_analyses()
     assert analyze.correlate(analyses, tmp_path) is None  # nothing measured yet
     # measured times in the model's order -> rho = 1; reversed -> -1
-    ranked = sorted(model, key=model.get)
     (tmp_path / "a.json").write_text(json.dumps(_gpu_record(sizes, {v: 0.01 * (i + 1) for i, v in enumerate(ranked)})))
     c = analyze.correlate(analyses, tmp_path)
     assert c["rho"] == pytest.approx(1.0) and len(c["pairs"]) == 4
@@ -364,12 +370,7 @@ def test_correlation_with_a_synthetic_results_folder(tmp_path):
 def test_correlation_never_mixes_the_times_of_two_gpus(tmp_path):
     # before: each (version, block size) took its time from whichever file sorted last, so a T4 run of
     # two versions beside an H100 run of four ranked T4 and H100 times together, as one GPU
-    op = llmcupy.ops["softmax_forward"]
-    sizes = {"B": 2, "T": 16, "V": 517}
-    inputs = op.make_inputs(np.random.default_rng(0), **sizes)
-    analyses = [analyze.analyze_version(op, v, sizes, inputs=inputs) for v in (1, 5, 6, 7)]
-    model = {a["version"]: a["summary"]["model_seconds"] for a in analyses}
-    ranked = sorted(model, key=model.get)
+    sizes, analyses, ranked = _softmax_analyses()
     (tmp_path / "a_h100.json").write_text(json.dumps(_gpu_record(sizes, {v: 0.01 * (i + 1) for i, v in enumerate(ranked)})))
     (tmp_path / "b_t4.json").write_text(json.dumps(_gpu_record(sizes, {ranked[0]: 9.0, ranked[1]: 0.001},
                                                                device="Tesla T4")))
@@ -382,12 +383,7 @@ def test_correlation_never_mixes_the_times_of_two_gpus(tmp_path):
 
 def test_correlation_takes_the_newest_run_by_its_date_not_its_file_name(tmp_path):
     # before: the file that sorted last won, so catalogue.json (kernel --json) beat a newer dated sweep
-    op = llmcupy.ops["softmax_forward"]
-    sizes = {"B": 2, "T": 16, "V": 517}
-    inputs = op.make_inputs(np.random.default_rng(0), **sizes)
-    analyses = [analyze.analyze_version(op, v, sizes, inputs=inputs) for v in (1, 5, 6, 7)]
-    model = {a["version"]: a["summary"]["model_seconds"] for a in analyses}
-    ranked = sorted(model, key=model.get)
+    sizes, analyses, ranked = _softmax_analyses()
     newer = dict(_gpu_record(sizes, {v: 0.01 * (i + 1) for i, v in enumerate(ranked)}), date="2026-02-01T00:00:00Z")
     (tmp_path / "20260201T000000Z_h100.json").write_text(json.dumps(newer))
     (tmp_path / "catalogue.json").write_text(json.dumps(_gpu_record(sizes, {v: 0.01 * (4 - i) for i, v in enumerate(ranked)})))
