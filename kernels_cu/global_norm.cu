@@ -29,7 +29,9 @@ version 4: deterministic, two kernels, no atomics: block b writes its sum (the v
            in their own scratch buffer, and the aggregation kernel loops over its inputs, so out
            is a single float and no SM count can break it.
 
-Versions 1-3 only accumulate into out[0]: their launcher zeroes it before every launch.
+Versions 1-3 only accumulate into out[0]: their launcher zeroes it before every launch, with
+global_norm_zero_kernel (a kernel rather than a host-side fill, so a launch plan records it with the
+accumulation and a replay or a captured graph zeroes out[0] too).
 */
 
 // cooperative groups only in the files that use them: the header costs ~1 s of NVRTC per file
@@ -62,6 +64,11 @@ __device__ float global_norm_block_reduce_sum(float val) {
     __syncthreads();
     float partial = lane < num_warps ? warp_sums[lane] : 0.0f;  // slots past the last warp are poison
     return warpReduceSum(partial);
+}
+
+// Versions 1-3 only add into out[0]: one thread clears it first (llm.c's harness memsets it).
+__global__ void global_norm_zero_kernel(float* out) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = 0.0f;
 }
 
 // ----------------------------------------------------------------------------------------------

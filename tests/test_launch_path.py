@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import llmcupy
+from llmcupy import sim
 from llmcupy.ops import OpError, _op
 from llmcupy.runtime import module as rt
 
@@ -475,6 +476,27 @@ def test_a_replay_asks_for_the_launchers_scratch_again(monkeypatch):
     assert [(tuple(r[0][:3]),) for r in requests] == [(tuple(c[0][:3]),) for c in checked]
     (owner, name, shape, dtype, fill, fill_count), = plan.scratch
     assert (fill, fill_count) == (0.0, 32)
+
+
+@pytest.mark.parametrize("number", [1, 2, 3, 4])
+def test_every_global_norm_version_replays_its_launches_to_the_eager_bits(number, monkeypatch):
+    # Versions 1-3 add into out[0] with atomics, so out must be zeroed first: that was a host-side
+    # out.fill(0), which a plan cannot record, so their replays ran the launcher's Python. Zeroed by a
+    # kernel, the plan replays it with the rest; out= starts as NaN and as the last call's result, so a
+    # replay that skipped the zeroing shows. One worker in one thread order makes the atomics add in
+    # the same order every run: the same bits.
+    op = llmcupy.ops["global_norm"]
+    a = op.make_inputs(np.random.default_rng(0), count=50_001)
+    with sim.settings(order="forward", workers=1):
+        with _op.launch_plans(False):
+            eager = op.run(number, _copy(a), out={"out": np.full(1, np.nan, np.float32)})["out"]
+        op.run(number, _copy(a), out={"out": np.full(1, np.nan, np.float32)})      # records the plan
+        (plan,) = op._plans.values()
+        assert plan.launches is not None, f"global_norm v{number}: its launches were not recorded"
+        monkeypatch.setattr(op.versions[number], "launch", lambda *args: pytest.fail("a replay ran the launcher"))
+        for start in (np.nan, float(eager[0])):
+            replayed = op.run(number, _copy(a), out={"out": np.full(1, start, np.float32)})["out"]
+            assert replayed.tobytes() == eager.tobytes(), f"v{number}, out={start}: {replayed} != {eager}"
 
 
 def test_a_replayed_null_pointer_to_a_vector_type_is_not_given_an_address():

@@ -8,8 +8,8 @@ Call::
 ``data``: float32, any shape (treated as flat, ``count = data.size``), C-contiguous. The result is
 ``out[0] = sum(data**2)`` -- the **squared** norm, no square root -- accumulated in fp32 on the
 device (per-thread grid-stride sums, then warp/block reductions, then atomics or a second kernel).
-Versions 1-3 accumulate into ``out`` with atomicAdd; their launcher zeroes it first, so every call
-returns the norm of this call's data only. Version 4 is deterministic (no atomics).
+Versions 1-3 accumulate into ``out`` with atomicAdd; their launcher zeroes it first (with a kernel,
+so a launch plan's replay does too), so every call returns the norm of this call's data only. Version 4 is deterministic (no atomics).
 
 Grid: enough blocks to fill the device once, ``maxThreadsPerSM * numSMs // block`` (read from the
 GPU with CuPy; a fixed 2 SMs x 2048 threads in the emulator), and never more than the data needs;
@@ -75,9 +75,12 @@ def _kernel(name):
 
 
 def _launch_atomic(name):
+    @kernels_only
     def launch(a, bs):
         count = int(a["data"].size)
-        a["out"].fill(0)  # the kernel only accumulates into out[0]
+        # the kernel only accumulates into out[0]; zeroed by a kernel, not out.fill(0), so a launch
+        # plan's replay (and a captured graph) clears it too
+        _kernel("global_norm_zero_kernel")((1,), (1,), (a["out"],))
         _kernel(name)((grid_size(count, bs),), (bs,), (a["out"], a["data"], np.int64(count)))
 
     return launch
