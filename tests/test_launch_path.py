@@ -622,6 +622,33 @@ def test_only_a_slice_along_the_first_axis_replays_as_a_view(monkeypatch):
     np.testing.assert_array_equal(got["qkvr"], op.reference(**a))
 
 
+def test_a_slice_that_lies_in_two_overlapping_arrays_is_not_guessed(monkeypatch):
+    # inp1 = buf[0:2] and out = buf[1:3] overlap: the launcher's out[0] is also inp1[1]. A recording
+    # that took it for inp1[1] replays, on a call whose arrays do not overlap, into inp1 instead of
+    # out; the recording is dropped instead and the launcher runs (views on both calls: one plan key)
+    op = llmcupy.ops["residual_forward"]
+    v = op.versions[1]
+    kernel = _op.kernel_of("residual_forward", "residual_forward_kernel1")
+
+    @_op.kernels_only
+    def row_by_row(arrays, bs):
+        out, inp1, inp2 = arrays["out"], arrays["inp1"], arrays["inp2"]
+        for j in range(out.shape[0]):   # out[j] first: the ambiguous slice is the first array argument
+            kernel((1,), (bs,), (out[j], inp1[j], inp2[j], np.int32(out[j].size)))
+
+    monkeypatch.setattr(v, "launch", row_by_row)
+    rows = np.arange(3 * 4 * 8, dtype=np.float32).reshape(3, 4, 8)
+    buf, inp2 = rows.copy(), np.ones((2, 4, 8), np.float32)
+    op.run(1, {"inp1": buf[0:2], "inp2": inp2}, out={"out": buf[1:3]})
+    apart = np.full((5, 4, 8), np.nan, np.float32)
+    apart[0:2] = rows[0:2]
+    got = op.run(1, {"inp1": apart[0:2], "inp2": inp2}, out={"out": apart[3:5]})["out"]
+    np.testing.assert_array_equal(apart[0:2], rows[0:2])   # the input is untouched
+    np.testing.assert_array_equal(got, rows[0:2] + 1.0)
+    (plan,) = op._plans.values()
+    assert plan.launches is None
+
+
 def test_a_leading_slice_is_found_by_its_memory_and_never_stands_for_a_scalar():
     x = np.zeros((3, 4), np.float32)
     assert _op._leading_index(x[2], x) == 2

@@ -189,9 +189,11 @@ def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None, fill_coun
 # ``trusted`` as for other versions, when a launch argument is an array that is not one of the
 # call's own nor a ``scratch()`` buffer (which a replay asks for, and fills, again), nor a slice
 # ``x[j]`` of one of those along its first axis (the q, k, v blocks of a qkvr buffer; any other
-# view made in the launcher is its own), or when the launcher used a stream, cuBLAS or another
-# op. An argument that was one array under several names (an in-place op given out=) replays only
-# while a call's arrays under those names are again one array; otherwise the launcher runs.
+# view made in the launcher is its own; nor is a slice that lies in two of the call's arrays,
+# which then overlap: which one it came from would be a guess), or when the launcher used a
+# stream, cuBLAS or another op. An argument that was one array under several names (an in-place
+# op given out=) replays only while a call's arrays under those names are again one array;
+# otherwise the launcher runs.
 
 _MAX_PLANS = 1024                # per op: a caller cycling through endless shapes stays bounded
 _RECORDING = [False]             # True while a checked run records the arrays address() looks at
@@ -301,11 +303,14 @@ def _recorded_launches(recorder, arrays: dict, outputs: dict, out: dict | None):
                 continue
             names, index = names_of(a), None
             if not names:
-                for x in candidates:
-                    index = _leading_index(a, x)
-                    if index is not None:
-                        names = names_of(x)
-                        break
+                found = [(x, j) for x, j in ((x, _leading_index(a, x)) for x in candidates) if j is not None]
+                if len({id(x) for x, _ in found}) > 1:
+                    # x[j] is also y[k] of another of the call's arrays (the two overlap): which one the
+                    # launcher cut it from cannot be told, and a replay's arrays need not overlap alike
+                    return None, (), ()
+                if found:
+                    x, index = found[0]
+                    names = names_of(x)
             if not names:
                 return None, (), ()   # a view or a temporary of its own: not one of the call's arrays
             if index is None:
