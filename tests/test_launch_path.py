@@ -244,7 +244,7 @@ def test_slices_and_workspace_scratch_replay_on_a_gpu():
         for _ in range(3):   # checked (records), then two replays
             got = op.run(2, {"inp": cupy.asarray(a["inp"]), "NH": a["NH"]})
             results.append({k: cupy.asnumpy(v) for k, v in got.items()})
-        (plan,) = [p for key, p in op._plans.items() if key[:2] == ("cuda", 2)]
+        (plan,) = [p for key, p in op._plans.items() if key[0] == "cuda" and p.version.number == 2]
         assert plan.launches is not None
         assert sorted(view[3] for t in plan.launches for view in t[7]) == [0, 0, 0, 1, 1, 1, 2, 2]
         for r in results:
@@ -376,6 +376,29 @@ def test_a_replayed_launch_passes_the_checked_launch_arguments(op_name, number, 
         # accumulator) is far outside the op's tolerance
         for r in _op.check_outputs(op, checked, replayed, inputs=a):
             assert r["ok"], f"{op_name} v{number}: the replay's {r['name']} differs from the checked call's: {r}"
+
+
+def test_a_plan_recorded_on_one_device_is_not_replayed_on_another(monkeypatch):
+    # A launcher may size its grid or choose its kernel by the device (SM count, shared memory: see
+    # layernorm_forward 6), and the checks of device limits ran on the device current then: another
+    # current device (cupy.cuda.Device(1).use(), here a stand-in id) checks the call again
+    from llmcupy.runtime import backend
+
+    op = llmcupy.ops["layernorm_forward"]
+    v = op.versions[3]
+    a = _ln_inputs()
+    monkeypatch.setattr(backend, "current_device", lambda: 0)
+    first = op.run(3, _copy(a))
+    ran = []
+    launcher = v.launch
+    monkeypatch.setattr(v, "launch", lambda arrays, bs: (ran.append(1), launcher(arrays, bs)))
+    op.run(3, _copy(a))
+    assert ran == [] and len(op._plans) == 1                # device 0 again: its plan replays
+    monkeypatch.setattr(backend, "current_device", lambda: 1)
+    again = op.run(3, _copy(a))
+    assert ran == [1] and len(op._plans) == 2               # device 1: checked, and a plan of its own
+    for name in op.outputs:
+        np.testing.assert_array_equal(again[name], first[name])
 
 
 def test_a_new_shape_or_dtype_records_a_new_plan_with_its_own_arguments(monkeypatch):

@@ -169,9 +169,9 @@ def scratch(owner: str, name: str, shape, dtype=np.float32, fill=None, fill_coun
 #
 # Checking a call (validate, requires, out= shapes, then every kernel argument against its C
 # signature) costs tens of microseconds of Python, as much as a GPU kernel at GPT-2's sizes: a
-# 124M step launches ~300 times. The checks depend only on the call's *plan key*: the version and
-# block size, each array's shape, dtype, contiguity and writability, the values of scalar inputs,
-# and whether the run is graph-safe. So ``Op.run`` checks a call the first time its key is seen
+# 124M step launches ~300 times. The checks depend only on the call's *plan key*: the device, the
+# version and block size, each array's shape, dtype, contiguity and writability, the values of
+# scalar inputs, and whether the run is graph-safe. So ``Op.run`` checks a call the first time its key is seen
 # and records a ``_LaunchPlan``; later calls with the same key replay it: no validation (except
 # host checks, which read values), no constraint checks, no kernel-argument checks (the launches
 # run ``trusted``), outputs rebuilt from ``out=`` and the recorded aliases. Alignment is the one
@@ -226,7 +226,9 @@ def _describe(a):
 
 def _plan_key(number, block_size, graph_safe_run: bool, arrays: dict, out: dict | None):
     try:
-        return (_backend.get_backend(), number, block_size, graph_safe_run,
+        # the device too: a launcher may size its grid or pick a kernel by the device's SM count or
+        # shared memory, and the checks of device limits ran for the device current at the time
+        return (_backend.get_backend(), _backend.current_device(), number, block_size, graph_safe_run,
                 tuple([(k, _describe(a)) for k, a in arrays.items()]),
                 None if out is None else tuple([(k, _describe(a)) for k, a in out.items()]))
     except (_Unplannable, TypeError):  # TypeError: an unhashable scalar

@@ -156,6 +156,22 @@ def device_name() -> str:
     return "CPU emulator (sim)"
 
 
+_GET_DEVICE: list = [None]
+
+
+def current_device() -> int:
+    """The id of the CUDA device calls go to now (CuPy's current device); 0 in the emulator, which
+    has one. Cheap (one cudaGetDevice): the launch plans ask on every op call."""
+    if get_backend() != "cuda":
+        return 0
+    get = _GET_DEVICE[0]
+    if get is None:
+        import cupy
+
+        get = _GET_DEVICE[0] = cupy.cuda.runtime.getDevice
+    return get()
+
+
 _ATTRIBUTES: dict = {}
 
 
