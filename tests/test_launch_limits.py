@@ -127,8 +127,8 @@ def _cuda_kernel(monkeypatch, *, max_threads, num_regs, static_smem=0, optin=227
     """A RawKernel as the cuda backend builds it, over a stand-in for CuPy's kernel (no GPU here)."""
     k = object.__new__(module_mod.RawKernel)
     k.name, k.backend = "heavy_kernel", "cuda"
-    k._max_threads = max_threads   # what CuPy's max_threads_per_block would say
-    k.max_dynamic_shared_size_bytes = 0
+    k._max_threads = {0: max_threads}   # what CuPy's max_threads_per_block would say on device 0
+    k._opted_in = {}
     k._kernel = types.SimpleNamespace(num_regs=num_regs, shared_size_bytes=static_smem,
                                       max_dynamic_shared_size_bytes=0)
     attributes = {"MaxRegistersPerBlock": 65536, "MaxSharedMemoryPerBlockOptin": optin}
@@ -162,6 +162,22 @@ def test_gpu_shared_memory_opt_in_is_checked_against_the_device(monkeypatch):
                                                r"static\) are more than the 65536 bytes one block may have on Tesla T4"):
         k._opt_in_shared(64 * 1024)
     assert k._kernel.max_dynamic_shared_size_bytes == 60 * 1024   # left as it was
+
+
+def test_gpu_shared_memory_opt_in_is_made_again_on_another_device(monkeypatch):
+    # CuPy's kernel loads once per device and the opt-in is an attribute of each device's copy: one
+    # made while device 0 was current does not let a launch with device 1 current go above 48 KiB
+    k = _cuda_kernel(monkeypatch, max_threads=1024, num_regs=32)
+    device = [0]
+    monkeypatch.setattr(_backend, "current_device", lambda: device[0])
+    k._opt_in_shared(100 * 1024)
+    assert k.max_dynamic_shared_size_bytes == 100 * 1024
+    device[0] = 1
+    assert k.max_dynamic_shared_size_bytes == 0   # so the next launch above 48 KiB opts in here
+    k._opt_in_shared(80 * 1024)
+    assert k.max_dynamic_shared_size_bytes == 80 * 1024
+    device[0] = 0
+    assert k.max_dynamic_shared_size_bytes == 100 * 1024
 
 
 def test_sweep_reports_a_block_size_the_device_cannot_run_as_skipped(sim_backend, monkeypatch):

@@ -220,7 +220,10 @@ class RawKernel:
         self.name = name
         self.backend = module.backend
         self.enable_cooperative_groups = module.enable_cooperative_groups
-        self.max_dynamic_shared_size_bytes = 0
+        # per device: CuPy's kernel object loads on each device it runs on, and both the shared memory
+        # opted into and the block limit are that device's (one process may drive several GPUs)
+        self._opted_in: dict[int, int] = {}
+        self._max_threads: dict[int, int] = {}
         if self.backend == "cuda":
             self._kernel = module._cupy_module.get_function(name)
             params = parse_signature(module.code, name)
@@ -241,14 +244,21 @@ class RawKernel:
         device (its ``__launch_bounds__`` and the registers a block of that many threads needs;
         cuFuncGetAttribute, asked once); in the emulator, which has no registers to run out of, the
         source's ``__launch_bounds__``."""
-        found = self.__dict__.get("_max_threads")
+        device = _backend.current_device()
+        found = self._max_threads.get(device)
         if found is None:
             if self.backend == "cuda":
                 found = int(self._kernel.max_threads_per_block)
             else:
                 found = self.module._sim_library.max_threads(self.name)
-            self._max_threads = found
+            self._max_threads[device] = found
         return found
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        """The dynamic shared memory this kernel is opted into on the current device (0: CUDA's
+        default 48 KiB, which needs no opt-in)."""
+        return self._opted_in.get(_backend.current_device(), 0)
 
     @property
     def signature(self) -> str:
@@ -291,8 +301,8 @@ class RawKernel:
                 f"{self.name}: {dynamic} bytes of dynamic shared memory (plus {static} static) are more than the "
                 f"{optin} bytes one block may have on {_backend.device_name()}; use a smaller block size or "
                 "another version")
-        self._kernel.max_dynamic_shared_size_bytes = dynamic
-        self.max_dynamic_shared_size_bytes = dynamic
+        self._kernel.max_dynamic_shared_size_bytes = dynamic   # CuPy sets it for the current device
+        self._opted_in[_backend.current_device()] = dynamic
 
     def _launch_trusted(self, grid, block, args, shared_mem: int, stream) -> None:
         LAUNCHES[0] += 1
