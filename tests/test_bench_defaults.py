@@ -134,8 +134,8 @@ def test_a_missing_results_folder_keeps_the_measured_defaults(results, tmp_path)
     before = out.read_bytes()
     rc, stdout, err = _call(["defaults", "--results", tmp_path / "reslts", "--out", out])
     assert rc == 2 and err.strip() == (f"error: --results {tmp_path / 'reslts'}: no such folder; give the folder "
-                                       "of the recorded --trainer-shapes runs (default bench/results, relative "
-                                       "to the working folder)"), err
+                                       "of the recorded --trainer-shapes runs (default: bench/results of this "
+                                       "checkout)"), err
     assert out.read_bytes() == before and GPU in json.loads(before)["devices"]
     rc, _, err = _call(["defaults", "--results", results, "--out", tmp_path])
     assert rc == 2 and err.strip() == f"error: --out {tmp_path}: it is a folder; give a file name", err
@@ -144,15 +144,58 @@ def test_a_missing_results_folder_keeps_the_measured_defaults(results, tmp_path)
 def test_no_results_folder_yet_says_no_gpu_run_is_recorded(tmp_path, monkeypatch):
     # a fresh clone: no GPU run has made bench/results. Before, `bench defaults` as the READMEs give
     # it blamed "--results bench/results", a flag the user never typed
+    checkout = tmp_path / "checkout"
+    (checkout / "bench").mkdir(parents=True)
+    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
     out = tmp_path / "defaults.json"
     out.write_text("{}")
-    monkeypatch.chdir(tmp_path)
     rc, stdout, err = _call(["defaults", "--out", out])
     assert rc == 2 and err.strip() == (
-        "error: no GPU run is recorded yet: bench/results is not in this folder (python -m llmcupy.bench "
-        "--trainer-shapes on a GPU makes it; run from the checkout's root, or give --results DIR); "
+        f"error: no GPU run is recorded yet: {checkout / 'bench' / 'results'} does not exist (python -m "
+        "llmcupy.bench --trainer-shapes on a GPU makes it, or give --results DIR); "
         f"{out} is left as it is"), err
     assert out.read_text() == "{}"
+
+
+def test_the_default_results_are_the_checkouts_from_any_working_folder(results, tmp_path, monkeypatch):
+    # `bench defaults` writes the checkout's bench/defaults.json; it read bench/results of the working
+    # folder, so from anywhere else it said "no GPU run is recorded yet" of a checkout that had runs,
+    # and `--check` compared the checkout's file with no runs at all
+    checkout = tmp_path / "checkout"
+    (checkout / "bench").mkdir(parents=True)
+    results.rename(checkout / "bench" / "results")
+    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
+    monkeypatch.delenv("LLMCUPY_DEFAULTS", raising=False)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "bench" / "results" / "sim").mkdir(parents=True)   # an emulator sweep made one here
+    monkeypatch.chdir(elsewhere)
+    rc, stdout, err = _call(["defaults"])
+    assert rc == 0, err
+    written = json.loads((checkout / "bench" / "defaults.json").read_text())
+    assert set(written["devices"]) == {GPU, OTHER}
+    assert written["devices"][GPU]["source"] == "bench/results/20261102T000000Z_test_bbbbbbbbbb.json"
+    assert not (elsewhere / "bench" / "defaults.json").exists()
+    rc, stdout, err = _call(["defaults", "--check"])
+    assert rc == 0 and "up to date" in stdout, stdout + err
+
+
+def test_a_folder_with_no_run_does_not_erase_measured_defaults(results, tmp_path, monkeypatch):
+    # --results naming the wrong folder (one with no GPU run at the trainer's shapes): before, the
+    # file was rewritten naming no GPU, the measured defaults lost
+    out = tmp_path / "defaults.json"
+    assert _call(["defaults", "--results", results, "--out", out])[0] == 0
+    before = out.read_bytes()
+    empty = tmp_path / "sim_runs"
+    _save(empty, _record([_entry("gelu_forward", 1, 0.0)], device="CPU emulator (sim)", backend="sim"), "sim.json")
+    rc, stdout, err = _call(["defaults", "--results", empty, "--out", out])
+    assert rc == 2 and err.strip() == (
+        f"error: {empty} holds no --trainer-shapes GPU run, but {out} holds the measured defaults of "
+        f"{OTHER}, {GPU}; give --results the folder of their runs (or delete the file to write one naming "
+        "no GPU); it is left as it is"), err
+    assert out.read_bytes() == before
+    out.unlink()   # deliberately starting over: a file naming no GPU
+    assert _call(["defaults", "--results", empty, "--out", out])[0] == 0
+    assert json.loads(out.read_text())["devices"] == {}
 
 
 def test_the_committed_file_is_what_the_committed_results_give():
