@@ -131,8 +131,8 @@ def test_no_gpu_results_give_a_file_naming_no_gpu(tmp_path):
 
 
 def test_a_missing_results_folder_keeps_the_measured_defaults(results, tmp_path):
-    # a typo in --results, or the default bench/results seen from another working folder: before,
-    # it derived "no GPU measured" and wrote that over the file's measured defaults
+    # a typo in --results: before, it derived "no GPU measured" and wrote that over the file's
+    # measured defaults
     out = tmp_path / "defaults.json"
     assert _call(["defaults", "--results", results, "--out", out])[0] == 0
     before = out.read_bytes()
