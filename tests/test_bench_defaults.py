@@ -255,8 +255,8 @@ def _gpu_session_side(tmp_path, stand_in: str):
     python.write_text(f'#!/bin/sh\n[ "$1 $2" = "-m pip" ] && exit 0\nexec {sys.executable} "$@"\n')
     python.chmod(0o755)
     out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), PYTHON=str(python), LLMCUPY_BACKEND="sim", STEPS="5",
-               PYTHONPATH=str(defaults.repo_dir()))
+    env = {k: v for k, v in os.environ.items() if k not in ("B", "T")}   # the script's, named in "command"
+    env.update(OUT=str(out), PYTHON=str(python), LLMCUPY_BACKEND="sim", STEPS="5", PYTHONPATH=str(defaults.repo_dir()))
     proc = subprocess.run(["bash", str(defaults.repo_dir() / "bench" / "gpu_session.sh"), "side"], cwd=root,
                           env=env, capture_output=True, text=True, timeout=300)
     return out, proc.stdout + proc.stderr
@@ -266,7 +266,8 @@ def test_gpu_session_records_the_side_by_side_times_with_their_provenance(tmp_pa
     # the side-by-side script writes side_by_side.json with no date, commit or command; before, `side`
     # had it write straight into results/, to be renamed by hand when copied into bench/results (and a
     # later session's replaced it there). Now results/ gets it with its provenance, named by the date.
-    stand_in = f"""mkdir -p "$OUT"; cat > "$OUT/side_by_side.json" <<'EOF'\n{json.dumps(SIDE_BY_SIDE)}\nEOF\necho llm.c 90 ms\n"""
+    stand_in = (f"""mkdir -p "$OUT"; cat > "$OUT/side_by_side.json" <<'EOF'\n{json.dumps(SIDE_BY_SIDE)}\nEOF\n"""
+                "echo llm.c 90 ms\n")
     out, log = _gpu_session_side(tmp_path, stand_in)
     records = sorted((out / "results").iterdir())
     assert [p.name for p in records if not p.name.startswith("side_by_side-")] == [], log
