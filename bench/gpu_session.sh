@@ -10,7 +10,8 @@
 #   bash bench/gpu_session.sh bench    # bench sweep of every version at the ops' sizes
 #   bash bench/gpu_session.sh step     # the step's ops at the trainer's shapes (for the defaults);
 #                                      # profile and start-up times of GPT-2 124M
-#   bash bench/gpu_session.sh side     # llm.c's FP32 trainer and PyTorch side by side (.shared/gpu)
+#   bash bench/gpu_session.sh side     # llm.c's FP32 trainer and PyTorch side by side (.shared/gpu),
+#                                      # recorded as results/side_by_side-<date>.json
 #
 # Every device call carries the wheels: `carry: [".whl"]` (and ".shared" for `side`). The GPU image
 # has CuPy, cuda-bindings and the CUDA libraries but not nvmath-python, whose cuBLAS / cuBLASLt
@@ -155,7 +156,41 @@ write_tokens(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8 * 4 * 10
   side)
     [ -d .shared ] || { echo "copy the shared folder to .shared first (see .shared/gpu/side_by_side.sh)"; exit 2; }
     install  # the side-by-side script installs the project too, but not nvmath-python
-    stage side_by_side 560 env OUT="$OUT/results" bash .shared/gpu/side_by_side.sh
+    # its logs and side_by_side.json go to a folder of their own; the JSON holds the times and the GPU
+    # but no date, commit or command, so results/ gets it with those, named by the call's date (a
+    # later session's adds to it), read by bench defaults and --list-results as another tool's record
+    stage side_by_side 560 env OUT="$OUT/side_by_side" bash .shared/gpu/side_by_side.sh
+    command="bash bench/gpu_session.sh side"
+    for var in STEPS B T; do [ -n "${!var:-}" ] && command="$var=${!var} $command"; done
+    $PY - "$OUT/side_by_side/side_by_side.json" "$OUT/results/side_by_side-$STAMP.json" "$STAMP" "$command" \
+        2>&1 <<'PYEOF' | tee -a "$OUT/stages.txt"
+import datetime, json, platform, sys
+from pathlib import Path
+from llmcupy import bench
+from llmcupy.fileio import atomic_write
+
+raw_path, out_path, stamp, command = sys.argv[1:]
+try:
+    raw = json.loads(Path(raw_path).read_text())
+except (OSError, ValueError) as exc:   # stopped by its limit, or failed: its log says why
+    sys.exit(f"side_by_side: nothing recorded: {raw_path} is missing or unreadable ({exc}); see side_by_side.log")
+if not isinstance(raw, dict):
+    sys.exit(f"side_by_side: nothing recorded: {raw_path} holds no JSON object")
+try:
+    software = bench._software_versions()
+except Exception as exc:   # a version string is not worth the record
+    software = {"python": platform.python_version(), "error": str(exc)}
+date = datetime.datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").strftime("%Y-%m-%dT%H:%M:%SZ")
+# "gpu" is nvidia-smi's "name, driver, memory" line: its name is the device of the other records
+device = str(raw.get("gpu", "")).split(",")[0].strip() or "unknown"
+record = {"schema": "llmcupy.side_by_side/1", "date": date, "command": command, "backend": "cuda",
+          "device": device, "host": platform.node(), "git": bench.git_commit(), "software": software,
+          "script": ".shared/gpu/side_by_side.sh"}
+record.update((key, value) for key, value in raw.items() if key not in record)   # then the script's own
+with atomic_write(out_path) as f:   # bench defaults reads the folder: never half a record there
+    f.write((json.dumps(record, indent=1) + "\n").encode())
+print(f"side_by_side: recorded {out_path}")
+PYEOF
     ;;
   *)
     echo "usage: bash bench/gpu_session.sh wheels|check|catalogue|bench|step|side" >&2

@@ -1053,7 +1053,8 @@ def _defaults_main(argv) -> int:
     p = argparse.ArgumentParser(prog="python -m llmcupy.bench defaults",
                                 description="Write the trainer's kernel defaults: " + defaults.RULE + ".")
     p.add_argument("--results", default=None, metavar="DIR",
-                   help=f"the recorded runs (default {DEFAULT_OUT}, relative to the working folder)")
+                   help="the recorded runs (default: bench/results of this checkout, beside the bench/defaults.json "
+                        "it writes, wherever the command runs from)")
     p.add_argument("--out", default=None, metavar="FILE", help="where to write (default bench/defaults.json)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 when the file differs from what the results give")
@@ -1062,17 +1063,19 @@ def _defaults_main(argv) -> int:
     from ._cli import BadPath, check_output_file, fail
 
     given = args.results is not None
-    args.results = args.results if given else DEFAULT_OUT
+    # the default is the checkout's folder, not bench/results of the working folder: the file written
+    # is the checkout's, and from another folder the runs were not found ("no GPU run is recorded yet")
+    args.results = args.results if given else str(defaults.results_dir())
     if not args.check and not os.path.isdir(args.results):
-        # a typo, or the default relative to another working folder: deriving from nothing would
-        # write a file with no GPU in it over the measured defaults (--check writes nothing: a
-        # fresh clone, whose bench/results holds no GPU run yet, checks against none)
+        # a typo, or no GPU run yet: deriving from nothing would write a file with no GPU in it over
+        # the measured defaults (--check writes nothing: a fresh clone, whose bench/results holds no
+        # GPU run yet, checks against none)
         if not given:   # most often a fresh clone: no GPU run has been recorded at all
-            return fail(ValueError(f"no GPU run is recorded yet: {DEFAULT_OUT} is not in this folder (python -m "
-                                   "llmcupy.bench --trainer-shapes on a GPU makes it; run from the checkout's root, "
-                                   f"or give --results DIR); {defaults.display_path(out)} is left as it is"))
+            return fail(ValueError(f"no GPU run is recorded yet: {args.results} does not exist (python -m "
+                                   "llmcupy.bench --trainer-shapes on a GPU makes it, or give --results DIR); "
+                                   f"{defaults.display_path(out)} is left as it is"))
         return fail(ValueError(f"--results {args.results}: no such folder; give the folder of the recorded "
-                               f"--trainer-shapes runs (default {DEFAULT_OUT}, relative to the working folder)"))
+                               "--trainer-shapes runs (default: bench/results of this checkout)"))
     if not args.check:
         try:
             check_output_file(out, "--out")   # a folder or special file: say so, not "unreadable defaults"
@@ -1088,6 +1091,12 @@ def _defaults_main(argv) -> int:
         same = current is not None and current.get("devices") == doc["devices"]
         print(f"{out}: {'up to date' if same else 'out of date: run python -m llmcupy.bench defaults'}")
         return 0 if same else 1
+    measured = sorted((current or {}).get("devices") or {})
+    if measured and not doc["devices"]:
+        # a folder with no run in it (the wrong one, or another checkout's) would erase what was measured
+        return fail(ValueError(f"{args.results} holds no --trainer-shapes GPU run, but {defaults.display_path(out)} "
+                               f"holds the measured defaults of {', '.join(measured)}; give --results the folder "
+                               "of their runs (or delete the file to write one naming no GPU); it is left as it is"))
     print(f"defaults: {defaults.write(doc, out)}")
     return 0
 

@@ -54,6 +54,12 @@ def default_path() -> Path:
     return Path(os.environ.get("LLMCUPY_DEFAULTS") or repo_dir() / "bench" / "defaults.json")
 
 
+def results_dir() -> Path:
+    """``bench/results`` of this checkout: the runs ``bench defaults`` reads by default, beside the
+    ``bench/defaults.json`` it writes, wherever it is run from."""
+    return repo_dir() / "bench" / "results"
+
+
 def display_path(path=None) -> str:
     """The defaults file as a message names it: relative to the checkout when inside it."""
     path = Path(path) if path is not None else default_path()

@@ -138,7 +138,9 @@ def atomic_write(path):
 
     The temporary file sits in the same folder (so the rename is atomic), is fsync'ed before the
     rename, and is removed if the block raises anything, KeyboardInterrupt included; the previous
-    ``path`` (if any) is then untouched. An OSError that names no file (a full disk) is raised again
+    ``path`` (if any) is then untouched. A SIGTERM (Python's default unwinds nothing) or SIGKILL
+    leaves the temporary: the trainer's next run removes those beside its state, checkpoints and log
+    (:func:`remove_stale_temporaries`). An OSError that names no file (a full disk) is raised again
     naming ``path``. Missing parent folders are created.
     """
     path = Path(path)

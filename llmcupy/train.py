@@ -252,6 +252,10 @@ class Logger:
         self.f = None
         if not path:
             return
+        # A run killed while it rewrote the log below (SIGTERM, SIGKILL: no unwinding removes the
+        # temporary) left a hidden file beside it that nothing reuses. Only rank 0 writes the log,
+        # once, here, so no rewrite of it is under way now.
+        remove_stale_temporaries(os.path.realpath(path))
         if resume_step is None or not os.path.isfile(path):
             self.f = open(path, "w")
             return

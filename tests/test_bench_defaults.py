@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import subprocess
+import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
@@ -127,15 +131,15 @@ def test_no_gpu_results_give_a_file_naming_no_gpu(tmp_path):
 
 
 def test_a_missing_results_folder_keeps_the_measured_defaults(results, tmp_path):
-    # a typo in --results, or the default bench/results seen from another working folder: before,
-    # it derived "no GPU measured" and wrote that over the file's measured defaults
+    # a typo in --results: before, it derived "no GPU measured" and wrote that over the file's
+    # measured defaults
     out = tmp_path / "defaults.json"
     assert _call(["defaults", "--results", results, "--out", out])[0] == 0
     before = out.read_bytes()
     rc, stdout, err = _call(["defaults", "--results", tmp_path / "reslts", "--out", out])
     assert rc == 2 and err.strip() == (f"error: --results {tmp_path / 'reslts'}: no such folder; give the folder "
-                                       "of the recorded --trainer-shapes runs (default bench/results, relative "
-                                       "to the working folder)"), err
+                                       "of the recorded --trainer-shapes runs (default: bench/results of this "
+                                       "checkout)"), err
     assert out.read_bytes() == before and GPU in json.loads(before)["devices"]
     rc, _, err = _call(["defaults", "--results", results, "--out", tmp_path])
     assert rc == 2 and err.strip() == f"error: --out {tmp_path}: it is a folder; give a file name", err
@@ -144,15 +148,58 @@ def test_a_missing_results_folder_keeps_the_measured_defaults(results, tmp_path)
 def test_no_results_folder_yet_says_no_gpu_run_is_recorded(tmp_path, monkeypatch):
     # a fresh clone: no GPU run has made bench/results. Before, `bench defaults` as the READMEs give
     # it blamed "--results bench/results", a flag the user never typed
+    checkout = tmp_path / "checkout"
+    (checkout / "bench").mkdir(parents=True)
+    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
     out = tmp_path / "defaults.json"
     out.write_text("{}")
-    monkeypatch.chdir(tmp_path)
     rc, stdout, err = _call(["defaults", "--out", out])
     assert rc == 2 and err.strip() == (
-        "error: no GPU run is recorded yet: bench/results is not in this folder (python -m llmcupy.bench "
-        "--trainer-shapes on a GPU makes it; run from the checkout's root, or give --results DIR); "
+        f"error: no GPU run is recorded yet: {checkout / 'bench' / 'results'} does not exist (python -m "
+        "llmcupy.bench --trainer-shapes on a GPU makes it, or give --results DIR); "
         f"{out} is left as it is"), err
     assert out.read_text() == "{}"
+
+
+def test_the_default_results_are_the_checkouts_from_any_working_folder(results, tmp_path, monkeypatch):
+    # `bench defaults` writes the checkout's bench/defaults.json; it read bench/results of the working
+    # folder, so from anywhere else it said "no GPU run is recorded yet" of a checkout that had runs,
+    # and `--check` compared the checkout's file with no runs at all
+    checkout = tmp_path / "checkout"
+    (checkout / "bench").mkdir(parents=True)
+    results.rename(checkout / "bench" / "results")
+    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
+    monkeypatch.delenv("LLMCUPY_DEFAULTS", raising=False)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "bench" / "results" / "sim").mkdir(parents=True)   # an emulator sweep made one here
+    monkeypatch.chdir(elsewhere)
+    rc, stdout, err = _call(["defaults"])
+    assert rc == 0, err
+    written = json.loads((checkout / "bench" / "defaults.json").read_text())
+    assert set(written["devices"]) == {GPU, OTHER}
+    assert written["devices"][GPU]["source"] == "bench/results/20261102T000000Z_test_bbbbbbbbbb.json"
+    assert not (elsewhere / "bench" / "defaults.json").exists()
+    rc, stdout, err = _call(["defaults", "--check"])
+    assert rc == 0 and "up to date" in stdout, stdout + err
+
+
+def test_a_folder_with_no_run_does_not_erase_measured_defaults(results, tmp_path, monkeypatch):
+    # --results naming the wrong folder (one with no GPU run at the trainer's shapes): before, the
+    # file was rewritten naming no GPU, the measured defaults lost
+    out = tmp_path / "defaults.json"
+    assert _call(["defaults", "--results", results, "--out", out])[0] == 0
+    before = out.read_bytes()
+    empty = tmp_path / "sim_runs"
+    _save(empty, _record([_entry("gelu_forward", 1, 0.0)], device="CPU emulator (sim)", backend="sim"), "sim.json")
+    rc, stdout, err = _call(["defaults", "--results", empty, "--out", out])
+    assert rc == 2 and err.strip() == (
+        f"error: {empty} holds no --trainer-shapes GPU run, but {out} holds the measured defaults of "
+        f"{OTHER}, {GPU}; give --results the folder of their runs (or delete the file to write one naming "
+        "no GPU); it is left as it is"), err
+    assert out.read_bytes() == before
+    out.unlink()   # deliberately starting over: a file naming no GPU
+    assert _call(["defaults", "--results", empty, "--out", out])[0] == 0
+    assert json.loads(out.read_text())["devices"] == {}
 
 
 def test_the_committed_file_is_what_the_committed_results_give():
@@ -190,6 +237,67 @@ def test_the_other_records_of_a_gpu_session_are_skipped_not_fatal(results, tmp_p
     (results / "cut.json").write_text(json.dumps({"schema": bench.SCHEMA, "date": "2026-11-02T00:00:00Z"}))
     rc, _, err = _call(["defaults", "--results", results, "--out", out])
     assert rc == 2 and err.count("cut.json") == 1 and len(err.strip().splitlines()) == 1, err
+
+
+# the shape of the shared side-by-side script's side_by_side.json (it has no date, commit or command)
+SIDE_BY_SIDE = {"B": 4, "T": 1024, "gpu": f"{GPU}, 580.65.06, 81559 MiB",
+                "median_ms_per_step": {"llm.c train_gpt2fp32cu": 90.0, "llmcupy default": 120.0},
+                "ratio_to_llmc": {"llm.c train_gpt2fp32cu": 1.0, "llmcupy default": 1.333}}
+
+
+def _gpu_session_side(tmp_path, stand_in: str):
+    """``bash bench/gpu_session.sh side`` in a folder whose .shared/gpu/side_by_side.sh is ``stand_in``;
+    pip is skipped (the project is on PYTHONPATH) and the rest runs on this machine."""
+    root = tmp_path / "checkout"
+    (root / ".shared" / "gpu").mkdir(parents=True)
+    (root / ".shared" / "gpu" / "side_by_side.sh").write_text(stand_in)
+    python = tmp_path / "python"   # every call but pip's goes to this interpreter
+    python.write_text(f'#!/bin/sh\n[ "$1 $2" = "-m pip" ] && exit 0\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("B", "T")}   # the script's, named in "command"
+    env.update(OUT=str(out), PYTHON=str(python), LLMCUPY_BACKEND="sim", STEPS="5", PYTHONPATH=str(defaults.repo_dir()))
+    proc = subprocess.run(["bash", str(defaults.repo_dir() / "bench" / "gpu_session.sh"), "side"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+    return out, proc.stdout + proc.stderr
+
+
+def test_gpu_session_records_the_side_by_side_times_with_their_provenance(tmp_path):
+    # the side-by-side script writes side_by_side.json with no date, commit or command; before, `side`
+    # had it write straight into results/, to be renamed by hand when copied into bench/results (and a
+    # later session's replaced it there). Now results/ gets it with its provenance, named by the date.
+    stand_in = (f"""mkdir -p "$OUT"; cat > "$OUT/side_by_side.json" <<'EOF'\n{json.dumps(SIDE_BY_SIDE)}\nEOF\n"""
+                "echo llm.c 90 ms\n")
+    out, log = _gpu_session_side(tmp_path, stand_in)
+    records = sorted((out / "results").iterdir())
+    assert [p.name for p in records if not p.name.startswith("side_by_side-")] == [], log
+    assert len(records) == 1 and re.fullmatch(r"side_by_side-\d{8}T\d{6}Z\.json", records[0].name), log
+    record = json.loads(records[0].read_text())
+    stamp = records[0].name[len("side_by_side-"):-len(".json")]
+    assert record["schema"] == "llmcupy.side_by_side/1" and record["backend"] == "cuda"
+    assert record["date"] == (f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}T{stamp[9:11]}:{stamp[11:13]}:"
+                              f"{stamp[13:15]}Z")
+    assert record["command"] == "STEPS=5 bash bench/gpu_session.sh side" and record["device"] == GPU
+    assert record["git"] == bench.git_commit() and "python" in record["software"] and record["host"]
+    assert {k: record[k] for k in SIDE_BY_SIDE} == SIDE_BY_SIDE
+    assert "side_by_side: recorded" in (out / "stages.txt").read_text()
+    # the script's own files stay beside the stage's log, out of the records
+    assert (out / "side_by_side" / "side_by_side.json").exists()
+    # in bench/results: another tool's record, named with its date and device
+    listing = bench.list_results(out / "results")
+    assert listing == (f"{records[0]}: a llmcupy.side_by_side/1 record ({record['date']} {GPU}), not a "
+                       "benchmark run"), listing
+    rc, stdout, err = _call(["defaults", "--results", out / "results", "--out", tmp_path / "defaults.json"])
+    assert rc == 0 and f"{records[0].name}: not a benchmark run (schema llmcupy.side_by_side/1)" in stdout, err
+
+
+def test_gpu_session_side_says_when_the_script_wrote_no_times(tmp_path):
+    # the script stopped by its limit (or failed) before it wrote side_by_side.json
+    out, log = _gpu_session_side(tmp_path, "echo the llm.c build failed\nexit 1\n")
+    assert list((out / "results").iterdir()) == [], log
+    stages = (out / "stages.txt").read_text()
+    assert (f"side_by_side: nothing recorded: {out}/side_by_side/side_by_side.json is missing or unreadable"
+            in stages and "see side_by_side.log" in stages), stages
 
 
 def test_kernel_choice_follows_the_measured_defaults_and_flags_override_them(results, tmp_path):

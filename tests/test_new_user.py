@@ -178,6 +178,37 @@ def test_a_resumed_log_survives_a_failure_while_it_is_rewritten(tmp_path, monkey
     assert link.is_symlink()
 
 
+@pytest.mark.parametrize("kill", ["SIGTERM", "SIGKILL"])
+def test_a_log_rewrite_killed_leaves_no_temporary_beyond_the_next_run(tmp_path, kill, capsys):
+    # A resumed run rewrites the -o log through a hidden temporary beside it. A Ctrl-C removes it; a
+    # SIGTERM (Python's default: no unwinding) or a SIGKILL in the middle left it in the output folder,
+    # and no later run removed it. Now the next run that opens the log removes it, saying so.
+    from llmcupy import train
+
+    kept = "s:0 trl:4.1000\ns:1 trl:3.9000\n"
+    old = kept + "s:2 trl:3.8000\n"
+    log = tmp_path / "main.log"
+    log.write_text(old)
+    killed_mid_write = ("import os, signal, sys\n"
+                        "from llmcupy import train\n"
+                        f"os.fsync = lambda fd: os.kill(os.getpid(), signal.{kill})   # the kept lines written\n"
+                        "train.Logger(sys.argv[1], resume_step=2)\n")
+    proc = subprocess.run([sys.executable, "-c", killed_mid_write, str(log)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "LLMCUPY_BACKEND": "sim"})
+    assert proc.returncode == -getattr(signal, kill), proc.stderr
+    stray = [p for p in tmp_path.iterdir() if p != log]
+    assert len(stray) == 1 and stray[0].name.startswith(".main.log.") and log.read_text() == old
+    for resume_step in (2, None):   # resumed again, or started afresh: either run removes it
+        (tmp_path / stray[0].name).write_text(kept)
+        capsys.readouterr()
+        logger = train.Logger(str(log), resume_step=resume_step)
+        logger.close()
+        assert [p.name for p in tmp_path.iterdir()] == ["main.log"], resume_step
+        out = capsys.readouterr().out
+        assert out.startswith(f"removed {stray[0]} (") and out.endswith("left by an interrupted save\n"), out
+        assert log.read_text() == (kept if resume_step else "")   # resumed: the lines before step 2
+
+
 def test_resume_refuses_a_model_that_disagrees_with_the_state(inputs, tmp_path):
     state = tmp_path / "s.npz"
     rc, _, err = _train(SMALL + ["--steps", 1, "-v", 0, "-s", 0, "--save-every", 1, "--save-path", state]
