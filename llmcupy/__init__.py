@@ -25,6 +25,12 @@ kernel CLI ``python -m llmcupy.kernel``.
 import importlib
 import pkgutil
 
+from ._mpi_launch import guard_trainer_start
+
+# first: under mpirun, a rank whose imports below fail (numpy broken on its node) ends the job,
+# where the other ranks would wait for it in MPI_Init forever
+guard_trainer_start()
+
 from .runtime import (BackendError, KernelArgumentError, RawKernel, RawModule, get_backend, set_backend, to_numpy,
                       xp)
 

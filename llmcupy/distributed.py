@@ -36,6 +36,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from ._mpi_launch import launched_by_mpi
 from .runtime import backend as _backend
 
 DEFAULT_TIMEOUT = 600.0      # seconds; the emulator's first step compiles every kernel, minutes on a busy CPU
@@ -44,7 +45,6 @@ DEFAULT_TIMEOUT = 600.0      # seconds; the emulator's first step compiles every
 # A short --dist-timeout (set to catch hung ranks quickly) must not fire then.
 STARTUP_TIMEOUT = 300.0
 _DIAG_TAG = 7301             # MPI tag of the exchange that names missing ranks
-_MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 
 
 RANK = 0                     # this process's rank once init() ran
@@ -57,10 +57,6 @@ class DistError(RuntimeError):
 
 class PeerTimeout(DistError):
     """A collective did not complete in time: a rank died, hangs or was stopped."""
-
-
-def launched_by_mpi() -> bool:
-    return any(k in os.environ for k in _MPI_ENV)
 
 
 def add_arguments(parser) -> None:
@@ -601,23 +597,6 @@ def abort_active(code: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         group.abort(code)
-
-
-def abort_unjoined(code) -> None:
-    """After an error before this rank joined MPI (a bad flag on one rank only, an input file missing
-    on one node): under mpirun, the others wait in MPI_Init for this rank, forever (MPICH's launcher
-    does not end the job when a process exits without joining). Joining now and aborting ends them.
-    Nothing to do without MPI, or once :func:`init` imported mpi4py (the group's own paths then)."""
-    if not launched_by_mpi() or "mpi4py.MPI" in sys.modules:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return
-    if MPI.COMM_WORLD.Get_size() > 1:
-        MPI.COMM_WORLD.Abort(code if isinstance(code, int) and code else 1)
 
 
 def check_same_flags(group, flags: dict) -> None:

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from . import checkpoint as ckpt
-from . import distributed, mainline
+from . import _mpi_launch, distributed, mainline
 from . import ops as ops_registry
 from ._cli import OneValue, one_line_warnings
 from .config import GPT2Config, PRESETS, init_params
@@ -822,12 +822,15 @@ def main(argv=None) -> int:
 
             traceback.print_exc()          # before MPI_Abort ends this process
             distributed.abort_active(1)
-        elif not isinstance(exc, SystemExit) or exc.code:
-            distributed.abort_unjoined(exc.code if isinstance(exc, SystemExit) else 1)
+        elif isinstance(exc, SystemExit):
+            if exc.code:                   # argparse has said why
+                _mpi_launch.abort_unjoined(exc.code)
+        else:                              # a broken import (tiktoken) or a bug: the traceback, then the abort
+            _mpi_launch.abort_unjoined_after(exc)
         raise
     if rc:
         distributed.abort_active(rc)   # the other ranks would wait for this one until the timeout
-        distributed.abort_unjoined(rc)
+        _mpi_launch.abort_unjoined(rc)
     return rc
 
 

@@ -9,7 +9,8 @@ these tests run ``mpiexec -n 2 python -m llmcupy.train --backend sim ...`` on on
 * a hung rank (SIGSTOP) makes the other stop after ``--dist-timeout`` plus a grace of at most
   10 s, naming the missing rank; resuming from the last checkpoint (``-y 1``) continues bit for
   bit: the same losses and a byte-identical model file as an uninterrupted run;
-* a killed rank (SIGKILL) ends the job at once (MPI's launcher tears it down);
+* a killed rank (SIGKILL) ends the job at once (MPI's launcher tears it down), and so does a rank
+  that fails before it joined MPI (a bad flag, a broken import on its node), naming itself and why;
 * mismatched flags across ranks, a world size that does not divide the total batch, resuming
   with another world size under ZeRO-1, and ambiguous ``-o`` uses are refused with clear errors.
 
@@ -33,6 +34,7 @@ import numpy as np
 import pytest
 
 from llmcupy import distributed
+from llmcupy._mpi_launch import MPI_ENV
 from llmcupy.data import DataLoader, write_tokens
 from llmcupy.schedule import LRSchedule, ScheduleError
 
@@ -75,7 +77,7 @@ def _args(data, *extra):
 
 def _env():
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", LLMCUPY_BACKEND="sim")
-    for k in distributed._MPI_ENV + ("LLMCUPY_WORLD_SIZE", "LLMCUPY_RANK", "LLMCUPY_RENDEZVOUS"):
+    for k in MPI_ENV + ("LLMCUPY_WORLD_SIZE", "LLMCUPY_RANK", "LLMCUPY_RENDEZVOUS"):
         env.pop(k, None)
     return env
 
@@ -237,13 +239,38 @@ def test_rendezvous_waits_the_start_up_floor_not_a_short_dist_timeout(monkeypatc
     stand_in = types.ModuleType("cupy.cuda.nccl")
     monkeypatch.setitem(sys.modules, "cupy.cuda.nccl", stand_in)
     monkeypatch.setattr(cupy.cuda, "nccl", stand_in, raising=False)
-    for k in distributed._MPI_ENV:
+    for k in MPI_ENV:
         monkeypatch.delenv(k, raising=False)
     args = argparse.Namespace(world_size=2, rank=1, rendezvous="tcp://127.0.0.1:29500", dist_timeout=10.0,
                               gpus_per_node=1)
     with pytest.raises(Seen):
         distributed.init(args)
     assert waited == [distributed.STARTUP_TIMEOUT]
+
+
+# (the command line, sys.argv while runpy imports a -m module's package: "-m" and its arguments)
+@pytest.mark.parametrize("mpi, orig_argv, argv, guarded", [
+    (True, ["python", "-m", "llmcupy.train", "-b", "2"], ["-m", "-b", "2"], True),
+    (True, ["python", "-X", "importtime", "-u", "-m", "llmcupy.train", "-b", "2"], ["-m", "-b", "2"], True),
+    (True, ["python", "-umllmcupy.train", "-b", "2"], ["-m", "-b", "2"], True),
+    (False, ["python", "-m", "llmcupy.train", "-b", "2"], ["-m", "-b", "2"], False),   # one process
+    (True, ["python", "-m", "llmcupy.bench", "llmcupy.train"], ["-m", "llmcupy.train"], False),   # another CLI
+    (True, ["python", "job.py", "-m", "llmcupy.train"], ["job.py", "-m", "llmcupy.train"], False),  # a program
+])
+def test_only_the_trainer_under_mpi_ends_the_job_when_its_imports_fail(monkeypatch, mpi, orig_argv, argv, guarded):
+    # what `import llmcupy` runs first. Only the trainer's ranks all join MPI; another program's
+    # might never, and joining MPI to abort would hang this rank. Without MPI: Python's own report
+    from llmcupy import _mpi_launch
+
+    for k in MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    if mpi:
+        monkeypatch.setenv("PMI_RANK", "1")
+    monkeypatch.setattr(sys, "orig_argv", orig_argv)
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    _mpi_launch.guard_trainer_start()
+    assert (sys.excepthook is not sys.__excepthook__) == guarded
 
 
 def test_progress_bars_are_rank_0s(tmp_path, monkeypatch):
@@ -280,7 +307,7 @@ def test_progress_bars_are_rank_0s(tmp_path, monkeypatch):
 def test_world_rank_and_timeout_misuse(monkeypatch, world, rank, timeout, message):
     import argparse
 
-    for k in distributed._MPI_ENV:
+    for k in MPI_ENV:
         monkeypatch.delenv(k, raising=False)
     args = argparse.Namespace(world_size=world, rank=rank, rendezvous=None, dist_timeout=timeout, gpus_per_node=None)
     with pytest.raises(distributed.DistError, match=re.escape(message)):
@@ -446,6 +473,66 @@ def test_a_rank_that_fails_before_joining_ends_the_job(data, tmp_path):
         proc.communicate()
         pytest.fail("the job hung after one rank failed before joining MPI")
     assert proc.returncode == 2 and "error: argument -b/--batch-size: invalid int value: 'x'" in err, err
+
+
+@needs_mpi
+@pytest.mark.parametrize("broken", ["numpy", "tiktoken"])
+def test_a_rank_whose_imports_fail_ends_the_job_naming_it(data, tmp_path, broken):
+    # a broken install on one node, here a stand-in package in rank 1's working folder (which
+    # python -m puts first on sys.path). numpy fails during `import llmcupy`, before the trainer's
+    # main() ran: rank 0 waited in MPI_Init for rank 1 forever, spinning, with no message. tiktoken
+    # fails inside main(): the job ended, but MPI_Abort came before Python printed the error, so
+    # the only line was MPICH's "Abort(1) on node 1", no cause
+    argv = _args(data, "-b", "2", "-x", "1", "--dist-timeout", "20")
+    cause = f"ImportError: {broken} is broken on this node (a stand-in)"
+    cmd = ["mpiexec"]
+    for r in range(2):
+        (tmp_path / f"node{r}").mkdir()
+        cmd += ([":"] if r else []) + ["-n", "1", "-wdir", str(tmp_path / f"node{r}"), sys.executable, "-m",
+                                       "llmcupy.train", *argv]
+    (tmp_path / "node1" / broken).mkdir()
+    (tmp_path / "node1" / broken / "__init__.py").write_text(
+        f'raise ImportError("{broken} is broken on this node (a stand-in)")\n')
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)   # mpiexec and the ranks it started
+        proc.communicate()
+        pytest.fail(f"the job hung after rank 1 failed to import {broken}")
+    assert proc.returncode != 0 and "step " not in out, out[-2000:] + err[-2000:]
+    # the traceback says where; the last line of rank 1's report says who and why
+    assert "Traceback (most recent call last)" in err, err
+    assert f"error: rank 1 failed while starting ({cause}); ending every rank of the job" in err, err
+
+
+@needs_mpi
+def test_a_rank_that_cannot_import_mpi4py_either_says_it_cannot_end_the_job(data, tmp_path):
+    # without mpi4py a rank cannot join MPI to abort: the others still wait in MPI_Init (nothing
+    # else tells MPICH's launcher), but the failing rank says so instead of leaving a silent hang
+    argv = _args(data, "-b", "2", "-x", "1", "--dist-timeout", "20")
+    cmd = ["mpiexec"]
+    for r in range(2):
+        (tmp_path / f"node{r}").mkdir()
+        cmd += ([":"] if r else []) + ["-n", "1", "-wdir", str(tmp_path / f"node{r}"), sys.executable, "-m",
+                                       "llmcupy.train", *argv]
+    for broken in ("numpy", "mpi4py"):
+        (tmp_path / "node1" / broken).mkdir()
+        (tmp_path / "node1" / broken / "__init__.py").write_text(f'raise ImportError("{broken} is broken here")\n')
+    errf = tmp_path / "err.txt"
+    with open(errf, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
+    said = ("error: rank 1 cannot end the job: mpi4py does not import here (mpi4py is broken here); the other "
+            "ranks wait for it in MPI_Init: stop them (Ctrl-C, or cancel the job)")
+    try:
+        assert _wait_for(lambda: said in errf.read_text(), proc, limit=120), errf.read_text()
+        assert ("error: rank 1 failed while starting (ImportError: numpy is broken here); ending every rank of the "
+                "job") in errf.read_text()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)   # mpiexec and the ranks it started
+        proc.wait()
 
 
 @needs_mpi
