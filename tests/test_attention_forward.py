@@ -103,6 +103,22 @@ def test_baselines_match_references():
     np.testing.assert_allclose(base[finite], ref[finite], atol=1e-5)
 
 
+def test_sizes_past_the_int_indices_of_versions_1_to_3_are_refused_not_wrapped():
+    # B*NH*T*T = 2^31 wraps negative in versions 1-3's int indices: no thread would write (silently
+    # wrong results, reachable on an 80 GB GPU). The input is small at C = 8 (200 MB of zeros, pages
+    # never touched); the refusal comes before the 8 GB outputs are allocated.
+    B, NH, T, C = 2048, 1, 1024, 8
+    assert B * NH * T * T == 2**31
+    huge = np.zeros((B, T, 3 * C), dtype=np.float32)
+    for number in (1, 2, 3):
+        with pytest.raises(OpError, match=rf"version {number}: B\*NH\*T\*T = 2147483648 score elements: more "
+                                          r"than version \d's int indices reach \(2\^31 - 1\); use a smaller B or T"):
+            FWD(huge, NH, version=number)
+    from llmcupy.ops._attention import int_index_problem
+    assert int_index_problem(2047, 1, 1024, 1) is None and int_index_problem(1, 1, 46340, 1) is None
+    assert int_index_problem(1, 1, 46341, 1) is not None   # 46341^2 > 2^31 - 1
+
+
 def test_bad_inputs_are_refused():
     inputs = _inputs(FWD, B=1, T=8, C=12, NH=3)
     with pytest.raises(OpError, match="multiple of NH"):

@@ -60,6 +60,20 @@ def elementwise(kernel, n: int, bs: int, args) -> None:
     kernel(((n + bs - 1) // bs,), (bs,), args)
 
 
+INT_MAX = 2**31 - 1
+
+
+def int_index_problem(B: int, NH: int, T: int, version: int) -> str | None:
+    """requires() text of a version whose kernels index the (B, NH, T, T) scores with a C int (llm.c's
+    naive and flash versions): past 2^31 - 1 elements ``B * NH * T * T`` wraps negative in the kernel and
+    no thread writes, silently (reachable on an 80 GB GPU: B = 175 at NH = 12, T = 1024)."""
+    n = B * NH * T * T
+    if n <= INT_MAX:
+        return None
+    return (f"B*NH*T*T = {n} score elements: more than version {version}'s int indices reach (2^31 - 1); "
+            "use a smaller B or T, or version 4")
+
+
 def causal_flops(s: dict, products: int) -> int:
     """FLOPs of ``products`` HS-long dot products for every causal pair (t, t2 <= t) of every head:
     2 * HS each (a multiply and an add), over the B * NH * T * (T + 1) / 2 pairs."""

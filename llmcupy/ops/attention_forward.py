@@ -39,7 +39,7 @@ import numpy as np
 
 from ..runtime import blas
 from ..runtime import xp as _xp
-from ._attention import causal_flops, check_packed_qkv, elementwise, packed_qkv, split_qkv
+from ._attention import causal_flops, check_packed_qkv, elementwise, int_index_problem, packed_qkv, split_qkv
 from ._op import Bound, Op, Version, kernel_of, kernels_only, scratch
 from .attention_permute import launch_permute
 from .attention_unpermute import launch_unpermute
@@ -176,12 +176,25 @@ def _launch_v4(a, bs):
     _gemm_attention(a, bs, _softmax_v4)
 
 
+def _requires_v1(a, bs):
+    B, T, _, NH = _dims(a)
+    return int_index_problem(B, NH, T, 1)
+
+
 def _requires_v2(a, bs):
-    _, _, C, NH = _dims(a)
+    B, T, C, NH = _dims(a)
+    too_many = int_index_problem(B, NH, T, 2)   # the kernel that rebuilds att from (m, l)
+    if too_many:
+        return too_many
     smem = 4 * (3 * FLASH_TILE * (C // NH) + FLASH_TILE * FLASH_TILE)
     if smem > 227 * 1024:
         return f"head size {C // NH} needs {smem} bytes of shared memory for the Q/K/V tiles, over 227 KiB"
     return None
+
+
+def _requires_v3(a, bs):
+    B, T, _, NH = _dims(a)
+    return int_index_problem(B, NH, T, 3)   # the scale-and-mask kernel
 
 
 def _requires_v4(a, bs):
@@ -229,11 +242,11 @@ OP = Op(
     outputs=("out", "att", "qkvr"),
     versions={
         1: Version(1, "naive: scores / row softmax / values kernels on the packed input (+ permute for qkvr)",
-                   _launch_v1, block_sizes=SWEEP),
+                   _launch_v1, block_sizes=SWEEP, requires=_requires_v1),
         2: Version(2, "minimal FlashAttention-1 (32x32 tiles, m/l/O in global memory); att rebuilt from (m, l)",
                    _launch_v2, block_sizes=SWEEP, requires=_requires_v2),
         3: Version(3, "permute, cuBLAS Q K^T, scale+mask kernel, block-per-row softmax, cuBLAS att V, unpermute",
-                   _launch_v3, block_sizes=SWEEP),
+                   _launch_v3, block_sizes=SWEEP, requires=_requires_v3),
         4: Version(4, "permute, cuBLAS Q K^T, causal online warp softmax with the scale folded in, cuBLAS att V, "
                       "unpermute (the trainer's)", _launch_v4, block_sizes=SWEEP, requires=_requires_v4),
         5: Version(5, "16-bit version of 4 (BF16 as llm.c builds it)", unavailable=HALF_REASON),
