@@ -680,3 +680,14 @@ def test_a_leading_slice_is_found_by_its_memory_and_never_stands_for_a_scalar():
     y = np.zeros(5, np.float32)
     # y[1] of a 1-D array is a NumPy scalar, not the 0-d array a launch was given
     assert _op._leading_index(y[1:2].reshape(()), y) is None
+
+
+def test_a_size_past_a_kernels_int_argument_is_an_op_error_naming_the_version(monkeypatch):
+    # a launcher passes np.int32(n); for n past 2^31 - 1 (an 8.6 GB float32 array, which a GPU holds)
+    # NumPy raised a bare OverflowError naming no op. Stood in by a launcher given that n.
+    op = llmcupy.ops["gelu_forward"]
+    monkeypatch.setattr(op.versions[1], "launch", lambda a, bs: np.int32(2**31))
+    inp = np.zeros(8, dtype=np.float32)
+    with pytest.raises(OpError, match=r"gelu_forward version 1: a size does not fit its kernels' C int arguments "
+                                      r"\(Python integer 2147483648 out of bounds for int32\); use smaller sizes"):
+        op(inp, version=1)

@@ -867,6 +867,11 @@ class Op:
         except _DeviceLimitError as exc:
             # the kernel's name alone does not say which op, version and block size to change
             raise _DeviceLimitError(f"{self.name} version {v.number} at block size {bs}: {exc}") from None
+        except OverflowError as exc:
+            # a launcher's np.int32(n) of a size past 2^31 - 1: NumPy's text names no op, and the
+            # kernel's int could not have indexed it anyway
+            raise OpError(f"{self.name} version {v.number}: a size does not fit its kernels' C int arguments ({exc}); "
+                          "use smaller sizes") from None
         return outputs, (tuple(aliases) if aliases is not None else None)
 
     def __call__(self, *args, version: int | None = None, block_size: int | None = None, out=None,
