@@ -5,6 +5,8 @@ third for a subset) and at every block size of the version's sweep, with the haz
 asserted zero. Shapes come from each op's ``test_shapes``: awkward sizes its constraints allow.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -201,6 +203,24 @@ def test_a_bad_call_is_an_op_error_naming_the_problem():
     with pytest.raises(OpError, match=r"softmax_forward: out\['out'\] has dtype float64, expected float32"):
         op(x, version=5, out=np.empty((4, 100), np.float64))
     np.testing.assert_allclose(op(x, version=5.0, block_size=64.0), op.reference(x), atol=1e-6)
+
+
+def test_a_requires_written_as_a_predicate_is_refused_naming_the_contract():
+    # A newcomer's requires=lambda a, bs: C % 4 == 0 answers True where the version can run. Taken as a
+    # refusal, that ran the version on every shape it cannot take (False passed as "no problem") and
+    # refused the ones it can with the reason "True"; the tests skipped those shapes without a word.
+    op = llmcupy.ops["softmax_forward"]
+    predicate = dataclasses.replace(op.versions[4], number=99, requires=lambda a, bs: a["inp"].shape[1] % 4 == 0)
+    trial = dataclasses.replace(op, versions={99: predicate})
+    contract = r"softmax_forward version 99: requires\(\) returned {}; it must return None when the version can run"
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    with pytest.raises(TypeError, match=contract.format("True")):
+        trial(x, version=99)
+    with pytest.raises(TypeError, match=contract.format("False")):
+        trial(x[:, :7].copy(), version=99)
+    refusing = dataclasses.replace(predicate, requires=lambda a, bs: "C must be a multiple of 4")
+    with pytest.raises(OpError, match="softmax_forward version 99: C must be a multiple of 4"):
+        dataclasses.replace(op, versions={99: refusing})(x, version=99)
 
 
 def test_make_inputs_takes_a_seed_and_refuses_bad_sizes_naming_them():

@@ -476,6 +476,8 @@ class Version:
             self.default_block_size = 256 if 256 in self.block_sizes else self.block_sizes[-1]
         if self.kernels_only is None:
             self.kernels_only = bool(getattr(self.launch, "kernels_only", False))
+        if self.requires is not None and not isinstance(self.requires, _Requirement):
+            self.requires = _Requirement(self.requires, self.number)
 
     @property
     def available(self) -> bool:
@@ -488,6 +490,27 @@ class Version:
         sizes = ", ".join(map(str, self.block_sizes))
         return (f"<version {self.number}: {self.summary}; block sizes {sizes} (default "
                 f"{self.default_block_size}){state}>")
+
+
+class _Requirement:
+    """A version's ``requires``, holding its answer to the contract every caller reads: None, or the
+    sentence a refusal prints. A predicate written the other way round (``lambda a, bs: C % 4 == 0``,
+    True when the version *can* run) would otherwise run the version where it must not and refuse
+    it, with the reason "True", where it can."""
+
+    def __init__(self, fn: Callable, number: int):
+        self.fn = fn
+        self.number = number
+        self.op_name = ""   # set by the Op that holds the version
+
+    def __call__(self, arrays, block_size):
+        answer = self.fn(arrays, block_size)
+        if answer is None or (isinstance(answer, str) and answer):
+            return answer
+        who = f"{self.op_name} version {self.number}" if self.op_name else f"version {self.number}"
+        raise TypeError(f"{who}: requires() returned {answer!r}; it must return None when the version can "
+                        "run, else a sentence saying which constraint fails (\"C must be a multiple of 4\"), "
+                        "which a refusal prints")
 
 
 @dataclass
@@ -585,6 +608,9 @@ class Op:
     def __post_init__(self):
         if not isinstance(self.versions, VersionTable):
             self.versions = VersionTable(self.versions, self.name)
+        for v in self.versions.values():
+            if isinstance(v.requires, _Requirement) and not v.requires.op_name:
+                v.requires.op_name = self.name   # its refusals and mistakes name the op
 
     def __repr__(self) -> str:
         # the dataclass's repr lists every field (kilobytes of functions); a notebook shows this
