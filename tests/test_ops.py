@@ -70,7 +70,12 @@ def _run_version(name, number, shape_index):
             with sim.settings(order=order, seed=17):
                 got = op.run(number, arrays, block_size)
             for result in check_outputs(op, ref, got, inputs=inputs):
-                assert result["ok"], f"{name} v{number} block {block_size} order {order}: {result}"
+                if not result["ok"]:
+                    wrong = f"{name} v{number} block {block_size} order {order}: {result}"
+                    findings = _sanitizer_findings(op, number, inputs, block_size)
+                    if findings:
+                        wrong += f"\nthe sanitizers say why ({_sanitize_command(name, number)}):\n{findings}"
+                    raise AssertionError(wrong)
             ran += 1
     return ran
 
@@ -128,9 +133,89 @@ def _check_same_bits(name, number):
             differs = ~((v == runs[0][k]) | (np.isnan(v) & np.isnan(runs[0][k])) if v.dtype.kind == "f"
                         else v == runs[0][k])
             if (differs & ~unspecified[k]).any():
-                return {"ok": False, "error": f"{name} v{number} {k}: the {order} thread order changed "
-                                              f"the bits (mark the version deterministic=False)"}
+                changed = f"{name} v{number} {k}: the {order} thread order changed the bits"
+                findings = _sanitizer_findings(op, number, inputs, bs)
+                if findings:   # a bug that moves with the thread order, not fp32 atomics: nothing to mark
+                    return {"ok": False, "error": f"{changed}; the sanitizers say why ({_sanitize_command(name, number)}):"
+                                                  f"\n{findings}"}
+                return {"ok": False, "error": f"{changed}, and the sanitizers find no race or out-of-bounds access: "
+                                              "fp32 atomics adding in thread order? Then mark the version "
+                                              "deterministic=False"}
     return {"ok": True}
+
+
+def _sanitize_command(name, number):
+    return f"python -m llmcupy.kernel {name} {number} --sanitize"
+
+
+def _sanitizer_findings(op, number, inputs, bs):
+    """The racecheck and memcheck reports of one run, or None: a result that changes with the thread
+    order is a race or an out-of-bounds access far more often than an atomic's order."""
+    try:
+        with sim.settings(check="race,memory"):
+            op.run(number, _fresh(inputs), bs)
+    except sim.SimSanitizerError as exc:
+        return str(exc)
+    return None
+
+
+TRIAL_KERNELS = r"""
+__global__ void neighbour_copy(float* out, const float* inp, int N, int C) {
+    __shared__ float s[1024];
+    int row = blockIdx.x, tid = threadIdx.x;
+    s[tid] = inp[(size_t)row * C + tid];
+    // no __syncthreads: the neighbour's slot may not be written yet (C == blockDim.x)
+    out[(size_t)row * C + tid] = s[(tid + 1) % C];
+}
+
+__global__ void atomic_row_sums(float* out, const float* inp, int N, int C) {
+    int row = blockIdx.x, tid = threadIdx.x;
+    out[(size_t)row * C + tid] = 0.0f;
+    __syncthreads();
+    // every thread adds into the row's first entry: the order of the fp32 additions is the thread order
+    atomicAdd(&out[(size_t)row * C], inp[(size_t)row * C + tid] * (1.0f + tid / 3.0f));
+}
+"""
+
+
+def _trial_op(monkeypatch, kernel_name):
+    """softmax_forward's inputs with one trial version running ``kernel_name`` on (out, inp, N, C), one
+    block of 64 threads per 64-wide row, registered so the tests' helpers find it by name."""
+    from llmcupy.ops import _REGISTRY, Version
+
+    kernel = llmcupy.RawModule(code=TRIAL_KERNELS).get_function(kernel_name)
+
+    def launch(a, bs):
+        n, c = a["inp"].shape
+        kernel((n,), (bs,), (a["out"], a["inp"], np.int32(n), np.int32(c)))
+
+    op = dataclasses.replace(llmcupy.ops["softmax_forward"], name=f"trial_{kernel_name}", default_version=1,
+                             versions={1: Version(1, "trial", launch, block_sizes=(64,))},
+                             test_shapes=[{"B": 1, "T": 3, "V": 64}])
+    monkeypatch.setitem(_REGISTRY, op.name, op)
+    return op
+
+
+def test_a_race_that_changes_the_bits_is_reported_as_a_race_not_as_nondeterminism(monkeypatch):
+    # Before, a version whose bits changed with the thread order was told "mark the version
+    # deterministic=False" whatever the cause: a newcomer's missing __syncthreads (or an out-of-bounds
+    # write) got the advice that hides it. Now the sanitizers run on that input and name the lines.
+    op = _trial_op(monkeypatch, "neighbour_copy")
+    outcome = _check_same_bits(op.name, 1)
+    assert not outcome["ok"]
+    assert "deterministic=False" not in outcome["error"]
+    assert "the sanitizers say why (python -m llmcupy.kernel trial_neighbour_copy 1 --sanitize)" in outcome["error"]
+    assert "racecheck:" in outcome["error"] and "in kernel neighbour_copy" in outcome["error"]
+    wrong = _check_version(op.name, 1, 0)   # the reference test: wrong outputs, and why
+    assert not wrong["ok"] and "racecheck:" in wrong["error"] and "--sanitize" in wrong["error"]
+
+
+def test_fp32_atomics_that_change_the_bits_are_told_to_mark_the_version(monkeypatch):
+    op = _trial_op(monkeypatch, "atomic_row_sums")
+    outcome = _check_same_bits(op.name, 1)
+    assert not outcome["ok"]
+    assert "the sanitizers find no race or out-of-bounds access" in outcome["error"]
+    assert "mark the version deterministic=False" in outcome["error"]
 
 
 @pytest.mark.parametrize("name", list(llmcupy.ops))
