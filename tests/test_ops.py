@@ -14,6 +14,8 @@ import llmcupy
 from llmcupy import sim
 from llmcupy.harness import run_isolated
 from llmcupy.ops import OpError, check_outputs
+from llmcupy.ops._op import kernel_file_versions
+from llmcupy.runtime.module import kernels_dir
 
 
 def _cases():
@@ -230,10 +232,71 @@ def test_op_is_well_formed(name):
     assert op.bound is not None
     code = op.source_code()
     assert code.lstrip().startswith("/*"), "a kernel file starts with a header listing its versions"
-    for number, v in op.versions.items():
-        assert f"version {number}" in code.lower() or not v.available, f"header must describe version {number}"
     with pytest.raises(OpError, match="versions"):
         op.version(999)
+
+
+def _kernel_file_problems(source, code, registered):
+    """What a kernel file and the versions registered on it (by every op that uses the file) disagree
+    on: a registered version with no ``version N:`` entry in the header comment, and a header entry or a
+    kernel named ``..._kernel<N>`` that no op registers (DEVELOPERS.md, "Adding a kernel version")."""
+    mentioned = kernel_file_versions(code)
+    problems = []
+    for number in sorted(registered):
+        if not any(m.startswith("a header entry") for m in mentioned.get(number, [])):
+            problems.append(f"kernels_cu/{source}: its header comment has no entry 'version {number}:' for the "
+                            f"registered version {number}")
+    for number, mentions in sorted(mentioned.items()):
+        if number not in registered:
+            problems.append(f"kernels_cu/{source} has {' and '.join(mentions)}, but no op registers version {number}: "
+                            f"add a Version({number}, ...) to the op's OP.versions")
+    return problems
+
+
+def _kernel_files():
+    files = {}
+    for name in llmcupy.ops:
+        op = llmcupy.ops[name]
+        files.setdefault(op.source, set()).update(op.versions)
+    return sorted(files.items())
+
+
+@pytest.mark.parametrize("source,registered", _kernel_files(), ids=[f for f, _ in _kernel_files()])
+def test_a_kernel_file_and_its_registered_versions_agree(source, registered):
+    code = (kernels_dir() / source).read_text()
+    problems = _kernel_file_problems(source, code, registered)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_kernel_file_check_sees_a_missing_header_entry_and_a_version_left_unregistered():
+    # Before, "version N" anywhere in the file stood for the header entry (the kernel's own
+    # "// version 9: ..." comment was enough, and "version 1" matched "version 10"), and a kernel or a
+    # header entry that no Version registered went unnoticed: the tests ran every version but that one.
+    code = "/*\nversion 1: naive\nversion 10: fast\n*/\n" + "".join(
+        f"// version {n}: ...\n__global__ void __launch_bounds__(256) demo_kernel{n}(float* y) {{}}\n"
+        for n in (1, 9, 10))
+    assert _kernel_file_problems("demo.cu", code, {1, 9}) == [
+        "kernels_cu/demo.cu: its header comment has no entry 'version 9:' for the registered version 9",
+        "kernels_cu/demo.cu has a header entry 'version 10:' and kernel demo_kernel10, but no op registers version 10: "
+        "add a Version(10, ...) to the op's OP.versions",
+    ]
+
+
+def test_an_unknown_version_that_the_kernel_file_has_says_to_register_it(monkeypatch):
+    # A newcomer who wrote the kernel and its header entry but no Version met only "softmax_forward has
+    # no version 8; versions: 1, ..., 7"; now the error says what the file has and where the Version goes.
+    from llmcupy.ops import _REGISTRY
+
+    op = llmcupy.ops["softmax_forward"]
+    forgot = dataclasses.replace(op, versions={n: v for n, v in op.versions.items() if n != 8})
+    monkeypatch.setitem(_REGISTRY, "softmax_forward", forgot)
+    with pytest.raises(OpError, match=r"softmax_forward has no version 8; versions: 1, 2, 3, 4, 5, 6, 7(, \d+)*; "
+                                      r"kernels_cu/softmax_forward.cu has a header entry 'version 8:' and kernel "
+                                      r"softmax_forward_online_kernel8, but no Version\(8, ...\) is registered: add one "
+                                      r"to OP.versions in llmcupy/ops/softmax_forward.py"):
+        forgot.version(8)
+    with pytest.raises(OpError, match=r"matmul_gelu_forward has no version 3; versions: 1, 2$"):
+        llmcupy.ops["matmul_gelu_forward"].version(3)   # matmul_forward.cu's version 3 is matmul_forward's
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
