@@ -297,3 +297,21 @@ def test_sizes_the_op_refuses_are_a_usage_error(args, message):
     rc, out, err = run(*args, "--backend", "sim")
     assert rc == 2 and "Traceback" not in err, (rc, out, err)
     assert err.startswith(f"error: {args[0]} version {args[1]} did not run: the sizes do not fit the op: {message}"), err
+
+
+def test_a_version_that_fails_in_the_emulator_is_pointed_at_the_sanitizers(monkeypatch):
+    # A new version with a missing __syncthreads printed its mismatches and FAIL, nothing more: a plain
+    # emulator run does not report races or out-of-bounds accesses, and the reader was not told so
+    from _helpers import run_cli, trial_op
+
+    from llmcupy import kernel
+
+    trial_op(monkeypatch, "neighbour_copy")
+    rc, out, err = run_cli(kernel.main, ["trial_neighbour_copy", "1", "--backend", "sim"])
+    assert rc == 1 and "FAIL" in out, out + err
+    assert ("a race or an out-of-bounds access? python -m llmcupy.kernel trial_neighbour_copy 1 --sanitize names "
+            "the line") in out
+    rc, out, err = run_cli(kernel.main, ["trial_neighbour_copy", "1", "--backend", "sim", "--sanitize"])
+    assert rc == 1 and "racecheck:" in out and "--sanitize names the line" not in out, out + err
+    rc, out, err = run_cli(kernel.main, ["softmax_forward", "4", "--backend", "sim"])
+    assert rc == 0 and "--sanitize names the line" not in out, out + err

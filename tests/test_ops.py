@@ -13,6 +13,7 @@ import pytest
 import llmcupy
 from llmcupy import sim
 from llmcupy.harness import run_isolated
+from _helpers import trial_op
 from llmcupy.ops import OpError, check_outputs
 from llmcupy.ops._op import kernel_file_versions
 from llmcupy.runtime.module import kernels_dir
@@ -161,48 +162,11 @@ def _sanitizer_findings(op, number, inputs, bs):
     return None
 
 
-TRIAL_KERNELS = r"""
-__global__ void neighbour_copy(float* out, const float* inp, int N, int C) {
-    __shared__ float s[1024];
-    int row = blockIdx.x, tid = threadIdx.x;
-    s[tid] = inp[(size_t)row * C + tid];
-    // no __syncthreads: the neighbour's slot may not be written yet (C == blockDim.x)
-    out[(size_t)row * C + tid] = s[(tid + 1) % C];
-}
-
-__global__ void atomic_row_sums(float* out, const float* inp, int N, int C) {
-    int row = blockIdx.x, tid = threadIdx.x;
-    out[(size_t)row * C + tid] = 0.0f;
-    __syncthreads();
-    // every thread adds into the row's first entry: the order of the fp32 additions is the thread order
-    atomicAdd(&out[(size_t)row * C], inp[(size_t)row * C + tid] * (1.0f + tid / 3.0f));
-}
-"""
-
-
-def _trial_op(monkeypatch, kernel_name):
-    """softmax_forward's inputs with one trial version running ``kernel_name`` on (out, inp, N, C), one
-    block of 64 threads per 64-wide row, registered so the tests' helpers find it by name."""
-    from llmcupy.ops import _REGISTRY, Version
-
-    kernel = llmcupy.RawModule(code=TRIAL_KERNELS).get_function(kernel_name)
-
-    def launch(a, bs):
-        n, c = a["inp"].shape
-        kernel((n,), (bs,), (a["out"], a["inp"], np.int32(n), np.int32(c)))
-
-    op = dataclasses.replace(llmcupy.ops["softmax_forward"], name=f"trial_{kernel_name}", default_version=1,
-                             versions={1: Version(1, "trial", launch, block_sizes=(64,))},
-                             test_shapes=[{"B": 1, "T": 3, "V": 64}])
-    monkeypatch.setitem(_REGISTRY, op.name, op)
-    return op
-
-
 def test_a_race_that_changes_the_bits_is_reported_as_a_race_not_as_nondeterminism(monkeypatch):
     # Before, a version whose bits changed with the thread order was told "mark the version
     # deterministic=False" whatever the cause: a newcomer's missing __syncthreads (or an out-of-bounds
     # write) got the advice that hides it. Now the sanitizers run on that input and name the lines.
-    op = _trial_op(monkeypatch, "neighbour_copy")
+    op = trial_op(monkeypatch, "neighbour_copy")
     outcome = _check_same_bits(op.name, 1)
     assert not outcome["ok"]
     assert "deterministic=False" not in outcome["error"]
@@ -213,7 +177,7 @@ def test_a_race_that_changes_the_bits_is_reported_as_a_race_not_as_nondeterminis
 
 
 def test_fp32_atomics_that_change_the_bits_are_told_to_mark_the_version(monkeypatch):
-    op = _trial_op(monkeypatch, "atomic_row_sums")
+    op = trial_op(monkeypatch, "atomic_row_sums")
     outcome = _check_same_bits(op.name, 1)
     assert not outcome["ok"]
     assert "the sanitizers find no race or out-of-bounds access" in outcome["error"]
