@@ -83,6 +83,39 @@ def _run_version(name, number, shape_index):
     return ran
 
 
+def _untested(op, version):
+    """Why no test shape runs ``version`` (its requires refuses each at every block size), or None."""
+    refusals = []
+    for i, shape in enumerate(op.test_shapes):
+        inputs = op.make_inputs(np.random.default_rng(i), **shape)
+        for block_size in version.block_sizes or (None,):
+            problem = version.requires(inputs, block_size) if version.requires is not None else None
+            if not problem:
+                return None
+            refusals.append(problem)
+    return (f"{op.name} v{version.number} refuses every one of the op's test shapes ({refusals[0]}), so no test "
+            f"runs it: add a shape it takes to the op's test_shapes")
+
+
+@pytest.mark.parametrize("name,number", [(n, v) for n in llmcupy.ops for v, ver in sorted(llmcupy.ops[n].versions.items())
+                                         if ver.available])
+def test_every_version_runs_on_some_test_shape(name, number):
+    # the reference test skips a shape a version refuses: one that refused them all passed untested
+    op = llmcupy.ops[name]
+    problem = _untested(op, op.versions[number])
+    assert problem is None, problem
+
+
+def test_a_version_that_refuses_every_test_shape_is_named():
+    op = llmcupy.ops["softmax_forward"]
+    picky = dataclasses.replace(op.versions[4], number=99, requires=lambda a, bs: "C must be a multiple of 128")
+    trial = dataclasses.replace(op, versions={99: picky})
+    assert _untested(trial, trial.versions[99]) == (
+        "softmax_forward v99 refuses every one of the op's test shapes (C must be a multiple of 128), so no test "
+        "runs it: add a shape it takes to the op's test_shapes")
+    assert _untested(op, op.versions[4]) is None
+
+
 def _deterministic_cases():
     for name in llmcupy.ops:
         for number, version in sorted(llmcupy.ops[name].versions.items()):
