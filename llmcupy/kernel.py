@@ -430,6 +430,11 @@ def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
             print(f"{op_name} version {number}: ERROR {result['error']}\nFAIL")
         else:
             print(harness.format_sweep(result))
+            if result.get("ok") is False and not result.get("sanitizers") and _backend.is_sim():
+                # a wrong result that no check explains: in a new version, most often a missing barrier
+                # or an index past the end, which a plain emulator run does not report
+                print(f"  a race or an out-of-bounds access? python -m llmcupy.kernel {op_name} {number} --sanitize "
+                      "names the line")
             if result.get("sanitizers") and result.get("ok") is not None:
                 print(f"  sanitizers: {', '.join(result['sanitizers'])}: no findings")
             if result.get("analysis"):

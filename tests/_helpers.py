@@ -57,3 +57,46 @@ def ctrl_c_after(argv, marker: str, timeout: float = 300):
             proc.wait()
     reader.join(timeout=10)
     return rc, "".join(out), "".join(err)
+
+
+TRIAL_KERNELS = r"""
+__global__ void neighbour_copy(float* out, const float* inp, int N, int C) {
+    __shared__ float s[1024];
+    int row = blockIdx.x, tid = threadIdx.x;
+    s[tid] = inp[(size_t)row * C + tid];
+    // no __syncthreads: the neighbour's slot may not be written yet (C == blockDim.x)
+    out[(size_t)row * C + tid] = s[(tid + 1) % C];
+}
+
+__global__ void atomic_row_sums(float* out, const float* inp, int N, int C) {
+    int row = blockIdx.x, tid = threadIdx.x;
+    out[(size_t)row * C + tid] = 0.0f;
+    __syncthreads();
+    // every thread adds into the row's first entry: the order of the fp32 additions is the thread order
+    atomicAdd(&out[(size_t)row * C], inp[(size_t)row * C + tid] * (1.0f + tid / 3.0f));
+}
+"""
+
+
+def trial_op(monkeypatch, kernel_name):
+    """softmax_forward's inputs with one trial version running ``kernel_name`` on (out, inp, N, C), one
+    block of 64 threads per 64-wide row (the trial's sizes, in the tests and the emulator's CLI runs),
+    registered under ``trial_<kernel_name>`` for the tests' helpers and the CLIs in this process."""
+    import dataclasses
+
+    import numpy as np
+
+    import llmcupy
+    from llmcupy.ops import _REGISTRY, Version
+
+    kernel = llmcupy.RawModule(code=TRIAL_KERNELS).get_function(kernel_name)
+
+    def launch(a, bs):
+        n, c = a["inp"].shape
+        kernel((n,), (bs,), (a["out"], a["inp"], np.int32(n), np.int32(c)))
+
+    op = dataclasses.replace(llmcupy.ops["softmax_forward"], name=f"trial_{kernel_name}", default_version=1,
+                             versions={1: Version(1, "trial", launch, block_sizes=(64,))},
+                             test_shapes=[{"B": 1, "T": 3, "V": 64}], sim_sizes={"B": 1, "T": 3, "V": 64})
+    monkeypatch.setitem(_REGISTRY, op.name, op)
+    return op

@@ -5,13 +5,18 @@ third for a subset) and at every block size of the version's sweep, with the haz
 asserted zero. Shapes come from each op's ``test_shapes``: awkward sizes its constraints allow.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import llmcupy
 from llmcupy import sim
 from llmcupy.harness import run_isolated
+from _helpers import trial_op
 from llmcupy.ops import OpError, check_outputs
+from llmcupy.ops._op import kernel_file_versions
+from llmcupy.runtime.module import kernels_dir
 
 
 def _cases():
@@ -68,9 +73,47 @@ def _run_version(name, number, shape_index):
             with sim.settings(order=order, seed=17):
                 got = op.run(number, arrays, block_size)
             for result in check_outputs(op, ref, got, inputs=inputs):
-                assert result["ok"], f"{name} v{number} block {block_size} order {order}: {result}"
+                if not result["ok"]:
+                    wrong = f"{name} v{number} block {block_size} order {order}: {result}"
+                    findings = _sanitizer_findings(op, number, inputs, block_size)
+                    if findings:
+                        wrong += f"\nthe sanitizers say why ({_sanitize_command(name, number)}):\n{findings}"
+                    raise AssertionError(wrong)
             ran += 1
     return ran
+
+
+def _untested(op, version):
+    """Why no test shape runs ``version`` (its requires refuses each at every block size), or None."""
+    refusals = []
+    for i, shape in enumerate(op.test_shapes):
+        inputs = op.make_inputs(np.random.default_rng(i), **shape)
+        for block_size in version.block_sizes or (None,):
+            problem = version.requires(inputs, block_size) if version.requires is not None else None
+            if not problem:
+                return None
+            refusals.append(problem)
+    return (f"{op.name} v{version.number} refuses every one of the op's test shapes ({refusals[0]}), so no test "
+            f"runs it: add a shape it takes to the op's test_shapes")
+
+
+@pytest.mark.parametrize("name,number", [(n, v) for n in llmcupy.ops for v, ver in sorted(llmcupy.ops[n].versions.items())
+                                         if ver.available])
+def test_every_version_runs_on_some_test_shape(name, number):
+    # the reference test skips a shape a version refuses: one that refused them all passed untested
+    op = llmcupy.ops[name]
+    problem = _untested(op, op.versions[number])
+    assert problem is None, problem
+
+
+def test_a_version_that_refuses_every_test_shape_is_named():
+    op = llmcupy.ops["softmax_forward"]
+    picky = dataclasses.replace(op.versions[4], number=99, requires=lambda a, bs: "C must be a multiple of 128")
+    trial = dataclasses.replace(op, versions={99: picky})
+    assert _untested(trial, trial.versions[99]) == (
+        "softmax_forward v99 refuses every one of the op's test shapes (C must be a multiple of 128), so no test "
+        "runs it: add a shape it takes to the op's test_shapes")
+    assert _untested(op, op.versions[4]) is None
 
 
 def _deterministic_cases():
@@ -126,9 +169,52 @@ def _check_same_bits(name, number):
             differs = ~((v == runs[0][k]) | (np.isnan(v) & np.isnan(runs[0][k])) if v.dtype.kind == "f"
                         else v == runs[0][k])
             if (differs & ~unspecified[k]).any():
-                return {"ok": False, "error": f"{name} v{number} {k}: the {order} thread order changed "
-                                              f"the bits (mark the version deterministic=False)"}
+                changed = f"{name} v{number} {k}: the {order} thread order changed the bits"
+                findings = _sanitizer_findings(op, number, inputs, bs)
+                if findings:   # a bug that moves with the thread order, not fp32 atomics: nothing to mark
+                    return {"ok": False, "error": f"{changed}; the sanitizers say why ({_sanitize_command(name, number)}):"
+                                                  f"\n{findings}"}
+                return {"ok": False, "error": f"{changed}, and the sanitizers find no race or out-of-bounds access: "
+                                              "fp32 atomics adding in thread order? Then mark the version "
+                                              "deterministic=False"}
     return {"ok": True}
+
+
+def _sanitize_command(name, number):
+    return f"python -m llmcupy.kernel {name} {number} --sanitize"
+
+
+def _sanitizer_findings(op, number, inputs, bs):
+    """The racecheck and memcheck reports of one run, or None: a result that changes with the thread
+    order is a race or an out-of-bounds access far more often than an atomic's order."""
+    try:
+        with sim.settings(check="race,memory"):
+            op.run(number, _fresh(inputs), bs)
+    except sim.SimSanitizerError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_race_that_changes_the_bits_is_reported_as_a_race_not_as_nondeterminism(monkeypatch):
+    # Before, a version whose bits changed with the thread order was told "mark the version
+    # deterministic=False" whatever the cause: a newcomer's missing __syncthreads (or an out-of-bounds
+    # write) got the advice that hides it. Now the sanitizers run on that input and name the lines.
+    op = trial_op(monkeypatch, "neighbour_copy")
+    outcome = _check_same_bits(op.name, 1)
+    assert not outcome["ok"]
+    assert "deterministic=False" not in outcome["error"]
+    assert "the sanitizers say why (python -m llmcupy.kernel trial_neighbour_copy 1 --sanitize)" in outcome["error"]
+    assert "racecheck:" in outcome["error"] and "in kernel neighbour_copy" in outcome["error"]
+    wrong = _check_version(op.name, 1, 0)   # the reference test: wrong outputs, and why
+    assert not wrong["ok"] and "racecheck:" in wrong["error"] and "--sanitize" in wrong["error"]
+
+
+def test_fp32_atomics_that_change_the_bits_are_told_to_mark_the_version(monkeypatch):
+    op = trial_op(monkeypatch, "atomic_row_sums")
+    outcome = _check_same_bits(op.name, 1)
+    assert not outcome["ok"]
+    assert "the sanitizers find no race or out-of-bounds access" in outcome["error"]
+    assert "mark the version deterministic=False" in outcome["error"]
 
 
 @pytest.mark.parametrize("name", list(llmcupy.ops))
@@ -143,10 +229,71 @@ def test_op_is_well_formed(name):
     assert op.bound is not None
     code = op.source_code()
     assert code.lstrip().startswith("/*"), "a kernel file starts with a header listing its versions"
-    for number, v in op.versions.items():
-        assert f"version {number}" in code.lower() or not v.available, f"header must describe version {number}"
     with pytest.raises(OpError, match="versions"):
         op.version(999)
+
+
+def _kernel_file_problems(source, code, registered):
+    """What a kernel file and the versions registered on it (by every op that uses the file) disagree
+    on: a registered version with no ``version N:`` entry in the header comment, and a header entry or a
+    kernel named ``..._kernel<N>`` that no op registers (DEVELOPERS.md, "Adding a kernel version")."""
+    mentioned = kernel_file_versions(code)
+    problems = []
+    for number in sorted(registered):
+        if not any(m.startswith("a header entry") for m in mentioned.get(number, [])):
+            problems.append(f"kernels_cu/{source}: its header comment has no entry 'version {number}:' for the "
+                            f"registered version {number}")
+    for number, mentions in sorted(mentioned.items()):
+        if number not in registered:
+            problems.append(f"kernels_cu/{source} has {' and '.join(mentions)}, but no op registers version {number}: "
+                            f"add a Version({number}, ...) to the op's OP.versions")
+    return problems
+
+
+def _kernel_files():
+    files = {}
+    for name in llmcupy.ops:
+        op = llmcupy.ops[name]
+        files.setdefault(op.source, set()).update(op.versions)
+    return sorted(files.items())
+
+
+@pytest.mark.parametrize("source,registered", _kernel_files(), ids=[f for f, _ in _kernel_files()])
+def test_a_kernel_file_and_its_registered_versions_agree(source, registered):
+    code = (kernels_dir() / source).read_text()
+    problems = _kernel_file_problems(source, code, registered)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_kernel_file_check_sees_a_missing_header_entry_and_a_version_left_unregistered():
+    # Before, "version N" anywhere in the file stood for the header entry (the kernel's own
+    # "// version 9: ..." comment was enough, and "version 1" matched "version 10"), and a kernel or a
+    # header entry that no Version registered went unnoticed: the tests ran every version but that one.
+    code = "/*\nversion 1: naive\nversion 10: fast\n*/\n" + "".join(
+        f"// version {n}: ...\n__global__ void __launch_bounds__(256) demo_kernel{n}(float* y) {{}}\n"
+        for n in (1, 9, 10))
+    assert _kernel_file_problems("demo.cu", code, {1, 9}) == [
+        "kernels_cu/demo.cu: its header comment has no entry 'version 9:' for the registered version 9",
+        "kernels_cu/demo.cu has a header entry 'version 10:' and kernel demo_kernel10, but no op registers version 10: "
+        "add a Version(10, ...) to the op's OP.versions",
+    ]
+
+
+def test_an_unknown_version_that_the_kernel_file_has_says_to_register_it(monkeypatch):
+    # A newcomer who wrote the kernel and its header entry but no Version met only "softmax_forward has
+    # no version 8; versions: 1, ..., 7"; now the error says what the file has and where the Version goes.
+    from llmcupy.ops import _REGISTRY
+
+    op = llmcupy.ops["softmax_forward"]
+    forgot = dataclasses.replace(op, versions={n: v for n, v in op.versions.items() if n != 8})
+    monkeypatch.setitem(_REGISTRY, "softmax_forward", forgot)
+    with pytest.raises(OpError, match=r"softmax_forward has no version 8; versions: 1, 2, 3, 4, 5, 6, 7(, \d+)*; "
+                                      r"kernels_cu/softmax_forward.cu has a header entry 'version 8:' and kernel "
+                                      r"softmax_forward_online_kernel8, but no Version\(8, ...\) is registered: add one "
+                                      r"to OP.versions in llmcupy/ops/softmax_forward.py"):
+        forgot.version(8)
+    with pytest.raises(OpError, match=r"matmul_gelu_forward has no version 5; versions: 1, 2(, \d+)*$"):
+        llmcupy.ops["matmul_gelu_forward"].version(5)   # matmul_forward.cu's version 5 is matmul_forward's
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
@@ -201,6 +348,24 @@ def test_a_bad_call_is_an_op_error_naming_the_problem():
     with pytest.raises(OpError, match=r"softmax_forward: out\['out'\] has dtype float64, expected float32"):
         op(x, version=5, out=np.empty((4, 100), np.float64))
     np.testing.assert_allclose(op(x, version=5.0, block_size=64.0), op.reference(x), atol=1e-6)
+
+
+def test_a_requires_written_as_a_predicate_is_refused_naming_the_contract():
+    # A newcomer's requires=lambda a, bs: C % 4 == 0 answers True where the version can run. Taken as a
+    # refusal, that ran the version on every shape it cannot take (False passed as "no problem") and
+    # refused the ones it can with the reason "True"; the tests skipped those shapes without a word.
+    op = llmcupy.ops["softmax_forward"]
+    predicate = dataclasses.replace(op.versions[4], number=99, requires=lambda a, bs: a["inp"].shape[1] % 4 == 0)
+    trial = dataclasses.replace(op, versions={99: predicate})
+    contract = r"softmax_forward version 99: requires\(\) returned {}; it must return None when the version can run"
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    with pytest.raises(TypeError, match=contract.format("True")):
+        trial(x, version=99)
+    with pytest.raises(TypeError, match=contract.format("False")):
+        trial(x[:, :7].copy(), version=99)
+    refusing = dataclasses.replace(predicate, requires=lambda a, bs: "C must be a multiple of 4")
+    with pytest.raises(OpError, match="softmax_forward version 99: C must be a multiple of 4"):
+        dataclasses.replace(op, versions={99: refusing})(x, version=99)
 
 
 def test_make_inputs_takes_a_seed_and_refuses_bad_sizes_naming_them():

@@ -302,10 +302,21 @@ def test_argument_checks_name_kernel_and_argument():
 
 def test_a_kernel_name_that_is_not_in_the_source_is_named():
     code = "__global__ void scale(float* y, int n) { if (threadIdx.x < n) y[threadIdx.x] *= 2.0f; }\n"
-    with pytest.raises(AttributeError, match=r"no kernel 'scal' in kernel.cu; kernels: scale"):
+    with pytest.raises(AttributeError, match=r"no kernel 'scal' in kernel.cu \(did you mean 'scale'\?\); kernels: scale"):
         llmcupy.RawKernel(code, "scal", target="sim")      # (was g++'s error in generated code)
-    with pytest.raises(AttributeError, match=r"no kernel 'scal' in kernel.cu; kernels: scale"):
+    with pytest.raises(AttributeError, match=r"no kernel 'scal' in kernel.cu \(did you mean 'scale'\?\); kernels: scale"):
         module(code).get_function("scal")
+
+
+def test_a_misspelt_kernel_name_is_matched_among_many():
+    # A launcher's typo in a catalogue file: the error listed nine near-identical names and left the
+    # reader to find the one meant; now it says which
+    code = "".join(f"__global__ void softmax_forward_online_kernel{n}(float* y) {{}}\n" for n in range(1, 10))
+    with pytest.raises(AttributeError, match=r"no kernel 'softmax_forward_online_kernl9' in kernel.cu \(did you mean "
+                                             r"'softmax_forward_online_kernel9'\?\); kernels: softmax_forward_online_kernel1, "):
+        module(code).get_function("softmax_forward_online_kernl9")
+    with pytest.raises(AttributeError, match=r"no kernel 'gelu' in kernel.cu; kernels: "):   # nothing close: no guess
+        module(code).get_function("gelu")
 
 
 def test_vector_pointer_alignment_is_checked():

@@ -12,6 +12,7 @@ it. The same object serves the CLI, the model, the tests, the benchmark and note
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -476,6 +477,8 @@ class Version:
             self.default_block_size = 256 if 256 in self.block_sizes else self.block_sizes[-1]
         if self.kernels_only is None:
             self.kernels_only = bool(getattr(self.launch, "kernels_only", False))
+        if self.requires is not None and not isinstance(self.requires, _Requirement):
+            self.requires = _Requirement(self.requires, self.number)
 
     @property
     def available(self) -> bool:
@@ -488,6 +491,27 @@ class Version:
         sizes = ", ".join(map(str, self.block_sizes))
         return (f"<version {self.number}: {self.summary}; block sizes {sizes} (default "
                 f"{self.default_block_size}){state}>")
+
+
+class _Requirement:
+    """A version's ``requires``, holding its answer to the contract every caller reads: None, or the
+    sentence a refusal prints. A predicate written the other way round (``lambda a, bs: C % 4 == 0``,
+    True when the version *can* run) would otherwise run the version where it must not and refuse
+    it, with the reason "True", where it can."""
+
+    def __init__(self, fn: Callable, number: int):
+        self.fn = fn
+        self.number = number
+        self.op_name = ""   # set by the Op that holds the version
+
+    def __call__(self, arrays, block_size):
+        answer = self.fn(arrays, block_size)
+        if answer is None or (isinstance(answer, str) and answer):
+            return answer
+        who = f"{self.op_name} version {self.number}" if self.op_name else f"version {self.number}"
+        raise TypeError(f"{who}: requires() returned {answer!r}; it must return None when the version can "
+                        "run, else a sentence saying which constraint fails (\"C must be a multiple of 4\"), "
+                        "which a refusal prints")
 
 
 @dataclass
@@ -585,6 +609,9 @@ class Op:
     def __post_init__(self):
         if not isinstance(self.versions, VersionTable):
             self.versions = VersionTable(self.versions, self.name)
+        for v in self.versions.values():
+            if isinstance(v.requires, _Requirement) and not v.requires.op_name:
+                v.requires.op_name = self.name   # its refusals and mistakes name the op
 
     def __repr__(self) -> str:
         # the dataclass's repr lists every field (kilobytes of functions); a notebook shows this
@@ -611,8 +638,26 @@ class Op:
             number, given = None, repr(given)   # echo what was typed ("abc"), not None
         if number not in self.versions:
             listing = ", ".join(str(v) for v in sorted(self.versions))
-            raise OpError(f"{self.name} has no version {given}; versions: {listing}")
+            raise OpError(f"{self.name} has no version {given}; versions: {listing}"
+                          f"{self._unregistered_hint(number) if number is not None else ''}")
         return self.versions[number]
+
+    def _unregistered_hint(self, number: int) -> str:
+        """For an unknown version: where the kernel file already has it (a header entry, a kernel named
+        ``..._kernel<N>``) and no op on that file registers it, what is missing and where it goes."""
+        try:
+            mentions = kernel_file_versions(self.source_code()).get(number)
+        except OSError:
+            return ""
+        if not mentions:
+            return ""
+        from . import _discover   # the registry imports the op modules, which import this one
+
+        if any(op.source == self.source and number in op.versions for op in _discover().values()):
+            return ""   # another op of the same file (matmul_forward.cu's matmul_gelu_forward) has it
+        return (f"; kernels_cu/{self.source} has {' and '.join(mentions)}, but no Version({number}, ...) is "
+                f"registered: add one to OP.versions in llmcupy/ops/{self.name}.py (DEVELOPERS.md, "
+                "\"Adding a kernel version\")")
 
     def describe(self) -> str:
         """The op's summary and its versions, one line each: ``*`` marks the default, and unavailable
@@ -1170,6 +1215,25 @@ def misaligned(arrays: dict, names, align: int = 16, use: str = "float4 loads/st
         if misses:
             bad.append(k)
     return "; ".join(f"{k} must be {align}-byte aligned for {use}" for k in bad) or None
+
+
+_HEADER_ENTRY = re.compile(r"(?m)^[ \t]*version (\d+):")
+_NUMBERED_KERNEL = re.compile(r"__global__\b[^;{]*?\b(\w+_kernel(\d+))\s*\(")
+
+
+def kernel_file_versions(code: str) -> dict:
+    """The version numbers a kernel file speaks of, each with what names it: a ``version N:`` entry of
+    the header comment the file starts with, and kernels named ``<...>_kernel<N>`` (DEVELOPERS.md,
+    "Adding a kernel version")."""
+    found: dict = {}
+    text = code.lstrip()
+    if text.startswith("/*") and "*/" in text:
+        for n in _HEADER_ENTRY.findall(text[:text.index("*/")]):
+            found.setdefault(int(n), []).append(f"a header entry 'version {n}:'")
+    for name, n in _NUMBERED_KERNEL.findall(code):
+        if f"kernel {name}" not in found.get(int(n), []):
+            found.setdefault(int(n), []).append(f"kernel {name}")
+    return found
 
 
 def kernel_of(op_name: str, kernel_name: str):

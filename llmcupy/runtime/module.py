@@ -518,8 +518,7 @@ class RawModule:
         for expr in self.name_expressions:
             base = expr.strip().lstrip("&").split("<", 1)[0].strip().split("::")[-1]
             if base not in declared:
-                raise AttributeError(f"no kernel {expr!r} in {self.filename}; kernels: "
-                                     f"{', '.join(declared) or 'none'}")
+                raise AttributeError(_no_kernel(expr, base, self.filename, declared))
 
     def compile(self, log_stream=None):
         if self.backend == "cuda":
@@ -568,12 +567,21 @@ class RawModule:
         kernel = self._functions.get(name)
         if kernel is None:
             if self.backend == "sim" and name not in self.kernel_names:
-                raise AttributeError(
-                    f"no kernel {name!r} in {self.filename}; kernels: {', '.join(self.kernel_names)} "
-                    "(template kernels need name_expressions=)"
-                )
+                raise AttributeError(_no_kernel(name, name, self.filename, self.kernel_names)
+                                     + " (template kernels need name_expressions=)")
             kernel = self._functions[name] = RawKernel(self, name)
         return kernel
+
+
+def _no_kernel(asked: str, base: str, filename: str, kernels) -> str:
+    """The error for a kernel name the source lacks: the kernels it has, and the one a typo most likely
+    meant (in a catalogue file of nine kernels, '..._kernl9' is hard to spot by eye)."""
+    import difflib
+
+    kernels = list(kernels)
+    close = difflib.get_close_matches(base, kernels, n=1, cutoff=0.8)
+    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"no kernel {asked!r} in {filename}{guess}; kernels: {', '.join(kernels) or 'none'}"
 
 
 def mangled_variable_name(name: str) -> str:
