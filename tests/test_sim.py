@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 import warnings
 
 import numpy as np
@@ -317,6 +318,26 @@ def test_a_misspelt_kernel_name_is_matched_among_many():
         module(code).get_function("softmax_forward_online_kernl9")
     with pytest.raises(AttributeError, match=r"no kernel 'gelu' in kernel.cu; kernels: "):   # nothing close: no guess
         module(code).get_function("gelu")
+
+
+def test_a_misspelt_kernel_name_on_a_gpu_is_named_too():
+    # On a GPU the name reached the driver's lookup, whose error was "CUDA_ERROR_NOT_FOUND: named symbol
+    # not found" with neither the name nor the choices. Stood in by a module whose CuPy lookup fails so.
+    class NotFound(Exception):
+        pass
+
+    def lookup(name):
+        raise NotFound("CUDA_ERROR_NOT_FOUND: named symbol not found")
+
+    mod = object.__new__(llmcupy.RawModule)
+    mod.backend, mod.filename, mod._functions, mod.enable_cooperative_groups = "cuda", "softmax_forward.cu", {}, False
+    mod.cuda_name_expressions = [f"softmax_forward_online_kernel{n}" for n in range(1, 10)]
+    mod._cupy_module = types.SimpleNamespace(get_function=lookup)
+    with pytest.raises(AttributeError, match=r"no kernel 'softmax_forward_online_kernl9' in softmax_forward.cu \(did "
+                                             r"you mean 'softmax_forward_online_kernel9'\?\); kernels: "):
+        mod.get_function("softmax_forward_online_kernl9")
+    with pytest.raises(NotFound):   # a name it was given: the driver's own error stands
+        mod.get_function("softmax_forward_online_kernel9")
 
 
 def test_vector_pointer_alignment_is_checked():

@@ -569,7 +569,16 @@ class RawModule:
             if self.backend == "sim" and name not in self.kernel_names:
                 raise AttributeError(_no_kernel(name, name, self.filename, self.kernel_names)
                                      + " (template kernels need name_expressions=)")
-            kernel = self._functions[name] = RawKernel(self, name)
+            try:
+                kernel = RawKernel(self, name)
+            except Exception as exc:
+                # on a GPU a name the module was not given (a typo) reaches the driver's lookup, whose
+                # "CUDA_ERROR_NOT_FOUND: named symbol not found" says neither which name nor the choices
+                if self.backend != "cuda" or name in self.cuda_name_expressions or "NOT_FOUND" not in str(exc):
+                    raise
+                raise AttributeError(_no_kernel(name, name, self.filename, self.cuda_name_expressions)
+                                     + " (template kernels need name_expressions=)") from None
+            self._functions[name] = kernel
         return kernel
 
 
