@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 
@@ -300,8 +301,20 @@ class ForkedRunner(_Runner):
                 return payload["value"]
             return {"ok": False, "error": payload["error"]}
         if os.WIFSIGNALED(status):
-            return {"ok": False, "error": f"the emulator process died with signal {os.WTERMSIG(status)} (see stderr)"}
+            # most often a kernel's write past an array's end corrupting the process's memory (glibc's
+            # abort, SIGABRT, or a later SIGSEGV far from the write), which a plain run does not check
+            return {"ok": False, "error": f"the emulator process died with signal {_signal_text(os.WTERMSIG(status))} "
+                                          "(see stderr); a kernel's out-of-bounds write can do this: --sanitize "
+                                          "(memcheck) names the access"}
         return {"ok": False, "error": f"the child exited with status {os.WEXITSTATUS(status)}"}
+
+
+def _signal_text(number: int) -> str:
+    """'6 (SIGABRT)': the number as the shell reports it, the name for those who do not know it."""
+    try:
+        return f"{number} ({signal.Signals(number).name})"
+    except ValueError:
+        return str(number)
 
 
 # a child's exit status after Ctrl-C (the shell's 128 + SIGINT): the parent then stops the whole run
@@ -416,7 +429,7 @@ class SpawnedRunner(_Runner):
         if proc.exitcode == INTERRUPTED:
             raise KeyboardInterrupt
         if proc.exitcode is not None and proc.exitcode < 0:
-            return {"ok": False, "error": f"the child process died with signal {-proc.exitcode} (see stderr)"}
+            return {"ok": False, "error": f"the child process died with signal {_signal_text(-proc.exitcode)} (see stderr)"}
         return {"ok": False, "error": f"the child exited with status {proc.exitcode} without a result"}
 
 
