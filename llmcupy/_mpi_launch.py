@@ -16,6 +16,9 @@ import sys
 # the rank first (MPICH/Hydra, Open MPI, PMIx), then the only variable some launchers set
 MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 TRAINER = "llmcupy.train"   # the one CLI whose ranks all join MPI (llmcupy.distributed.init)
+# the exception abort_unjoined_after reported (traceback and cause) without ending the job: the
+# trainer's main() reports before it re-raises, and the excepthook then sees the same exception
+_REPORTED: list = [None]
 
 
 def launched_by_mpi() -> bool:
@@ -80,6 +83,7 @@ def abort_unjoined_after(exc: BaseException, traceback_shown: bool = False) -> N
     cause = f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
     who = _rank_text()
     print(f"error: {who} failed while starting ({cause}); ending every rank of the job", file=sys.stderr)
+    _REPORTED[0] = exc
     why = _join_and_abort(1)
     if why is not None:   # nothing else can tell the launcher: say so rather than leave a silent hang
         print(f"error: {who} cannot end the job: mpi4py does not import here ({why}); the other ranks wait "
@@ -111,6 +115,8 @@ def guard_trainer_start() -> None:
     previous = sys.excepthook
 
     def end_the_job(kind, exc, tb):
+        if exc is _REPORTED[0]:
+            return   # main() printed its traceback and cause, and why it could not end the job
         previous(kind, exc, tb)                 # the traceback, as Python prints it
         if issubclass(kind, Exception):         # Ctrl-C reaches every rank: none waits for this one
             abort_unjoined_after(exc, traceback_shown=True)

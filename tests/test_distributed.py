@@ -273,6 +273,37 @@ def test_only_the_trainer_under_mpi_ends_the_job_when_its_imports_fail(monkeypat
     assert (sys.excepthook is not sys.__excepthook__) == guarded
 
 
+def test_a_start_up_failure_that_cannot_end_the_job_is_reported_once(monkeypatch, capsys):
+    # An import that fails inside the trainer's main() (tiktoken) on a node where mpi4py does not import
+    # either: main() printed the traceback and both error lines, then Python's excepthook (the guard
+    # `import llmcupy` installs) printed all three again. Run here as Python would: main(), then the hook.
+    from llmcupy import _mpi_launch, train
+
+    for k in MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("PMI_RANK", "1")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)   # not joined
+    monkeypatch.setitem(sys.modules, "mpi4py", None)                 # and `from mpi4py import MPI` fails
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "llmcupy.train", "-b", "2"])
+    monkeypatch.setattr(sys, "argv", ["-m", "-b", "2"])
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    _mpi_launch.guard_trainer_start()
+
+    def broken_import(argv):
+        raise ImportError("tiktoken is broken on this node (a stand-in)")
+
+    monkeypatch.setattr(train, "_main", broken_import)
+    with pytest.raises(ImportError) as raised:
+        train.main(["-b", "2"])
+    sys.excepthook(raised.type, raised.value, raised.tb)
+    err = capsys.readouterr().err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert err.count("error: rank 1 failed while starting (ImportError: tiktoken is broken on this node (a "
+                     "stand-in)); ending every rank of the job") == 1, err
+    assert err.count("error: rank 1 cannot end the job: mpi4py does not import here") == 1, err
+
+
 def test_progress_bars_are_rank_0s(tmp_path, monkeypatch):
     # on a terminal every rank drew its own "checking token files" and "validation" bars
     import io
