@@ -164,6 +164,17 @@ def test_gpu_shared_memory_opt_in_is_checked_against_the_device(monkeypatch):
     assert k._kernel.max_dynamic_shared_size_bytes == 60 * 1024   # left as it was
 
 
+def test_cupys_spelling_of_the_opt_in_opts_in_on_the_device(monkeypatch):
+    # kernel.max_dynamic_shared_size_bytes = n, as CuPy's RawKernel takes it: an AttributeError since
+    # the per-device bookkeeping made it a property (and before that, on cuda, a plain attribute that
+    # skipped the real opt-in, so the launch was refused)
+    k = _cuda_kernel(monkeypatch, max_threads=1024, num_regs=32, optin=64 * 1024)
+    k.max_dynamic_shared_size_bytes = 60 * 1024
+    assert k._kernel.max_dynamic_shared_size_bytes == 60 * 1024 and k.max_dynamic_shared_size_bytes == 60 * 1024
+    with pytest.raises(DeviceLimitError, match="more than the 65536 bytes one block may have"):
+        k.max_dynamic_shared_size_bytes = 80 * 1024
+
+
 def test_gpu_shared_memory_opt_in_is_made_again_on_another_device(monkeypatch):
     # CuPy's kernel loads once per device and the opt-in is an attribute of each device's copy: one
     # made while device 0 was current does not let a launch with device 1 current go above 48 KiB

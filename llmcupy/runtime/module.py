@@ -260,6 +260,15 @@ class RawKernel:
         default 48 KiB, which needs no opt-in)."""
         return self._opted_in.get(_backend.current_device(), 0)
 
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, nbytes: int) -> None:
+        # CuPy's spelling of the opt-in (kernel.max_dynamic_shared_size_bytes = n): done here on the
+        # current device, checked against its limit; a launch above 48 KiB also does it by itself
+        if self.backend == "cuda":
+            self._opt_in_shared(int(nbytes))
+        else:
+            self._opted_in[_backend.current_device()] = int(nbytes)
+
     @property
     def signature(self) -> str:
         return f"{self.name}({', '.join(p.describe() for p in self.params)})"
