@@ -1097,6 +1097,10 @@ def _defaults_main(argv) -> int:
         return fail(ValueError(f"{args.results} holds no --trainer-shapes GPU run, but {defaults.display_path(out)} "
                                f"holds the measured defaults of {', '.join(measured)}; give --results the folder "
                                "of their runs (or delete the file to write one naming no GPU); it is left as it is"))
+    dropped = [name for name in measured if name not in doc["devices"]]
+    if dropped:   # deliberate (their runs were removed) or the wrong folder: either way, say so
+        print(f"note: the defaults of {', '.join(dropped)} are dropped: {args.results} holds no --trainer-shapes run "
+              "of theirs", file=sys.stderr)
     print(f"defaults: {defaults.write(doc, out)}")
     return 0
 

@@ -202,6 +202,15 @@ def test_a_folder_with_no_run_does_not_erase_measured_defaults(results, tmp_path
     assert json.loads(out.read_text())["devices"] == {}
 
 
+def test_a_folder_without_one_gpus_runs_says_its_defaults_are_dropped(results, tmp_path):
+    out = tmp_path / "defaults.json"
+    assert _call(["defaults", "--results", results, "--out", out])[0] == 0
+    (results / "other.json").unlink()   # OTHER's only run
+    rc, stdout, err = _call(["defaults", "--results", results, "--out", out])
+    assert rc == 0 and sorted(json.loads(out.read_text())["devices"]) == [GPU]
+    assert f"note: the defaults of {OTHER} are dropped: {results} holds no --trainer-shapes run of theirs" in err
+
+
 def test_the_committed_file_is_what_the_committed_results_give():
     # bench/defaults.json is regenerated whenever bench/results gains a GPU run
     rc, stdout, err = _call(["defaults", "--results", defaults.repo_dir() / "bench" / "results",
