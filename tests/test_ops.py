@@ -366,6 +366,10 @@ def test_a_requires_written_as_a_predicate_is_refused_naming_the_contract():
     refusing = dataclasses.replace(predicate, requires=lambda a, bs: "C must be a multiple of 4")
     with pytest.raises(OpError, match="softmax_forward version 99: C must be a multiple of 4"):
         dataclasses.replace(op, versions={99: refusing})(x, version=99)
+    # a copy renumbered keeps the predicate, and its mistake names the new number
+    renumbered = dataclasses.replace(predicate, number=98)
+    with pytest.raises(TypeError, match=r"softmax_forward version 98: requires\(\) returned True"):
+        dataclasses.replace(op, versions={98: renumbered})(x, version=98)
 
 
 def test_make_inputs_takes_a_seed_and_refuses_bad_sizes_naming_them():

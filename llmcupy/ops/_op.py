@@ -477,6 +477,8 @@ class Version:
             self.default_block_size = 256 if 256 in self.block_sizes else self.block_sizes[-1]
         if self.kernels_only is None:
             self.kernels_only = bool(getattr(self.launch, "kernels_only", False))
+        if isinstance(self.requires, _Requirement) and self.requires.number != self.number:
+            self.requires = self.requires.fn   # dataclasses.replace(v, number=N): its mistakes name N
         if self.requires is not None and not isinstance(self.requires, _Requirement):
             self.requires = _Requirement(self.requires, self.number)
 
