@@ -33,8 +33,12 @@ size, per launch and per source line, occupancy and the roofline model's time on
 
 ``compare`` reads two such files (or ``python -m llmcupy.kernel --json`` lists): the before/after
 record of an optimisation, per op and version the best time before and after, the speed-up and any
-change of verdict. It exits 1 when a version that passed before fails after (a correctness
-regression), else 0; it refuses (exit 2) to compare an emulator record with a GPU one.
+change of verdict. For the versions whose ``metrics`` both runs hold (emulator runs) it also sets the
+counts side by side (requests, sectors per request, bytes moved and unique bytes over the ideal,
+shared requests, bank ways, occupancy: ``before -> after`` where they differ) with the model's time
+and the ratio of the model's times, which it gives only at the same sizes and on the same model GPU.
+It exits 1 when a version that passed before fails after (a correctness regression), else 0; it
+refuses (exit 2) to compare an emulator record with a GPU one.
 """
 
 from __future__ import annotations
@@ -901,17 +905,103 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
                 oky = {True: "PASS", False: "FAIL", None: "SKIP"}[y.get("ok")] if y else "-"
                 lines.append(f"{'':<30} {'':>4}  {_fmt_ms(xm)} {_fmt_blk(bs, True)}  {_fmt_ms(ym)} "
                              f"{_fmt_blk(bs, True)}  {sp}  {okx if okx == oky else okx + ' -> ' + oky}")
+    analysed, counted = _compare_metrics(b_map, a_map, keys)
     lines.append("")
+    lines += analysed
     if speedups:
         geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
         lines.append(f"{len(speedups)} versions passing and timed in both at the same sizes: geometric-mean "
                      f"speed-up {geo:.2f}x, "
                      f"min {min(speedups):.2f}x, max {max(speedups):.2f}x (best block size of each)")
+    elif counted:
+        lines.append("no version has times in both runs (emulator runs record correctness and the counts above, "
+                     "not times)")
     else:
         lines.append("no version has times in both runs (an emulator run records correctness only)")
     lines.append("correctness: " + ("REGRESSED (a version that passed before fails now)" if regressed
                                     else "no version that passed before fails now"))
     return "\n".join(lines), regressed
+
+
+# the op-level figures of an emulator record's ``metrics`` that compare sets side by side: the summary
+# key, its column, its format (the columns of ``--analyze``'s table of versions)
+_METRIC_COLUMNS = (("global_requests", "gld/gst req", "d"), ("sectors_per_request", "sectors/req", ".2f"),
+                   ("moved_over_ideal", "moved/ideal", ".2f"), ("unique_over_ideal", "unique/ideal", ".2f"),
+                   ("shared_requests", "smem req", "d"), ("conflict_ways", "bank ways", ".2f"),
+                   ("occupancy", "occupancy", ".0%"))
+
+
+def _before_after(before, after) -> str:
+    """One cell: the value, or ``before -> after`` when the two differ as printed."""
+    return before if before == after else f"{before} -> {after}"
+
+
+def _compare_metrics(b_map: dict, a_map: dict, keys: list) -> tuple[list, int]:
+    """The lines comparing the ``metrics`` (emulator counts and the roofline model) of the versions
+    analysed in both runs: per version each figure before -> after, the model's time and the ratio of
+    the model's times; and how many versions they compare (0: at most a note that one run has none)."""
+    from .analyze import GPUS, _table, _us
+
+    def summary(entry):
+        return ((entry or {}).get("metrics") or {}).get("summary")
+
+    both = [k for k in keys if summary(b_map.get(k)) and summary(a_map.get(k))]
+    lines = []
+    one_sided = [tag for tag, m in (("before", b_map), ("after", a_map)) if not any(summary(e) for e in m.values())]
+    if not both:
+        if len(one_sided) == 1:   # the other run was made with --no-analyze, or by an older llmcupy
+            lines += [f"only the {'after' if one_sided == ['before'] else 'before'} run holds emulator counts "
+                      "(--analyze metrics), so they are not compared; an emulator bench run records them unless "
+                      "--no-analyze", ""]
+        return lines, 0
+
+    def gpu_name(key):
+        return GPUS[key].name if key in GPUS else str(key)
+
+    def cell(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
+    rows, notes_of, changed, gpus = [], [], [], {}
+    for key in both:
+        bm, am = b_map[key]["metrics"], a_map[key]["metrics"]
+        bs, as_ = bm["summary"], am["summary"]
+        gpus[bm.get("model_gpu"), am.get("model_gpu")] = None   # in order: the before run's GPU first
+        row = [key[0], str(key[1]),
+               _before_after(_block_label(bm.get("block_size")), _block_label(am.get("block_size")))]
+        row += [_before_after(cell(bs.get(k), fmt), cell(as_.get(k), fmt)) for k, _, fmt in _METRIC_COLUMNS]
+        bt, at = bs.get("model_seconds"), as_.get("model_seconds")
+        row.append(_before_after(_us(bt), _us(at)))
+        notes = []
+        other_sizes = bm.get("sizes") != am.get("sizes")
+        other_gpu = bm.get("model_gpu") != am.get("model_gpu")
+        if other_sizes:
+            notes.append("sizes differ")
+        if other_gpu:
+            notes.append(f"model on {gpu_name(bm.get('model_gpu'))} -> {gpu_name(am.get('model_gpu'))}")
+        if bs.get("library_calls") or as_.get("library_calls"):
+            # the emulator runs cuBLAS in NumPy: the model covers the version's own kernels only
+            notes.append("+ cuBLAS, not modelled" if bs.get("launches") or as_.get("launches")
+                         else "no kernel launch (library call)")
+        # a ratio of models at other sizes or of other GPUs says nothing about the change
+        row.append(f"{bt / at:.2f}x" if bt and at and not other_sizes and not other_gpu else "-")
+        if any("->" in c for c in row[2:-1]):
+            changed.append(f"{key[0]} {key[1]}")
+        rows.append(row)
+        notes_of.append(f"  ({', '.join(notes)})" if notes else "")
+    names = dict.fromkeys(gpu_name(g) for pair in gpus for g in pair)
+    lines.append(f"emulator counts and a roofline MODEL of the time on {' / '.join(names)} (not a measurement), "
+                 "before -> after where they differ:")
+    if any(b != a for b, a in gpus):
+        lines.append("warning: the two runs model different GPUs (--gpu); their model times and occupancies are "
+                     "not comparable")
+    head = ["op", "ver", "block"] + [h for _, h, _ in _METRIC_COLUMNS] + ["model time", "model ratio"]
+    table = _table(head, rows, indent="")
+    lines += table[:1] + [line + note for line, note in zip(table[1:], notes_of)]
+    lines.append("model ratio: the model's time before over after (above 1: the model predicts the after run faster)")
+    lines.append(f"{len(changed)} of {len(both)} versions analysed in both differ in their counts or model time"
+                 + (f": {', '.join(changed)}" if changed and len(changed) <= 10 else ""))
+    lines.append("")
+    return lines, len(both)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1024,7 +1114,9 @@ def _parser() -> argparse.ArgumentParser:
 def _compare_main(argv) -> int:
     p = argparse.ArgumentParser(prog="python -m llmcupy.bench compare",
                                 description="Per op/version deltas between two benchmark records: best ms "
-                                            "before and after, speed-up, correctness changes. Exit 1 when a "
+                                            "before and after, speed-up, correctness changes; between emulator "
+                                            "records, the memory-traffic counts and the roofline model's time "
+                                            "before and after (a model, not a measurement). Exit 1 when a "
                                             "version that passed before fails after.")
     p.add_argument("before", help="the results JSON before the change")
     p.add_argument("after", help="the results JSON after the change")

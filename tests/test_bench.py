@@ -364,6 +364,94 @@ def test_compare_of_emulator_records_has_no_speedups(tmp_path):
     assert "no version has times in both runs" in text
 
 
+def _emulator_record(analyses, date="2025-01-01T12:00:00Z", dirty=False):
+    """An emulator record as `bench` writes it, its metrics from real analyses: ``{version: analysis}``,
+    each analysis recorded under that version number (standing in for the version before or after an
+    edit of its kernel)."""
+    results = []
+    for number, analysis in analyses.items():
+        raw = {"op": analysis["op"], "version": number, "summary": f"version {number}", "ok": True,
+               "sizes": analysis["sizes"], "blocks": [], "analysis": analysis}
+        results.append(bench._version_entry_from_raw(raw))
+    return {"schema": bench.SCHEMA, "date": date, "command": "python -m llmcupy.bench --ops softmax_forward",
+            "backend": "sim", "device": "CPU emulator (sim)", "git": {"commit": "1" * 40, "dirty": dirty},
+            "timed": False, "sizes": "sim_sizes", "results": results}
+
+
+def _metrics_rows(text):
+    """The rows of compare's table of emulator counts, by version."""
+    section = text.split("(not a measurement), before -> after where they differ:\n")[1].split("\n\n")[0]
+    return {int(l.split()[1]): l for l in section.splitlines() if l.startswith("softmax_forward")}
+
+
+@pytest.fixture(scope="module")
+def softmax_analyses():
+    from llmcupy import analyze
+
+    return {v: analyze.analyze_version("softmax_forward", v) for v in (1, 4, 7)}
+
+
+def test_compare_of_emulator_records_sets_counts_and_model_side_by_side(tmp_path, capsys, softmax_analyses):
+    # before: two emulator records, before and after an edit of a kernel, compared as "no version has
+    # times in both runs (an emulator run records correctness only)", although both held the counts
+    from llmcupy.analyze import _us
+
+    a1, a4, a7 = (softmax_analyses[v] for v in (1, 4, 7))
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    # the edit: version 1 now reads its row as version 7 does; version 2 is untouched
+    before.write_text(json.dumps(_emulator_record({1: a1, 2: a4})))
+    after.write_text(json.dumps(_emulator_record({1: a7, 2: a4}, date="2025-01-01T12:05:00Z", dirty=True)))
+    assert bench.main(["compare", str(before), str(after)]) == 0
+    text = capsys.readouterr().out
+    assert ("emulator counts and a roofline MODEL of the time on H100 SXM (not a measurement), before -> after "
+            "where they differ:") in text
+    rows = _metrics_rows(text)
+    s1, s7 = a1["summary"], a7["summary"]
+    assert f"{s1['global_requests']} -> {s7['global_requests']}" in rows[1]
+    assert f"{s1['sectors_per_request']:.2f} -> {s7['sectors_per_request']:.2f}" in rows[1]
+    assert f"{s1['moved_over_ideal']:.2f} -> {s7['moved_over_ideal']:.2f}" in rows[1]
+    assert f"- -> {s7['conflict_ways']:.2f}" in rows[1]   # version 7 uses shared memory, version 1 none
+    model = re.escape(f"{_us(s1['model_seconds'])} -> {_us(s7['model_seconds'])}")
+    assert re.search(model + rf"\s+{s1['model_seconds'] / s7['model_seconds']:.2f}x$", rows[1]), rows[1]
+    assert "->" not in rows[2], rows[2]
+    assert re.search(re.escape(_us(a4["summary"]["model_seconds"])) + r"\s+1\.00x$", rows[2]), rows[2]
+    assert "1 of 2 versions analysed in both differ in their counts or model time: softmax_forward 1" in text
+    assert "model ratio: the model's time before over after" in text
+    assert ("no version has times in both runs (emulator runs record correctness and the counts above, not times)"
+            in text)
+
+
+def test_compare_of_emulator_counts_gives_no_model_ratio_across_sizes_or_model_gpus(softmax_analyses):
+    # the model's ratio between other sizes, or between two GPUs' models, would credit the edit with
+    # what the sizes or the GPU changed
+    from llmcupy import analyze
+
+    a1, a4 = softmax_analyses[1], softmax_analyses[4]
+    smaller = analyze.analyze_version("softmax_forward", 1, {"B": 1, "T": 8, "V": 2053})
+    on_a100 = analyze.analyze_version("softmax_forward", 4, gpu_name="a100-sxm")
+    text, _ = bench.compare(_emulator_record({1: a1, 2: a4}), _emulator_record({1: smaller, 2: on_a100}))
+    rows = _metrics_rows(text)
+    assert re.search(r"\s-  \(sizes differ\)$", rows[1]), rows[1]
+    assert re.search(r"\s-  \(model on H100 SXM -> A100 SXM 80GB\)$", rows[2]), rows[2]
+    assert ("warning: the two runs model different GPUs (--gpu); their model times and occupancies are not "
+            "comparable") in text.splitlines()
+
+
+def test_compare_says_when_only_one_emulator_run_holds_counts(softmax_analyses):
+    # a run made with --no-analyze against one with counts: without a word, the user would look for a
+    # table that is not there
+    with_counts = _emulator_record({1: softmax_analyses[1]})
+    without = copy.deepcopy(with_counts)
+    del without["results"][0]["metrics"]   # a run with --no-analyze
+    text, _ = bench.compare(with_counts, without)
+    assert ("only the before run holds emulator counts (--analyze metrics), so they are not compared; an emulator "
+            "bench run records them unless --no-analyze") in text.splitlines()
+    assert "roofline MODEL" not in text
+    assert "no version has times in both runs (an emulator run records correctness only)" in text
+    gpu_text, _ = bench.compare(synthetic_gpu_record(), synthetic_gpu_record(speed=0.5))
+    assert "emulator counts" not in gpu_text   # GPU records hold none: nothing to say about them
+
+
 def test_compare_bad_file_is_a_usage_error(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": 1}')

@@ -243,3 +243,31 @@ def test_readme_exit_codes_cover_what_the_clis_return():
             for ret in (r for r in ast.walk(func) if isinstance(r, ast.Return) and isinstance(r.value, ast.Constant)):
                 if type(ret.value.value) is int:
                     assert ret.value.value in listed, (name, func.name, ret.value.value, sentence)
+
+
+def test_readme_compare_rows_hold_what_the_emulator_counts_today(have_nvrtc):
+    """The `bench compare` rows the README quotes for two emulator records: their before figures (and
+    the untouched version 2's row) are what compare prints today for those versions (a kernel or model
+    change would leave them stale). The after figures come from an edit of the kernel file, which a
+    test cannot make, so each `before -> after` cell is checked at its before value. The occupancy and
+    model columns use NVRTC's register counts, so this needs NVRTC."""
+    from llmcupy import analyze, bench
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    quoted = re.search(r"\n(    emulator counts and a roofline MODEL.*?)\n\n", text, re.S)
+    assert quoted, "the README's bench compare table of emulator counts is missing"
+    title, _, *rows = [line[4:] for line in quoted.group(1).splitlines()]
+    assert len(rows) == 2, rows
+    results = []
+    for number in (1, 2):
+        raw = {"op": "softmax_forward", "version": number, "ok": True, "blocks": [],
+               "analysis": analyze.analyze_version("softmax_forward", number)}
+        results.append(bench._version_entry_from_raw(raw))
+    record = {"backend": "sim", "device": "CPU emulator (sim)", "git": {"commit": "1" * 40}, "results": results}
+    printed, _ = bench.compare(record, record)
+    assert title in printed.splitlines(), printed
+    printed_rows = {" ".join(line.split()) for line in printed.splitlines()}
+    for row in rows:
+        before = re.sub(r"(\S+(?: us)?) -> \S+(?: us)?", r"\1", row)   # each cell at its before value
+        before = re.sub(r"\S+x$", "1.00x", before)
+        assert " ".join(before.split()) in printed_rows, (before, printed)
