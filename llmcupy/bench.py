@@ -22,7 +22,9 @@ no GPU evidence) in the emulator, or ``--out DIR``, named
 ends, so a run stopped early keeps what it measured). Top level: ``schema``, ``date`` (UTC), ``command`` (the exact
 command line), ``backend``, ``device``, ``software`` (Python, NumPy, CuPy, CUDA runtime and driver),
 ``git`` (``commit``, or "unknown", and ``dirty``), ``timed`` (and ``no_timings``, the reason, in the
-emulator), ``ops`` and ``results``: one entry per op and version with ``ok`` (None: skipped, with
+emulator), ``ops`` (per op: its summary, default, bound, tolerances and ``source``, a digest of its
+kernel file and the project headers it includes, which tells two runs of an edited, uncommitted
+kernel apart) and ``results``: one entry per op and version with ``ok`` (None: skipped, with
 ``skipped``; ``error`` when it crashed), ``sizes``, ``bound``, ``best`` (the fastest passing block size)
 and ``blocks``, one per block size: ``ok``, ``errors`` (per output: max abs / rel error, mismatches),
 ``ms`` (mean; ``min_ms``, ``max_ms``), ``gbs`` or ``tflops`` and ``fraction_of_bound``. Emulator runs
@@ -37,6 +39,7 @@ change of verdict. For the versions whose ``metrics`` both runs hold (emulator r
 counts side by side (requests, sectors per request, bytes moved and unique bytes over the ideal,
 shared requests, bank ways, occupancy: ``before -> after`` where they differ) with the model's time
 and the ratio of the model's times, which it gives only at the same sizes and on the same model GPU.
+It names the ops whose kernel sources differ between the two runs (or says they are the same).
 It exits 1 when a version that passed before fails after (a correctness regression), else 0; it
 refuses (exit 2) to compare an emulator record with a GPU one.
 """
@@ -86,6 +89,27 @@ def git_commit(repo: str | os.PathLike | None = None) -> dict:
         return {"commit": sha.stdout.strip(), "dirty": dirty}
     except (OSError, subprocess.SubprocessError):
         return {"commit": "unknown", "dirty": None}
+
+
+def kernel_source_digest(source: str) -> str:
+    """A digest of kernel file ``source`` (``softmax_forward.cu``) and the project headers it includes,
+    by name and content: two runs of one commit with a kernel edited in between (a "dirty" checkout)
+    differ here. Headers outside ``kernels_cu/`` (CUDA's own) are not in it."""
+    import hashlib
+
+    from .runtime.module import kernels_dir
+
+    root, seen, pending = kernels_dir(), [], [source]
+    while pending:
+        name = pending.pop()
+        if name in seen or not (root / name).is_file():
+            continue
+        seen.append(name)
+        pending += re.findall(r'^\s*#\s*include\s+"([^"]+)"', (root / name).read_text(), re.M)
+    digest = hashlib.sha256()
+    for name in sorted(seen):
+        digest.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def _utc_now() -> _dt.datetime:
@@ -291,6 +315,7 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
     for name in dict.fromkeys(n for n, _ in plan):
         op = registry.get(name)
         record["ops"][name] = {"summary": op.summary, "default_version": op.default_version,
+                               "source": kernel_source_digest(op.source),
                                "bound": None if op.bound is None else op.bound.kind,
                                "tolerance": {k: _tolerance_record(v) for k, v in op.tolerance.items()}}
         if tf32 and op.tf32_tolerance:
@@ -855,6 +880,7 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
     lines.append(describe("after: ", after))
     if before.get("device") != after.get("device"):
         lines.append("warning: the two runs are on different devices; the times are not comparable")
+    lines += _compare_sources(before, after)
     tf32 = [bool(rec.get("tf32")) for rec in (before, after)]   # records from before bench set it ran without
     if tf32[0] != tf32[1]:
         lines.append(f"warning: TF32 was {'on' if tf32[0] else 'off'} before and {'on' if tf32[1] else 'off'} "
@@ -921,6 +947,21 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
     lines.append("correctness: " + ("REGRESSED (a version that passed before fails now)" if regressed
                                     else "no version that passed before fails now"))
     return "\n".join(lines), regressed
+
+
+def _compare_sources(before: dict, after: dict) -> list:
+    """Which ops' kernel sources differ between the runs (their ``source`` digests), for the ops both
+    records describe; nothing where either record predates the digests (or is a kernel --json list)."""
+    both = [name for name in (before.get("ops") or {}) if name in (after.get("ops") or {})]
+    digests = [(name, before["ops"][name].get("source"), after["ops"][name].get("source")) for name in both]
+    digests = [(name, b, a) for name, b, a in digests if b and a]
+    if not digests:
+        return []
+    changed = [name for name, b, a in digests if b != a]
+    if not changed:
+        return [f"kernel sources: the same in both runs ({len(digests)} op(s))"]
+    return [f"kernel sources that differ between the runs: {', '.join(changed)} "
+            f"({len(changed)} of {len(digests)} op(s))"]
 
 
 # the op-level figures of an emulator record's ``metrics`` that compare sets side by side: the summary

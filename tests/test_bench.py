@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -136,6 +137,7 @@ def test_emulator_run_writes_record_and_plot(tmp_path):
     assert re.fullmatch(r"[0-9a-f]{40}|unknown", rec["git"]["commit"])
     assert "python" in rec["software"] and "numpy" in rec["software"]
     assert [(r["op"], r["version"]) for r in rec["results"]] == [("gelu_forward", 1), ("gelu_forward", 2)]
+    assert rec["ops"]["gelu_forward"]["source"] == bench.kernel_source_digest("gelu_forward.cu")
     for r in rec["results"]:
         assert r["ok"] is True and r["sizes"] == {"B": 2, "T": 8, "C": 64}
         assert [b["block_size"] for b in r["blocks"]] == [32, 64, 128, 256, 512, 1024]
@@ -362,6 +364,37 @@ def test_compare_of_emulator_records_has_no_speedups(tmp_path):
     text, regressed = bench.compare(rec, rec)
     assert not regressed
     assert "no version has times in both runs" in text
+
+
+def test_the_source_digest_follows_the_kernel_file_and_its_project_headers(tmp_path, monkeypatch):
+    # two runs of one commit with a kernel edited between them (a dirty checkout) were told apart by
+    # their dates alone; the digest covers the .cu file and the kernels_cu headers it includes
+    from llmcupy.runtime import module
+
+    shutil.copytree(module.kernels_dir(), tmp_path / "k")
+    monkeypatch.setattr(module, "kernels_dir", lambda: tmp_path / "k")
+    first = bench.kernel_source_digest("gelu_forward.cu")
+    assert first == bench.kernel_source_digest("gelu_forward.cu")
+    (tmp_path / "k" / "common.cuh").write_text((tmp_path / "k" / "common.cuh").read_text() + "\n// edited\n")
+    second = bench.kernel_source_digest("gelu_forward.cu")
+    assert second != first
+    (tmp_path / "k" / "softmax_forward.cu").write_text("// another op's file\n")
+    assert bench.kernel_source_digest("gelu_forward.cu") == second
+
+
+def test_compare_names_the_ops_whose_kernel_sources_differ():
+    def rec(sources):
+        r = synthetic_gpu_record()
+        r["ops"] = {name: {"source": digest} for name, digest in sources.items()}
+        return r
+
+    before = rec({"gelu_forward": "a" * 16, "softmax_forward": "b" * 16})
+    text, _ = bench.compare(before, rec({"gelu_forward": "a" * 16, "softmax_forward": "c" * 16}))
+    assert "kernel sources that differ between the runs: softmax_forward (1 of 2 op(s))" in text
+    text, _ = bench.compare(before, before)
+    assert "kernel sources: the same in both runs (2 op(s))" in text
+    text, _ = bench.compare(before, rec({"gelu_forward": None}))   # a record from before the digests
+    assert "kernel sources" not in text
 
 
 def _emulator_record(analyses, date="2025-01-01T12:00:00Z", dirty=False):
