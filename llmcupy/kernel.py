@@ -152,6 +152,8 @@ def list_catalogue(names=None) -> str:
             block += "\n" + textwrap.fill(f"why this tolerance: {op.tolerance_note}", 100,
                                            initial_indent=" " * 7, subsequent_indent=" " * 7)
         blocks.append(block)
+    if not names and ops_registry.unregistered():   # a new op's module that registered nothing says why here
+        blocks.append("not registered:\n" + "\n".join(f"  {why}" for why in ops_registry.unregistered().values()))
     return "\n\n".join(blocks) + "\n\n* = default version. " + defaults_provenance()
 
 

@@ -398,6 +398,41 @@ def test_ops_mapping_refuses_a_key_that_is_not_a_name_and_has_keys_and_values():
     assert dict(llmcupy.ops)["softmax_forward"] is llmcupy.ops["softmax_forward"]
 
 
+def test_an_op_module_that_registers_nothing_says_why_and_a_copied_name_replaces_no_op(monkeypatch, tmp_path):
+    # A newcomer's new op module without OP = Op(...) met only "unknown op 'x'; ops: ..." and nothing in
+    # --list; one copied from residual_forward.py and left with its name= silently replaced residual_forward.
+    import sys
+
+    from llmcupy import kernel, ops as registry
+
+    (tmp_path / "demo_no_op.py").write_text("SUMMARY = 'an op whose OP is not written yet'\n")
+    (tmp_path / "zz_copied.py").write_text("import dataclasses\nfrom llmcupy.ops import residual_forward\n"
+                                           "OP = dataclasses.replace(residual_forward.OP)\n")
+    real = registry["residual_forward"]
+    monkeypatch.setattr(registry, "__path__", [*registry.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "_REGISTRY", {})
+    monkeypatch.setattr(registry, "_UNREGISTERED", {})
+    try:
+        with pytest.raises(OpError, match=r"unknown op 'demo_no_op' \(llmcupy/ops/demo_no_op.py defines no "
+                                          r"OP = Op\(...\), which is what registers an op\); ops: adamw, "):
+            registry["demo_no_op"]
+        assert registry["residual_forward"] is real
+        with pytest.raises(OpError, match=r"llmcupy/ops/zz_copied.py names its OP 'residual_forward'; an op's "
+                                          r"name is its module's: name it 'zz_copied' \(or rename the file\)"):
+            registry["zz_copied"]
+        listing = kernel.list_catalogue()
+        assert "\nnot registered:\n  llmcupy/ops/demo_no_op.py defines no OP" in listing
+        assert "\n  llmcupy/ops/zz_copied.py names its OP 'residual_forward'" in listing
+        assert "not registered" not in kernel.list_catalogue(["residual_forward"])
+    finally:
+        for name in ("demo_no_op", "zz_copied"):
+            sys.modules.pop(f"llmcupy.ops.{name}", None)
+
+
+def test_every_op_module_registers_its_op():
+    assert llmcupy.ops.unregistered() == {}
+
+
 def test_optional_inputs_may_be_none_or_left_out_and_no_other_may_be_none():
     # (was an AttributeError from inside the op's validation)
     with pytest.raises(OpError, match=r"softmax_forward: input 'inp' is None; it needs a value \(inputs: inp\)"):
