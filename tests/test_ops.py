@@ -14,7 +14,8 @@ import llmcupy
 from llmcupy import sim
 from llmcupy.harness import run_isolated
 from _helpers import trial_op
-from llmcupy.ops import OpError, check_outputs
+from llmcupy import harness
+from llmcupy.ops import OpDefinitionError, OpError, check_outputs
 from llmcupy.ops._op import kernel_file_versions
 from llmcupy.runtime.module import kernels_dir
 
@@ -227,6 +228,8 @@ def test_op_is_well_formed(name):
     assert set(op.tf32_tolerance) <= set(op.outputs)
     assert not op.tf32_tolerance or op.tf32_tolerance_note, "TF32 tolerances must say why"
     assert op.bound is not None
+    for which in ("sizes", "sim_sizes"):   # `sizes` is read only on a GPU: a mistake in it shows here first
+        assert op.sizes_problem(getattr(op, which), which) is None
     code = op.source_code()
     assert code.lstrip().startswith("/*"), "a kernel file starts with a header listing its versions"
     with pytest.raises(OpError, match="versions"):
@@ -385,6 +388,28 @@ def test_make_inputs_takes_a_seed_and_refuses_bad_sizes_naming_them():
         op.make_inputs(0.5)
     mm = llmcupy.ops["matmul_forward"]
     assert mm.make_inputs(0, B=1, T=2, C=4, OC=8, has_bias=0)["bias"] is None   # an option, not a size
+
+
+def test_sizes_that_do_not_fit_make_inputs_are_named_with_where_they_come_from():
+    # A new op whose sim_sizes lacked a size met a TypeError traceback from its make_inputs ("missing 1
+    # required positional argument: 'C'"), and a mistake in `sizes`, read only on a GPU, went unseen here.
+    op = llmcupy.ops["residual_forward"]
+    lacking = dataclasses.replace(op, sim_sizes={"B": 2, "T": 8})
+    with pytest.raises(OpError, match=r"^residual_forward.make_inputs: it needs C, which neither the call nor "
+                                      r"OP.sim_sizes gives: add it to OP.sim_sizes \(llmcupy/ops/residual_forward.py\)$"):
+        lacking.make_inputs(0)
+    assert lacking.make_inputs(0, C=4)["inp1"].shape == (2, 8, 4)   # the call may give what the defaults lack
+    typo = dataclasses.replace(op, sim_sizes={"B": 2, "T": 8, "c": 4})
+    with pytest.raises(OpError, match=r"OP.sim_sizes has c, which make_inputs\(rng, B, T, C\) does not take"):
+        typo.make_inputs(0)
+    # the op's own mistake fails a catalogue run: it is not sizes a caller asked for, which a run skips
+    with pytest.raises(OpDefinitionError, match="it needs C"):
+        harness.sweep(lacking, 1)
+    assert harness.sweep(op, 1, {"Q": 6})["skipped"] == ("the sizes do not fit the op: residual_forward.make_inputs "
+                                                         "has no size 'Q'; it takes B, T, C")   # the caller's: skipped
+    assert op.sizes_problem({"B": 8, "T": 1024}, "sizes") == (
+        "it needs C, which neither the call nor OP.sizes gives: add it to OP.sizes")
+    assert op.sizes_problem(op.sizes) is None
 
 
 def test_ops_mapping_refuses_a_key_that_is_not_a_name_and_has_keys_and_values():

@@ -19,7 +19,7 @@ import pkgutil
 import sys
 import types
 
-from ._op import (ALL_BLOCK_SIZES, Bound, GrowingTolerance, Op, OpError, Version, add_hook, check_outputs, compare, current_phase,
+from ._op import (ALL_BLOCK_SIZES, Bound, GrowingTolerance, Op, OpDefinitionError, OpError, Version, add_hook, check_outputs, compare, current_phase,
                   phase, remove_hook)
 
 _REGISTRY: dict[str, Op] = {}
@@ -100,5 +100,5 @@ class _OpsModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _OpsModule
 
-__all__ = ["ALL_BLOCK_SIZES", "Bound", "GrowingTolerance", "Op", "OpError", "Version", "add_hook", "check_outputs", "compare",
+__all__ = ["ALL_BLOCK_SIZES", "Bound", "GrowingTolerance", "Op", "OpDefinitionError", "OpError", "Version", "add_hook", "check_outputs", "compare",
            "current_phase", "get", "names", "phase", "remove_hook", "unregistered"]
