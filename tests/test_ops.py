@@ -268,6 +268,15 @@ def test_a_kernel_file_and_its_registered_versions_agree(source, registered):
     assert not problems, "\n".join(problems)
 
 
+def test_every_kernel_file_is_some_ops_source():
+    # a kernels_cu/<op>.cu whose op module is missing (or registers nothing) compiled in the NVRTC check
+    # and nowhere else: --list, the catalogue and these tests never ran its kernels
+    sources = {llmcupy.ops[name].source for name in llmcupy.ops}
+    orphans = sorted(p.name for p in kernels_dir().glob("*.cu") if p.name not in sources)
+    assert not orphans, (f"no op's source: {', '.join(orphans)}: add llmcupy/ops/<op>.py with OP = Op(..., "
+                         f"source=...) (DEVELOPERS.md, \"Adding an op\")")
+
+
 def test_the_kernel_file_check_sees_a_missing_header_entry_and_a_version_left_unregistered():
     # Before, "version N" anywhere in the file stood for the header entry (the kernel's own
     # "// version 9: ..." comment was enough, and "version 1" matched "version 10"), and a kernel or a
