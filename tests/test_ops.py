@@ -221,13 +221,16 @@ def test_fp32_atomics_that_change_the_bits_are_told_to_mark_the_version(monkeypa
 @pytest.mark.parametrize("name", list(llmcupy.ops))
 def test_op_is_well_formed(name):
     op = llmcupy.ops[name]
-    assert op.default_version in op.versions and op.versions[op.default_version].available
+    # each check says what to add: a new op's author reads these (DEVELOPERS.md, "Adding an op")
+    assert op.default_version in op.versions, f"default_version={op.default_version} is not in OP.versions"
+    assert op.versions[op.default_version].available, "the default version must be available everywhere"
     assert len(op.test_shapes) >= 3, "at least three shapes per op"
-    assert set(op.tolerance) == set(op.outputs)
+    assert set(op.tolerance) == set(op.outputs), "OP.tolerance needs one (atol, rtol) per output, no other"
     assert op.tolerance_note, "tolerances must say why"
     assert set(op.tf32_tolerance) <= set(op.outputs)
     assert not op.tf32_tolerance or op.tf32_tolerance_note, "TF32 tolerances must say why"
-    assert op.bound is not None
+    assert op.bound is not None, "OP.bound (a Bound, with sizes_of) is the upper bound GPU timings are set against"
+    assert op.sizes_of is not None, "OP.sizes_of(arrays) gives the sizes OP.bound reads"
     for which in ("sizes", "sim_sizes"):   # `sizes` is read only on a GPU: a mistake in it shows here first
         assert op.sizes_problem(getattr(op, which), which) is None
     code = op.source_code()
