@@ -19,7 +19,7 @@ import traceback
 import numpy as np
 
 from . import ops as ops_registry
-from .ops import OpError, check_outputs
+from .ops import OpDefinitionError, OpError, check_outputs
 from .runtime import backend as _backend
 from .runtime import blas
 from .runtime import timing
@@ -76,6 +76,8 @@ def sweep(op, number: int, sizes: dict | None = None, block_size: int | None = N
                 # reference's NumPy error ("cannot reshape array of size 6144 into shape (1,32,3,5,12)")
                 op.validate_fn(inputs)
         except OpError as exc:
+            if isinstance(exc, OpDefinitionError):
+                raise   # the op's own sizes are wrong: a failure, not sizes this run may skip
             result.update(ok=None, skipped=f"the sizes do not fit the op: {exc}")
             return result
         ref = op.reference_fn(**{k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v)

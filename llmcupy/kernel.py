@@ -152,6 +152,8 @@ def list_catalogue(names=None) -> str:
             block += "\n" + textwrap.fill(f"why this tolerance: {op.tolerance_note}", 100,
                                            initial_indent=" " * 7, subsequent_indent=" " * 7)
         blocks.append(block)
+    if not names and ops_registry.unregistered():   # a new op's module that registered nothing says why here
+        blocks.append("not registered:\n" + "\n".join(f"  {why}" for why in ops_registry.unregistered().values()))
     return "\n\n".join(blocks) + "\n\n* = default version. " + defaults_provenance()
 
 
@@ -411,7 +413,7 @@ def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
     """Runs each (op, version, sizes) of ``plan`` through ``versions`` (a harness runner), printing
     each result and appending it to ``results`` (and --json) as it comes; returns the number that
     failed, or None when a single version cannot run here at all (no C++ compiler)."""
-    from .sim.compiler import CompilerNotFound
+    from .sim.compiler import CompilerNotFound, SimCompileError
 
     failed = 0
     for op_name, number, sizes in plan:
@@ -422,7 +424,8 @@ def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
                 print(f"error: {exc}", file=sys.stderr)
                 return None
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
-        except (OpError, _backend.BackendError) as exc:
+        except (OpError, _backend.BackendError, SimCompileError) as exc:
+            # g++'s diagnostics are the message (a kernel being written): the line --all prints, no traceback
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
         if "error" in result:
             result.setdefault("op", op_name)

@@ -37,6 +37,25 @@ def test_one_version_passes_and_says_why_there_are_no_timings():
     assert "does not model GPU time" in out
 
 
+def test_one_version_whose_kernel_file_does_not_compile_fails_in_one_line(monkeypatch):
+    # A kernel engineer's compile error in `kernel OP N` met a Python traceback ending in g++'s
+    # diagnostics; with --all the same error was one ERROR line. Now both print the line, exit 1.
+    from _helpers import run_cli
+    from llmcupy import kernel, sim
+    from llmcupy.ops import _op
+
+    def broken(source):
+        raise sim.SimCompileError(f"the emulator could not compile {source}:\n{source}:29:24: error: invalid operands")
+
+    monkeypatch.setattr(_op, "load_kernel_file", broken)
+    monkeypatch.setattr(_op, "_KERNELS", {})
+    rc, out, err = run_cli(kernel.main, ["residual_forward", "1", "--backend", "sim"])
+    assert rc == 1, out + err
+    assert out.startswith("residual_forward version 1: ERROR the emulator could not compile residual_forward.cu:\n"
+                          "residual_forward.cu:29:24: error: invalid operands\nFAIL"), out
+    assert "Traceback" not in out + err
+
+
 def test_sizes_and_block_size_and_json(tmp_path):
     path = tmp_path / "r.json"
     rc, out, err = run("softmax_forward", "4", "--B", "1", "--T", "3", "--V", "77", "--block-size", "64",

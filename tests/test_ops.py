@@ -14,7 +14,8 @@ import llmcupy
 from llmcupy import sim
 from llmcupy.harness import run_isolated
 from _helpers import trial_op
-from llmcupy.ops import OpError, check_outputs
+from llmcupy import harness
+from llmcupy.ops import OpDefinitionError, OpError, check_outputs
 from llmcupy.ops._op import kernel_file_versions
 from llmcupy.runtime.module import kernels_dir
 
@@ -220,13 +221,18 @@ def test_fp32_atomics_that_change_the_bits_are_told_to_mark_the_version(monkeypa
 @pytest.mark.parametrize("name", list(llmcupy.ops))
 def test_op_is_well_formed(name):
     op = llmcupy.ops[name]
-    assert op.default_version in op.versions and op.versions[op.default_version].available
+    # each check says what to add: a new op's author reads these (DEVELOPERS.md, "Adding an op")
+    assert op.default_version in op.versions, f"default_version={op.default_version} is not in OP.versions"
+    assert op.versions[op.default_version].available, "the default version must be available everywhere"
     assert len(op.test_shapes) >= 3, "at least three shapes per op"
-    assert set(op.tolerance) == set(op.outputs)
+    assert set(op.tolerance) == set(op.outputs), "OP.tolerance needs one (atol, rtol) per output, no other"
     assert op.tolerance_note, "tolerances must say why"
     assert set(op.tf32_tolerance) <= set(op.outputs)
     assert not op.tf32_tolerance or op.tf32_tolerance_note, "TF32 tolerances must say why"
-    assert op.bound is not None
+    assert op.bound is not None, "OP.bound (a Bound, with sizes_of) is the upper bound GPU timings are set against"
+    assert op.sizes_of is not None, "OP.sizes_of(arrays) gives the sizes OP.bound reads"
+    for which in ("sizes", "sim_sizes"):   # `sizes` is read only on a GPU: a mistake in it shows here first
+        assert op.sizes_problem(getattr(op, which), which) is None
     code = op.source_code()
     assert code.lstrip().startswith("/*"), "a kernel file starts with a header listing its versions"
     with pytest.raises(OpError, match="versions"):
@@ -263,6 +269,15 @@ def test_a_kernel_file_and_its_registered_versions_agree(source, registered):
     code = (kernels_dir() / source).read_text()
     problems = _kernel_file_problems(source, code, registered)
     assert not problems, "\n".join(problems)
+
+
+def test_every_kernel_file_is_some_ops_source():
+    # a kernels_cu/<op>.cu whose op module is missing (or registers nothing) compiled in the NVRTC check
+    # and nowhere else: --list, the catalogue and these tests never ran its kernels
+    sources = {llmcupy.ops[name].source for name in llmcupy.ops}
+    orphans = sorted(p.name for p in kernels_dir().glob("*.cu") if p.name not in sources)
+    assert not orphans, (f"no op's source: {', '.join(orphans)}: add llmcupy/ops/<op>.py with OP = Op(..., "
+                         f"source=...) (DEVELOPERS.md, \"Adding an op\")")
 
 
 def test_the_kernel_file_check_sees_a_missing_header_entry_and_a_version_left_unregistered():
@@ -391,6 +406,28 @@ def test_make_inputs_takes_a_seed_and_refuses_bad_sizes_naming_them():
     assert mm.make_inputs(0, B=1, T=2, C=4, OC=8, has_bias=0)["bias"] is None   # an option, not a size
 
 
+def test_sizes_that_do_not_fit_make_inputs_are_named_with_where_they_come_from():
+    # A new op whose sim_sizes lacked a size met a TypeError traceback from its make_inputs ("missing 1
+    # required positional argument: 'C'"), and a mistake in `sizes`, read only on a GPU, went unseen here.
+    op = llmcupy.ops["residual_forward"]
+    lacking = dataclasses.replace(op, sim_sizes={"B": 2, "T": 8})
+    with pytest.raises(OpError, match=r"^residual_forward.make_inputs: it needs C, which neither the call nor "
+                                      r"OP.sim_sizes gives: add it to OP.sim_sizes \(llmcupy/ops/residual_forward.py\)$"):
+        lacking.make_inputs(0)
+    assert lacking.make_inputs(0, C=4)["inp1"].shape == (2, 8, 4)   # the call may give what the defaults lack
+    typo = dataclasses.replace(op, sim_sizes={"B": 2, "T": 8, "c": 4})
+    with pytest.raises(OpError, match=r"OP.sim_sizes has c, which make_inputs\(rng, B, T, C\) does not take"):
+        typo.make_inputs(0)
+    # the op's own mistake fails a catalogue run: it is not sizes a caller asked for, which a run skips
+    with pytest.raises(OpDefinitionError, match="it needs C"):
+        harness.sweep(lacking, 1)
+    assert harness.sweep(op, 1, {"Q": 6})["skipped"] == ("the sizes do not fit the op: residual_forward.make_inputs "
+                                                         "has no size 'Q'; it takes B, T, C")   # the caller's: skipped
+    assert op.sizes_problem({"B": 8, "T": 1024}, "sizes") == (
+        "it needs C, which neither the call nor OP.sizes gives: add it to OP.sizes")
+    assert op.sizes_problem(op.sizes) is None
+
+
 def test_ops_mapping_refuses_a_key_that_is_not_a_name_and_has_keys_and_values():
     with pytest.raises(OpError, match=r"ops are looked up by name \(a str\), got int 0; ops: adamw, "):
         llmcupy.ops[0]
@@ -400,6 +437,41 @@ def test_ops_mapping_refuses_a_key_that_is_not_a_name_and_has_keys_and_values():
         llmcupy.ops["softmax"]
     assert llmcupy.ops.keys() == sorted(llmcupy.ops) and len(llmcupy.ops.values()) == len(llmcupy.ops)
     assert dict(llmcupy.ops)["softmax_forward"] is llmcupy.ops["softmax_forward"]
+
+
+def test_an_op_module_that_registers_nothing_says_why_and_a_copied_name_replaces_no_op(monkeypatch, tmp_path):
+    # A newcomer's new op module without OP = Op(...) met only "unknown op 'x'; ops: ..." and nothing in
+    # --list; one copied from residual_forward.py and left with its name= silently replaced residual_forward.
+    import sys
+
+    from llmcupy import kernel, ops as registry
+
+    (tmp_path / "demo_no_op.py").write_text("SUMMARY = 'an op whose OP is not written yet'\n")
+    (tmp_path / "zz_copied.py").write_text("import dataclasses\nfrom llmcupy.ops import residual_forward\n"
+                                           "OP = dataclasses.replace(residual_forward.OP)\n")
+    real = registry["residual_forward"]
+    monkeypatch.setattr(registry, "__path__", [*registry.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "_REGISTRY", {})
+    monkeypatch.setattr(registry, "_UNREGISTERED", {})
+    try:
+        with pytest.raises(OpError, match=r"unknown op 'demo_no_op' \(llmcupy/ops/demo_no_op.py defines no "
+                                          r"OP = Op\(...\), which is what registers an op\); ops: adamw, "):
+            registry["demo_no_op"]
+        assert registry["residual_forward"] is real
+        with pytest.raises(OpError, match=r"llmcupy/ops/zz_copied.py names its OP 'residual_forward'; an op's "
+                                          r"name is its module's: name it 'zz_copied' \(or rename the file\)"):
+            registry["zz_copied"]
+        listing = kernel.list_catalogue()
+        assert "\nnot registered:\n  llmcupy/ops/demo_no_op.py defines no OP" in listing
+        assert "\n  llmcupy/ops/zz_copied.py names its OP 'residual_forward'" in listing
+        assert "not registered" not in kernel.list_catalogue(["residual_forward"])
+    finally:
+        for name in ("demo_no_op", "zz_copied"):
+            sys.modules.pop(f"llmcupy.ops.{name}", None)
+
+
+def test_every_op_module_registers_its_op():
+    assert llmcupy.ops.unregistered() == {}
 
 
 def test_optional_inputs_may_be_none_or_left_out_and_no_other_may_be_none():

@@ -19,22 +19,38 @@ import pkgutil
 import sys
 import types
 
-from ._op import (ALL_BLOCK_SIZES, Bound, GrowingTolerance, Op, OpError, Version, add_hook, check_outputs, compare, current_phase,
+from ._op import (ALL_BLOCK_SIZES, Bound, GrowingTolerance, Op, OpDefinitionError, OpError, Version, add_hook, check_outputs, compare, current_phase,
                   phase, remove_hook)
 
 _REGISTRY: dict[str, Op] = {}
+# module name -> why that op module registered nothing (looking its name up says so, as --list does)
+_UNREGISTERED: dict[str, str] = {}
 
 
 def _discover() -> dict[str, Op]:
     if not _REGISTRY:
         for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
             if info.name.startswith("_"):
-                continue
+                continue   # helpers shared by several ops (_op, _elementwise...)
             module = importlib.import_module(f"{__name__}.{info.name}")
             op = getattr(module, "OP", None)
-            if isinstance(op, Op):
+            where = f"llmcupy/ops/{info.name}.py"
+            if not isinstance(op, Op):
+                _UNREGISTERED[info.name] = (f"{where} defines no OP = Op(...), which is what registers an op" if op is None
+                                            else f"{where}'s OP is a {type(op).__name__}, not an Op")
+            elif op.name != info.name:
+                # an op module copied from another and left with its name= would otherwise replace that op
+                _UNREGISTERED[info.name] = (f"{where} names its OP {op.name!r}; an op's name is its module's: "
+                                            f"name it {info.name!r} (or rename the file)")
+            else:
                 _REGISTRY[op.name] = op
     return _REGISTRY
+
+
+def unregistered() -> dict[str, str]:
+    """Op modules that registered nothing: module name -> what is wrong (empty when every one registered)."""
+    _discover()
+    return dict(_UNREGISTERED)
 
 
 def get(name: str) -> Op:
@@ -44,7 +60,8 @@ def get(name: str) -> Op:
         raise OpError(f"ops are looked up by name (a str), got {type(name).__name__} {name!r}; ops: "
                       f"{', '.join(sorted(ops))}")
     if name not in ops:
-        raise OpError(f"unknown op {name!r}; ops: {', '.join(sorted(ops))}")
+        why = f" ({_UNREGISTERED[name]})" if name in _UNREGISTERED else ""
+        raise OpError(f"unknown op {name!r}{why}; ops: {', '.join(sorted(ops))}")
     return ops[name]
 
 
@@ -83,5 +100,5 @@ class _OpsModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _OpsModule
 
-__all__ = ["ALL_BLOCK_SIZES", "Bound", "GrowingTolerance", "Op", "OpError", "Version", "add_hook", "check_outputs", "compare",
-           "current_phase", "get", "names", "phase", "remove_hook"]
+__all__ = ["ALL_BLOCK_SIZES", "Bound", "GrowingTolerance", "Op", "OpDefinitionError", "OpError", "Version", "add_hook", "check_outputs", "compare",
+           "current_phase", "get", "names", "phase", "remove_hook", "unregistered"]

@@ -428,6 +428,11 @@ class OpError(ValueError):
     """Bad input to an op: unknown version, wrong shape or dtype, a violated constraint."""
 
 
+class OpDefinitionError(OpError):
+    """A mistake in the op's own definition (its ``sim_sizes`` or ``sizes`` do not fit its ``make_inputs``):
+    a failure of the op wherever it shows, never sizes a caller asked for that a run may skip."""
+
+
 class UnknownVersionError(OpError, KeyError):
     """``op.versions[N]`` for a version the op does not have: an OpError that is also the KeyError a
     dict lookup raises, so code catching either keeps working."""
@@ -752,9 +757,30 @@ class Op:
             if name in self.sizes and value is not None and (
                     isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
                 raise OpError(f"{self.name}.make_inputs: {name} must be a positive int, got {value!r}")
-        merged = dict(self.sim_sizes if _backend.is_sim() else self.sizes)
+        which = "sim_sizes" if _backend.is_sim() else "sizes"
+        merged = dict(getattr(self, which))
         merged.update({k: v for k, v in sizes.items() if v is not None})
+        problem = self.sizes_problem(merged, which)   # the call's names are checked above: the rest are the op's
+        if problem is not None:
+            # the op's own defaults are wrong (a new op's, or `sizes`, which only a GPU run reads): say where
+            raise OpDefinitionError(f"{self.name}.make_inputs: {problem} (llmcupy/ops/{self.name}.py)")
         return self.make_inputs_fn(rng, **merged)
+
+    def sizes_problem(self, sizes: dict, which: str = "sizes") -> str | None:
+        """What ``make_inputs`` would refuse in ``sizes`` (``which`` names them: ``"sizes"`` or ``"sim_sizes"``):
+        a size the op's ``make_inputs`` needs and they lack, or one it does not take. None when they fit."""
+        import inspect
+
+        params = inspect.signature(self.make_inputs_fn).parameters
+        signature = ", ".join(k for k in params if k != "rng")
+        unknown = [k for k in sizes if k not in params or k == "rng"]
+        if unknown:
+            return f"OP.{which} has {', '.join(unknown)}, which make_inputs(rng, {signature}) does not take"
+        missing = [k for k, p in params.items() if k != "rng" and p.default is p.empty and k not in sizes]
+        if missing:
+            return (f"it needs {', '.join(missing)}, which neither the call nor OP.{which} gives: add "
+                    f"{'it' if len(missing) == 1 else 'them'} to OP.{which}")
+        return None
 
     def run(self, version: int | None, arrays: dict, block_size: int | None = None, out: dict | None = None,
             host_checks: bool | None = None) -> dict:
