@@ -84,6 +84,11 @@ def test_list_of_one_op_prints_why_its_tolerance_and_why_a_default_is_not_llmcs(
     assert "default 2: not llm.c's 1" in out
     excepted = re.search(r" -- except ([\w, ]+), whose --list says why", out).group(1).split(", ")
     assert {"encoder_backward", "matmul_forward", "zz_ours"} <= set(excepted), excepted
+    # the ops of our own, past llm.c's catalogue: their * is no llm.c choice, which the footer claimed
+    ours = {"adamw_capturable", "flash_attention_forward", "flash_attention_backward", "matmul_gelu_forward",
+            "matmul_forward_tf32"}
+    assert ours <= set(excepted), ours - set(excepted)
+    assert all("llmcupy's own" in llmcupy.ops[name].default_note for name in ours)
     # matmul_forward's * is neither llm.c's FP32 trainer's 4 nor its file's fastest, 3
     assert "default 2: not llm.c's choices" in llmcupy.ops["matmul_forward"].describe()
     for name in llmcupy.ops:   # every op's tolerance has a written reason to print

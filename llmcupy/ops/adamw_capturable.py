@@ -188,6 +188,8 @@ OP = Op(
                    _launch("adamw_kernel2_capturable"), block_sizes=(BLOCK_SIZE,)),
     },
     default_version=2,
+    default_note=("an op of llmcupy's own (the graph-capturable form of adamw): version N is adamw's version N, "
+                  "and the default follows adamw's, 2"),
     reference_fn=reference,
     make_inputs_fn=make_inputs,
     allocate_fn=allocate,

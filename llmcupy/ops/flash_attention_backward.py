@@ -109,6 +109,7 @@ OP = Op(
                    _launch, block_sizes=(_flash.ROWS,), default_block_size=_flash.ROWS, requires=_requires),
     },
     default_version=1,
+    default_note="an op of llmcupy's own, past llm.c's FP32 ladder: its one version",
     reference_fn=reference,
     make_inputs_fn=make_inputs,
     allocate_fn=allocate,

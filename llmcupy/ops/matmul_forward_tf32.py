@@ -59,6 +59,7 @@ OP = Op(
                    _launch, block_sizes=(256,), default_block_size=256, requires=_requires),
     },
     default_version=1,
+    default_note="an op of llmcupy's own, past llm.c's FP32 ladder: its one version",
     reference_fn=_mm.reference,
     make_inputs_fn=_mm.make_inputs,
     allocate_fn=_mm.allocate,

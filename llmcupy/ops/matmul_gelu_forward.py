@@ -71,6 +71,8 @@ OP = Op(
                       "(one launch)", _launch_v2, block_sizes=(256,), default_block_size=256),
     },
     default_version=2,
+    default_note=("an op of llmcupy's own, past llm.c's ladder: 2 is the fusion; 1, the unfused pair, is what "
+                  "it is measured against"),
     reference_fn=reference,
     make_inputs_fn=_mm.make_inputs,
     allocate_fn=allocate,
