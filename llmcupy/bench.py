@@ -990,10 +990,18 @@ def _compare_metrics(b_map: dict, a_map: dict, keys: list) -> tuple[list, int]:
     lines = []
     one_sided = [tag for tag, m in (("before", b_map), ("after", a_map)) if not any(summary(e) for e in m.values())]
     if not both:
-        if len(one_sided) == 1:   # the other run was made with --no-analyze, or by an older llmcupy
-            lines += [f"only the {'after' if one_sided == ['before'] else 'before'} run holds emulator counts "
-                      "(--analyze metrics), so they are not compared; an emulator bench run records them unless "
-                      "--no-analyze", ""]
+        if len(one_sided) == 1:
+            lacking = one_sided[0]
+            holding = "after" if lacking == "before" else "before"
+            entries = (b_map if lacking == "before" else a_map).values()
+            if not any(e.get("ok") is not None and not e.get("error") for e in entries):
+                # most often an edit that broke the kernel file: nothing ran, so nothing was analysed
+                lines += [f"only the {holding} run holds emulator counts (--analyze metrics): no version of the "
+                          f"{lacking} run ran to a result (each is an ERROR or a SKIP above), so there are none "
+                          "to compare", ""]
+            else:   # the other run was made with --no-analyze, or by an older llmcupy
+                lines += [f"only the {holding} run holds emulator counts (--analyze metrics), so they are not "
+                          "compared; an emulator bench run records them unless --no-analyze", ""]
         return lines, 0
 
     def gpu_name(key):

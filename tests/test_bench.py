@@ -485,6 +485,20 @@ def test_compare_says_when_only_one_emulator_run_holds_counts(softmax_analyses):
     assert "emulator counts" not in gpu_text   # GPU records hold none: nothing to say about them
 
 
+def test_compare_does_not_blame_no_analyze_when_no_version_of_a_run_ran(softmax_analyses):
+    # an edit that broke the kernel file: every version of the after run is an ERROR, so it holds no
+    # counts; the note said the run was made with --no-analyze, sending the user to the wrong cause
+    before = _emulator_record({1: softmax_analyses[1]})
+    broken = copy.deepcopy(before)
+    broken["results"][0] = {"op": "softmax_forward", "version": 1, "summary": "version 1", "ok": False,
+                            "error": "the emulator could not compile softmax_forward.cu:\n...", "blocks": []}
+    text, regressed = bench.compare(before, broken)
+    assert regressed
+    assert "--no-analyze" not in text, text
+    assert ("only the before run holds emulator counts (--analyze metrics): no version of the after run ran to a "
+            "result (each is an ERROR or a SKIP above), so there are none to compare") in text.splitlines()
+
+
 def test_compare_bad_file_is_a_usage_error(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": 1}')
