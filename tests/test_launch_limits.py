@@ -175,6 +175,25 @@ def test_cupys_spelling_of_the_opt_in_opts_in_on_the_device(monkeypatch):
         k.max_dynamic_shared_size_bytes = 80 * 1024
 
 
+def test_the_opt_in_setter_refuses_what_no_gpu_takes(monkeypatch):
+    # the setter took any value: on cuda a negative or fractional one went on to CUDA (its driver
+    # error, or 1.5 truncated), and the emulator stored an opt-in past any GPU's 227 KiB without a word
+    k = _cuda_kernel(monkeypatch, max_threads=1024, num_regs=32, optin=64 * 1024)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(KernelArgumentError, match=r"^heavy_kernel: max_dynamic_shared_size_bytes must be a "
+                                                      rf"non-negative int, got {bad!r}$"):
+            k.max_dynamic_shared_size_bytes = bad
+    assert k._kernel.max_dynamic_shared_size_bytes == 0 and k.max_dynamic_shared_size_bytes == 0   # left as it was
+    sim_kernel = llmcupy.RawModule(code=BOUNDED).get_function("unbounded")
+    sim_kernel.max_dynamic_shared_size_bytes = 100 * 1024   # fits some GPUs: the launch checks the rest
+    assert sim_kernel.max_dynamic_shared_size_bytes == 100 * 1024
+    with pytest.raises(KernelArgumentError, match=r"^unbounded: 240640 bytes of shared memory exceed any GPU's 227 KiB$"):
+        sim_kernel.max_dynamic_shared_size_bytes = 235 * 1024
+    with pytest.raises(KernelArgumentError, match="must be a non-negative int, got -1"):
+        sim_kernel.max_dynamic_shared_size_bytes = -1
+    assert sim_kernel.max_dynamic_shared_size_bytes == 100 * 1024
+
+
 def test_gpu_shared_memory_opt_in_is_made_again_on_another_device(monkeypatch):
     # CuPy's kernel loads once per device and the opt-in is an attribute of each device's copy: one
     # made while device 0 was current does not let a launch with device 1 current go above 48 KiB

@@ -264,8 +264,13 @@ class RawKernel:
     def max_dynamic_shared_size_bytes(self, nbytes: int) -> None:
         # CuPy's spelling of the opt-in (kernel.max_dynamic_shared_size_bytes = n): done here on the
         # current device, checked against its limit; a launch above 48 KiB also does it by itself
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+            raise KernelArgumentError(f"{self.name}: max_dynamic_shared_size_bytes must be a non-negative int, "
+                                      f"got {nbytes!r}")
         if self.backend == "cuda":
             self._opt_in_shared(int(nbytes))
+        elif nbytes > 227 * 1024:   # the emulator has no device limit: refuse what every GPU does, as a launch does
+            raise KernelArgumentError(f"{self.name}: {nbytes} bytes of shared memory exceed any GPU's 227 KiB")
         else:
             self._opted_in[_backend.current_device()] = int(nbytes)
 
