@@ -409,6 +409,13 @@ def _main(argv=None) -> int:
     return 1 if failed else 0
 
 
+def _nvrtc_compile_errors() -> tuple:
+    """CuPy's CompileException (NVRTC refusing a kernel file on a GPU), when CuPy has loaded its compiler:
+    only then can one have been raised, and importing CuPy just to name it would slow emulator runs."""
+    compiler = sys.modules.get("cupy.cuda.compiler")
+    return (compiler.CompileException,) if compiler is not None else ()
+
+
 def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
     """Runs each (op, version, sizes) of ``plan`` through ``versions`` (a harness runner), printing
     each result and appending it to ``results`` (and --json) as it comes; returns the number that
@@ -424,8 +431,9 @@ def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
                 print(f"error: {exc}", file=sys.stderr)
                 return None
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
-        except (OpError, _backend.BackendError, SimCompileError) as exc:
-            # g++'s diagnostics are the message (a kernel being written): the line --all prints, no traceback
+        except (OpError, _backend.BackendError, SimCompileError, *_nvrtc_compile_errors()) as exc:
+            # g++'s or NVRTC's diagnostics are the message (a kernel being written): the line --all
+            # prints, no traceback
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
         if "error" in result:
             result.setdefault("op", op_name)

@@ -56,6 +56,27 @@ def test_one_version_whose_kernel_file_does_not_compile_fails_in_one_line(monkey
     assert "Traceback" not in out + err
 
 
+def test_one_version_whose_kernel_file_nvrtc_refuses_fails_in_one_line(monkeypatch):
+    # on a GPU the same mistake is NVRTC's: CuPy's CompileException, which `kernel OP N` let through as a
+    # traceback (the line above covered g++'s only); raised here as cupy raises it from the module's load
+    compiler = pytest.importorskip("cupy.cuda.compiler")
+    from _helpers import run_cli
+    from llmcupy import kernel
+    from llmcupy.ops import _op
+
+    def refused(source):
+        raise compiler.CompileException(f"{source}(29): error: expression must have arithmetic type", "",
+                                        source, (), "nvrtc")
+
+    monkeypatch.setattr(_op, "load_kernel_file", refused)
+    monkeypatch.setattr(_op, "_KERNELS", {})
+    rc, out, err = run_cli(kernel.main, ["residual_forward", "1", "--backend", "sim"])
+    assert rc == 1, out + err
+    assert out.startswith("residual_forward version 1: ERROR residual_forward.cu(29): error: expression must "
+                          "have arithmetic type"), out
+    assert "Traceback" not in out + err
+
+
 def test_sizes_and_block_size_and_json(tmp_path):
     path = tmp_path / "r.json"
     rc, out, err = run("softmax_forward", "4", "--B", "1", "--T", "3", "--V", "77", "--block-size", "64",
