@@ -22,9 +22,9 @@ no GPU evidence) in the emulator, or ``--out DIR``, named
 ends, so a run stopped early keeps what it measured). Top level: ``schema``, ``date`` (UTC), ``command`` (the exact
 command line), ``backend``, ``device``, ``software`` (Python, NumPy, CuPy, CUDA runtime and driver),
 ``git`` (``commit``, or "unknown", and ``dirty``), ``timed`` (and ``no_timings``, the reason, in the
-emulator), ``ops`` (per op: its summary, default, bound, tolerances and ``source``, a digest of its
-kernel file and the project headers it includes, which tells two runs of an edited, uncommitted
-kernel apart) and ``results``: one entry per op and version with ``ok`` (None: skipped, with
+emulator), ``ops`` (per op: its summary, default, bound, tolerances, ``source``, a digest of its kernel
+file and the project headers it includes, and ``launcher``, one of its Python module: they tell two
+runs of an edited, uncommitted kernel or launcher apart) and ``results``: one entry per op and version with ``ok`` (None: skipped, with
 ``skipped``; ``error`` when it crashed), ``sizes``, ``bound``, ``best`` (the fastest passing block size)
 and ``blocks``, one per block size: ``ok``, ``errors`` (per output: max abs / rel error, mismatches),
 ``ms`` (mean; ``min_ms``, ``max_ms``), ``gbs`` or ``tflops`` and ``fraction_of_bound``. Emulator runs
@@ -39,7 +39,7 @@ change of verdict. For the versions whose ``metrics`` both runs hold (emulator r
 counts side by side (requests, sectors per request, bytes moved and unique bytes over the ideal,
 shared requests, bank ways, occupancy: ``before -> after`` where they differ) with the model's time
 and the ratio of the model's times, which it gives only at the same sizes and on the same model GPU.
-It names the ops whose kernel sources differ between the two runs (or says they are the same).
+It names the ops whose kernel files or launchers differ between the two runs (or says they are the same).
 It exits 1 when a version that passed before fails after (a correctness regression), else 0; it
 refuses (exit 2) to compare an emulator record with a GPU one.
 """
@@ -110,6 +110,16 @@ def kernel_source_digest(source: str) -> str:
     for name in sorted(seen):
         digest.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def launcher_digest(op_name: str) -> str:
+    """A digest of op ``op_name``'s Python module (``llmcupy/ops/<op>.py``: its launchers' grids, block
+    sizes and kernel choices), which changes a version's time as much as its kernel file can."""
+    import hashlib
+    import importlib
+
+    path = Path(importlib.import_module(f"{__package__}.ops.{op_name}").__file__)
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def _utc_now() -> _dt.datetime:
@@ -315,7 +325,7 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
     for name in dict.fromkeys(n for n, _ in plan):
         op = registry.get(name)
         record["ops"][name] = {"summary": op.summary, "default_version": op.default_version,
-                               "source": kernel_source_digest(op.source),
+                               "source": kernel_source_digest(op.source), "launcher": launcher_digest(name),
                                "bound": None if op.bound is None else op.bound.kind,
                                "tolerance": {k: _tolerance_record(v) for k, v in op.tolerance.items()}}
         if tf32 and op.tf32_tolerance:
@@ -950,18 +960,26 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
 
 
 def _compare_sources(before: dict, after: dict) -> list:
-    """Which ops' kernel sources differ between the runs (their ``source`` digests), for the ops both
-    records describe; nothing where either record predates the digests (or is a kernel --json list)."""
+    """Which ops' sources differ between the runs, for the ops both records describe: the kernel file
+    (its ``source`` digest, headers included) and the op's launcher module (``launcher``). Nothing
+    where either record predates the digests (or is a kernel --json list)."""
     both = [name for name in (before.get("ops") or {}) if name in (after.get("ops") or {})]
-    digests = [(name, before["ops"][name].get("source"), after["ops"][name].get("source")) for name in both]
-    digests = [(name, b, a) for name, b, a in digests if b and a]
-    if not digests:
+    compared, changed = 0, []
+    for name in both:
+        parts = []
+        for key, what in (("source", "kernel file"), ("launcher", "launcher")):
+            b, a = before["ops"][name].get(key), after["ops"][name].get(key)
+            if b and a and b != a:
+                parts.append(what)
+        if before["ops"][name].get("source") and after["ops"][name].get("source"):
+            compared += 1
+            if parts:
+                changed.append(f"{name} ({' and '.join(parts)})")
+    if not compared:
         return []
-    changed = [name for name, b, a in digests if b != a]
     if not changed:
-        return [f"kernel sources: the same in both runs ({len(digests)} op(s))"]
-    return [f"kernel sources that differ between the runs: {', '.join(changed)} "
-            f"({len(changed)} of {len(digests)} op(s))"]
+        return [f"sources (kernel files and launchers): the same in both runs ({compared} op(s))"]
+    return [f"sources that differ between the runs: {', '.join(changed)} ({len(changed)} of {compared} op(s))"]
 
 
 # the op-level figures of an emulator record's ``metrics`` that compare sets side by side: the summary

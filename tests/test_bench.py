@@ -138,6 +138,7 @@ def test_emulator_run_writes_record_and_plot(tmp_path):
     assert "python" in rec["software"] and "numpy" in rec["software"]
     assert [(r["op"], r["version"]) for r in rec["results"]] == [("gelu_forward", 1), ("gelu_forward", 2)]
     assert rec["ops"]["gelu_forward"]["source"] == bench.kernel_source_digest("gelu_forward.cu")
+    assert rec["ops"]["gelu_forward"]["launcher"] == bench.launcher_digest("gelu_forward")
     for r in rec["results"]:
         assert r["ok"] is True and r["sizes"] == {"B": 2, "T": 8, "C": 64}
         assert [b["block_size"] for b in r["blocks"]] == [32, 64, 128, 256, 512, 1024]
@@ -383,18 +384,33 @@ def test_the_source_digest_follows_the_kernel_file_and_its_project_headers(tmp_p
 
 
 def test_compare_names_the_ops_whose_kernel_sources_differ():
-    def rec(sources):
+    def rec(sources, launchers=None):
         r = synthetic_gpu_record()
-        r["ops"] = {name: {"source": digest} for name, digest in sources.items()}
+        r["ops"] = {name: {"source": digest, "launcher": (launchers or {}).get(name, "l" * 16)}
+                    for name, digest in sources.items()}
         return r
 
     before = rec({"gelu_forward": "a" * 16, "softmax_forward": "b" * 16})
     text, _ = bench.compare(before, rec({"gelu_forward": "a" * 16, "softmax_forward": "c" * 16}))
-    assert "kernel sources that differ between the runs: softmax_forward (1 of 2 op(s))" in text
+    assert "sources that differ between the runs: softmax_forward (kernel file) (1 of 2 op(s))" in text
+    # a launcher edited (its grid, block or kernel choice), the kernel file as it was
+    text, _ = bench.compare(before, rec({"gelu_forward": "a" * 16, "softmax_forward": "c" * 16},
+                                        {"gelu_forward": "m" * 16, "softmax_forward": "m" * 16}))
+    assert ("sources that differ between the runs: gelu_forward (launcher), softmax_forward (kernel file and "
+            "launcher) (2 of 2 op(s))") in text
     text, _ = bench.compare(before, before)
-    assert "kernel sources: the same in both runs (2 op(s))" in text
+    assert "sources (kernel files and launchers): the same in both runs (2 op(s))" in text
     text, _ = bench.compare(before, rec({"gelu_forward": None}))   # a record from before the digests
-    assert "kernel sources" not in text
+    assert "sources" not in text
+
+
+def test_the_launcher_digest_is_the_op_modules():
+    import hashlib
+    import importlib
+
+    path = importlib.import_module("llmcupy.ops.gelu_forward").__file__
+    assert bench.launcher_digest("gelu_forward") == hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
+    assert bench.launcher_digest("gelu_forward") != bench.launcher_digest("softmax_forward")
 
 
 def _emulator_record(analyses, date="2025-01-01T12:00:00Z", dirty=False):
