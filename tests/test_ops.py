@@ -466,8 +466,9 @@ def test_an_op_module_that_registers_nothing_says_why_and_a_copied_name_replaces
         assert "\n  llmcupy/ops/zz_copied.py names its OP 'residual_forward'" in listing
         assert "not registered" not in kernel.list_catalogue(["residual_forward"])
     finally:
-        for name in ("demo_no_op", "zz_copied"):
+        for name in ("demo_no_op", "zz_copied"):   # the import also set them as the package's attributes
             sys.modules.pop(f"llmcupy.ops.{name}", None)
+            vars(registry).pop(name, None)
 
 
 def test_every_op_module_registers_its_op():
