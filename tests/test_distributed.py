@@ -488,6 +488,20 @@ def test_checkpoint_folder_that_is_not_shared_is_refused_at_start(data, tmp_path
     assert "step " not in p.stdout and not list(tmp_path.rglob("*.npz"))
 
 
+def _job(cmd, cwd, hung: str):
+    """Runs an mpiexec job (its own session) to its end within 120 s: (exit status, stdout, stderr);
+    a job still running then is killed, mpiexec and every rank, and the test fails with ``hung``."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)   # mpiexec and the ranks it started
+        proc.communicate()
+        pytest.fail(hung)
+    return proc.returncode, out, err
+
+
 @needs_mpi
 def test_a_rank_that_fails_before_joining_ends_the_job(data, tmp_path):
     # one rank's bad flag (or a file missing on its node) ended it before MPI_Init; the others
@@ -495,15 +509,8 @@ def test_a_rank_that_fails_before_joining_ends_the_job(data, tmp_path):
     argv = _args(data, "-b", "2", "-x", "1", "--dist-timeout", "20")
     cmd = ["mpiexec", "-n", "1", sys.executable, "-m", "llmcupy.train", *argv,
            ":", "-n", "1", sys.executable, "-m", "llmcupy.train", *argv, "-b", "x"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)   # mpiexec and the ranks it started
-        proc.communicate()
-        pytest.fail("the job hung after one rank failed before joining MPI")
-    assert proc.returncode == 2 and "error: argument -b/--batch-size: invalid int value: 'x'" in err, err
+    rc, out, err = _job(cmd, tmp_path, "the job hung after one rank failed before joining MPI")
+    assert rc == 2 and "error: argument -b/--batch-size: invalid int value: 'x'" in err, err
 
 
 @needs_mpi
@@ -524,15 +531,8 @@ def test_a_rank_whose_imports_fail_ends_the_job_naming_it(data, tmp_path, broken
     (tmp_path / "node1" / broken).mkdir()
     (tmp_path / "node1" / broken / "__init__.py").write_text(
         f'raise ImportError("{broken} is broken on this node (a stand-in)")\n')
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)   # mpiexec and the ranks it started
-        proc.communicate()
-        pytest.fail(f"the job hung after rank 1 failed to import {broken}")
-    assert proc.returncode != 0 and "step " not in out, out[-2000:] + err[-2000:]
+    rc, out, err = _job(cmd, tmp_path, f"the job hung after rank 1 failed to import {broken}")
+    assert rc != 0 and "step " not in out, out[-2000:] + err[-2000:]
     # the traceback says where; the last line of rank 1's report says who and why
     assert "Traceback (most recent call last)" in err, err
     assert f"error: rank 1 failed while starting ({cause}); ending every rank of the job" in err, err
