@@ -942,7 +942,9 @@ class Op:
             raise _DeviceLimitError(f"{self.name} version {v.number} at block size {bs}: {exc}") from None
         except OverflowError as exc:
             # a launcher's np.int32(n) of a size past 2^31 - 1: NumPy's text names no op, and the
-            # kernel's int could not have indexed it anyway
+            # kernel's int could not have indexed it anyway (any other overflow is a bug: as it is)
+            if "out of bounds for" not in str(exc):
+                raise
             raise OpError(f"{self.name} version {v.number}: a size does not fit its kernels' C int arguments ({exc}); "
                           "use smaller sizes") from None
         return outputs, (tuple(aliases) if aliases is not None else None)
