@@ -269,9 +269,8 @@ class RawKernel:
                                       f"got {nbytes!r}")
         if self.backend == "cuda":
             self._opt_in_shared(int(nbytes))
-        elif nbytes > 227 * 1024:   # the emulator has no device limit: refuse what every GPU does, as a launch does
-            raise KernelArgumentError(f"{self.name}: {nbytes} bytes of shared memory exceed any GPU's 227 KiB")
-        else:
+        else:   # the emulator has no device limit: refuse what every GPU does, as a launch does
+            _refuse_past_any_gpu(self.name, nbytes)
             self._opted_in[_backend.current_device()] = int(nbytes)
 
     @property
@@ -418,8 +417,7 @@ class RawKernel:
             else:
                 self._kernel(grid3, block3, tuple(prepared), **kwargs)
         else:
-            if shared_mem > 227 * 1024:
-                raise KernelArgumentError(f"{self.name}: {shared_mem} bytes of shared memory exceed any GPU's 227 KiB")
+            _refuse_past_any_gpu(self.name, shared_mem)
             _sim_launch(self._entry, self.name, grid3, block3, prepared, int(shared_mem),
                         self.module._sim_library.stack_bytes, self.enable_cooperative_groups)
 
@@ -594,6 +592,15 @@ class RawModule:
                                      + " (template kernels need name_expressions=)") from None
             self._functions[name] = kernel
         return kernel
+
+
+ANY_GPU_SHARED_BYTES = 227 * 1024   # the most shared memory any GPU gives one block (sm_90, opted in)
+
+
+def _refuse_past_any_gpu(name: str, nbytes: int) -> None:
+    """In the emulator, which has no device limit: the shared memory no GPU would give a block."""
+    if nbytes > ANY_GPU_SHARED_BYTES:
+        raise KernelArgumentError(f"{name}: {nbytes} bytes of shared memory exceed any GPU's 227 KiB")
 
 
 def _no_kernel(asked: str, base: str, filename: str, kernels) -> str:
