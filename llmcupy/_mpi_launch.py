@@ -41,15 +41,23 @@ def abort_unjoined(code) -> None:
 def _join_and_abort(code) -> ImportError | None:
     """MPI_Abort of the whole job, once joined; returns only alone in it (None), or with the
     ImportError when mpi4py cannot be imported here."""
+    mpi = _join()
+    if isinstance(mpi, ImportError):
+        return mpi
+    if mpi.COMM_WORLD.Get_size() > 1:
+        mpi.COMM_WORLD.Abort(code if isinstance(code, int) and code else 1)
+    return None
+
+
+def _join():
+    """mpi4py's MPI module, this rank joined to the job (MPI_Init), or the ImportError of mpi4py."""
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         from mpi4py import MPI
     except ImportError as exc:
         return exc
-    if MPI.COMM_WORLD.Get_size() > 1:
-        MPI.COMM_WORLD.Abort(code if isinstance(code, int) and code else 1)
-    return None
+    return MPI
 
 
 def _rank_text() -> str:
@@ -74,6 +82,13 @@ def abort_unjoined_after(exc: BaseException, traceback_shown: bool = False) -> N
     (mpiexec -n 1) nothing waits: Python reports the exception as usual."""
     if not launched_by_mpi() or _joined() or _launcher_world_size() == 1:
         return
+    mpi = None
+    if _launcher_world_size() is None:
+        # a launcher that names the rank but not the size (PMIx: srun --mpi=pmix, prterun): joining
+        # tells. Alone, nothing waits and nothing is ended: Python reports the exception as usual
+        mpi = _join()
+        if not isinstance(mpi, ImportError) and mpi.COMM_WORLD.Get_size() == 1:
+            return
     if not traceback_shown:
         import traceback
 
@@ -84,7 +99,7 @@ def abort_unjoined_after(exc: BaseException, traceback_shown: bool = False) -> N
     who = _rank_text()
     print(f"error: {who} failed while starting ({cause}); ending every rank of the job", file=sys.stderr)
     _REPORTED[0] = exc
-    why = _join_and_abort(1)
+    why = mpi if isinstance(mpi, ImportError) else _join_and_abort(1)
     if why is not None:   # nothing else can tell the launcher: say so rather than leave a silent hang
         print(f"error: {who} cannot end the job: mpi4py does not import here ({why}); the other ranks wait "
               "for it in MPI_Init: stop them (Ctrl-C, or cancel the job)", file=sys.stderr)

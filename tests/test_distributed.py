@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -302,6 +303,42 @@ def test_a_start_up_failure_that_cannot_end_the_job_is_reported_once(monkeypatch
     assert err.count("error: rank 1 failed while starting (ImportError: tiktoken is broken on this node (a "
                      "stand-in)); ending every rank of the job") == 1, err
     assert err.count("error: rank 1 cannot end the job: mpi4py does not import here") == 1, err
+
+
+class _StandInMPI:
+    """mpi4py's MPI module as abort_unjoined_after uses it: a world of ``size`` ranks; Abort recorded."""
+
+    def __init__(self, size):
+        self.size, self.aborted = size, []
+        self.COMM_WORLD = self
+
+    def Get_size(self):
+        return self.size
+
+    def Abort(self, code):
+        self.aborted.append(code)
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_a_launcher_that_does_not_say_the_size_is_asked_through_mpi(monkeypatch, capsys, size):
+    # PMIx launchers (srun --mpi=pmix, prterun) set PMIX_RANK and no size. Alone in such a job the rank
+    # printed "ending every rank of the job", and there was no job to end; with others, the abort is due
+    from llmcupy import _mpi_launch
+
+    for k in MPI_ENV + ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("PMIX_RANK", "0")
+    mpi = _StandInMPI(size)
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)   # not joined yet
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=mpi))
+    _mpi_launch.abort_unjoined_after(ImportError("numpy is broken on this node (a stand-in)"))
+    err = capsys.readouterr().err
+    if size == 1:
+        assert err == "" and mpi.aborted == []     # Python reports the exception itself, as without MPI
+    else:
+        assert "error: rank 0 failed while starting (ImportError: numpy is broken on this node (a stand-in)); " \
+               "ending every rank of the job" in err, err
+        assert mpi.aborted == [1]
 
 
 def test_progress_bars_are_rank_0s(tmp_path, monkeypatch):
