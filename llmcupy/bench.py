@@ -16,8 +16,8 @@ the same shapes for GEMM-shaped ones. In the emulator the ops run at their small
 and nothing is timed: the emulator does not model GPU time, so the record says so and holds
 correctness only.
 
-One JSON file per run goes to ``bench/results/`` on a GPU, ``bench/results/sim/`` (git-ignored: they are
-no GPU evidence) in the emulator, or ``--out DIR``, named
+One JSON file per run goes to this checkout's ``bench/results/`` on a GPU, its ``bench/results/sim/``
+(git-ignored: they are no GPU evidence) in the emulator, whatever the working folder, or to ``--out DIR``, named
 ``<UTC date>_<device>_<commit>.json``, saved after every version (``"partial": true`` until the run
 ends, so a run stopped early keeps what it measured). Top level: ``schema``, ``date`` (UTC), ``command`` (the exact
 command line), ``backend``, ``device``, ``software`` (Python, NumPy, CuPy, CUDA runtime and driver),
@@ -62,13 +62,29 @@ from pathlib import Path
 from ._cli import int_at_least
 
 SCHEMA = "llmcupy.bench/1"
-DEFAULT_OUT = os.path.join("bench", "results")
-# Emulator runs are correctness records, not GPU measurements: kept apart (and git-ignored) so they
-# are never mistaken for, or committed as, GPU evidence.
-SIM_OUT = os.path.join(DEFAULT_OUT, "sim")
 NO_TIMING_REASON = ("the emulator runs kernels on the CPU and does not model GPU time, so this run validated "
                     "correctness only (at the ops' small sim_sizes) and recorded no timings")
 EMULATOR_TITLE = "emulator: correctness only, no GPU timings"
+
+
+def results_folder(backend: str = "cuda") -> Path:
+    """Where a run is recorded without ``--out``: this checkout's ``bench/results`` (the folder ``bench
+    defaults`` reads), whatever the working folder. Emulator runs are correctness records, not GPU
+    measurements: they go to its git-ignored ``sim/``, so they are never mistaken for, or committed as,
+    GPU evidence."""
+    from .defaults import results_dir
+
+    return results_dir() if backend == "cuda" else results_dir() / "sim"
+
+
+def shown_path(path) -> str:
+    """A default folder (or a file in it) as the output names it: relative to the working folder when
+    inside it, else in full, so a command run from elsewhere says where it wrote or looked."""
+    full = Path(path).resolve()
+    try:
+        return str(full.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(full)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -436,11 +452,11 @@ def result_filename(record: dict) -> str:
     return f"{date}_{device}_{commit}.json"
 
 
-def save(record: dict, out_dir: str | os.PathLike = DEFAULT_OUT, path: Path | None = None) -> Path:
+def save(record: dict, out_dir: str | os.PathLike | None = None, path: Path | None = None) -> Path:
     """Writes the record to a new file in ``out_dir`` (or over ``path``, a file an earlier save of
     the same run made), atomically: a reader never sees half a record."""
     if path is None:
-        out = Path(out_dir)
+        out = Path(out_dir) if out_dir is not None else results_folder(record.get("backend", "cuda"))
         out.mkdir(parents=True, exist_ok=True)
         path = out / result_filename(record)
         n = 1
@@ -1075,7 +1091,8 @@ def _compare_metrics(b_map: dict, a_map: dict, keys: list) -> tuple[list, int]:
 # listing recorded runs
 
 
-def list_results(out_dir=DEFAULT_OUT) -> str:
+def list_results(out_dir) -> str:
+    """One line per record under ``out_dir`` (a sweep's counts, or what another tool's record is)."""
     paths = sorted(glob.glob(os.path.join(str(out_dir), "*.json")))
     if not paths:
         return f"no results under {out_dir}/"
@@ -1097,12 +1114,12 @@ def list_results(out_dir=DEFAULT_OUT) -> str:
     return "\n".join(lines)
 
 
-def timed_runs(out_dir=DEFAULT_OUT) -> list:
-    """``[(path, record)]`` of the timed (GPU) runs under ``out_dir``, oldest first by their recorded
+def timed_runs(out_dir=None) -> list:
+    """``[(path, record)]`` of the timed (GPU) runs under ``out_dir`` (default: :func:`results_folder`), oldest first by their recorded
     date (file names do not sort by date: ``catalogue.json``). Other tools' records there (start-up
     times, profiles) are skipped; a broken file raises ValueError naming it."""
     runs = []
-    for path in sorted(Path(out_dir).glob("*.json")):
+    for path in sorted(Path(out_dir if out_dir is not None else results_folder()).glob("*.json")):
         try:
             record = load(path)
         except OtherRecord:
@@ -1146,14 +1163,15 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
     p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (default: the whole catalogue)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help=f"where the JSON goes (default {DEFAULT_OUT}/ on a GPU, {SIM_OUT}/ in the emulator)")
+                   help="where the JSON goes (default: this checkout's bench/results/ on a GPU, bench/results/sim/ "
+                        "in the emulator, whatever the working folder; a DIR given is taken from the working folder)")
     p.add_argument("--no-save", action="store_true", help="do not write a results file")
     p.add_argument("--plot", metavar="PATH", help="write the plots to PATH (PNG, SVG, PDF by suffix)")
     p.add_argument("--from", dest="from_file", metavar="RESULTS.json",
                    help="run nothing: plot (--plot) or print a recorded results file")
     p.add_argument("--list-results", action="store_true",
-                   help=f"list the runs recorded under --out (default: {DEFAULT_OUT}/ and {SIM_OUT}/, where GPU and "
-                        "emulator runs go)")
+                   help="list the runs recorded under --out (default: this checkout's bench/results/ and "
+                        "bench/results/sim/, where GPU and emulator runs go)")
     p.add_argument("--small", action="store_true", help="use the ops' small sim_sizes on a GPU too (a quick check)")
     p.add_argument("--trainer-shapes", action="store_true",
                    help="GPU: the training step's ops at the trainer's shapes (GPT-2 124M, B=4, T=1024), the runs "
@@ -1282,7 +1300,8 @@ def main(argv=None) -> int:
 
     if args.list_results:
         # without --out: both folders a run writes to by default (GPU runs, and emulator runs kept apart)
-        print("\n".join(list_results(d) for d in ([args.out] if args.out else [DEFAULT_OUT, SIM_OUT])))
+        folders = [args.out] if args.out else [shown_path(results_folder(b)) for b in ("cuda", "sim")]
+        print("\n".join(list_results(d) for d in folders))
         return 0
     if args.plot:
         # before the (possibly hours-long) run whose plot it is
@@ -1360,7 +1379,7 @@ def main(argv=None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    out_dir = args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT)
+    out_dir = args.out or shown_path(results_folder(backend))
     if not args.no_save:
         from ._cli import BadPath, check_output_folder
 

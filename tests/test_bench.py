@@ -571,16 +571,38 @@ def test_load_accepts_the_kernel_cli_json(tmp_path):
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
-def test_emulator_records_go_to_an_ignored_folder_not_among_gpu_results(tmp_path):
-    env_cwd = tmp_path
-    rc, stdout, stderr = run("--ops", "gelu_forward", "--backend", "sim", "--no-progress", cwd=env_cwd)
-    assert rc == 0, stdout + stderr
-    files = list((tmp_path / "bench" / "results" / "sim").glob("*.json"))
-    assert len(files) == 1 and f"results: {__import__('os').path.join('bench', 'results', 'sim')}" in stdout
-    assert not list((tmp_path / "bench" / "results").glob("*.json"))   # the GPU folder stays empty
-    # --list-results finds it without --out: it lists the emulator's folder beside the GPU one
-    rc, stdout, stderr = run("--list-results", cwd=env_cwd)
-    assert rc == 0 and files[0].name in stdout and "no results under bench/results/" in stdout, stdout + stderr
+def test_emulator_records_go_to_an_ignored_folder_not_among_gpu_results(tmp_path, monkeypatch, capsys):
+    # the default folders are the checkout's bench/results (where `bench defaults` reads), wherever the
+    # command runs: before, a run from another folder wrote its record to bench/results/sim of that
+    # folder, and --list-results from there (or from the checkout) did not find the other's runs
+    from llmcupy import defaults
+
+    checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    (checkout / "bench").mkdir(parents=True)
+    elsewhere.mkdir()
+    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
+    monkeypatch.chdir(elsewhere)
+    assert bench.main(["--ops", "gelu_forward", "--backend", "sim", "--no-progress", "--no-analyze"]) == 0
+    stdout = capsys.readouterr().out
+    files = list((checkout / "bench" / "results" / "sim").glob("*.json"))
+    assert len(files) == 1 and f"results: {files[0]}" in stdout.splitlines(), stdout   # named in full
+    assert not list((checkout / "bench" / "results").glob("*.json"))   # the GPU folder stays empty
+    assert not list(elsewhere.rglob("*.json"))
+    # --list-results finds it without --out, from here and from the checkout: it lists the emulator's
+    # folder beside the GPU one
+    assert bench.main(["--list-results"]) == 0
+    stdout = capsys.readouterr().out
+    assert f"{files[0]}: " in stdout and f"no results under {checkout / 'bench' / 'results'}/" in stdout, stdout
+    monkeypatch.chdir(checkout)
+    assert bench.main(["--list-results"]) == 0
+    stdout = capsys.readouterr().out   # inside the checkout, named from the working folder
+    assert f"bench/results/sim/{files[0].name}: " in stdout and "no results under bench/results/" in stdout, stdout
+    # a folder given is the working folder's, as typed
+    monkeypatch.chdir(elsewhere)
+    assert bench.main(["--ops", "gelu_forward", "--backend", "sim", "--no-progress", "--no-analyze",
+                       "--out", "mine"]) == 0
+    mine = list((elsewhere / "mine").glob("*.json"))
+    assert len(mine) == 1 and f"results: {os.path.join('mine', mine[0].name)}" in capsys.readouterr().out
     # in a checkout, git ignores that folder: a bench run in the emulator leaves `git status` clean
     if (REPO / ".git").exists():
         probe = "bench/results/sim/" + files[0].name
