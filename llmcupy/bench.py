@@ -35,7 +35,8 @@ size, per launch and per source line, occupancy and the roofline model's time on
 
 ``compare`` reads two such files (or ``python -m llmcupy.kernel --json`` lists): the before/after
 record of an optimisation, per op and version the best time before and after, the speed-up and any
-change of verdict. For the versions whose ``metrics`` both runs hold (emulator runs) it also sets the
+change of verdict (between runs that hold no time, as the emulator's, the verdicts alone, under a line
+saying why). For the versions whose ``metrics`` both runs hold (emulator runs) it also sets the
 counts side by side (requests, sectors per request, bytes moved and unique bytes over the ideal,
 shared requests, bank ways, occupancy: ``before -> after`` where they differ) with the model's time
 and the ratio of the model's times, which it gives only at the same sizes and on the same model GPU.
@@ -574,6 +575,11 @@ def _has_times(record: dict) -> bool:
     return any(b.get("ms") is not None for r in record["results"] for b in r.get("blocks", []))
 
 
+def _has_metrics(record: dict) -> bool:
+    """Whether a version of the run holds the emulator's counts (``--analyze`` metrics)."""
+    return any((r.get("metrics") or {}).get("summary") for r in record["results"])
+
+
 def _block_label(bs) -> str:
     return "fixed" if bs is None else str(bs)
 
@@ -889,6 +895,7 @@ def _fmt_blk(bs, shown) -> str:
 
 def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]:
     """A table of per op/version deltas (best ms before, after, speed-up) and correctness changes.
+    Where neither run holds a time (emulator runs), the table has no time columns and a line says why.
 
     Returns ``(text, regressed)``: ``regressed`` is True when a version that passed before fails (or
     errors) after.
@@ -911,7 +918,23 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
     if tf32[0] != tf32[1]:
         lines.append(f"warning: TF32 was {'on' if tf32[0] else 'off'} before and {'on' if tf32[1] else 'off'} "
                      "after: the versions that call cuBLAS are not comparable")
-    header = f"{'op':<30} {'ver':>4}  {'before ms':>10} {'(blk)':>6}  {'after ms':>10} {'(blk)':>6}  {'speed-up':>8}  correctness"
+    timed = _has_times(before) or _has_times(after)
+    if not timed:
+        # columns of dashes would read as times lost; say once why there are none
+        backends = {before.get("backend"), after.get("backend")}
+        if backends == {"sim"}:
+            why = ("both are emulator runs, which run the kernels on the CPU and never time a GPU; below, each "
+                   "version's verdict" + (" and the emulator's counts" if _has_metrics(before) and _has_metrics(after)
+                                          else ""))
+        elif backends == {"cuda"}:
+            why = "no version passed in either GPU run, and only a passing block size is timed"
+        else:
+            why = "neither run holds a time (an emulator run's, or a GPU run in which no version passed)"
+        lines.append(f"no times: {why}")
+        header = f"{'op':<30} {'ver':>4}  {'(blk)':>6}  correctness" if blocks else f"{'op':<30} {'ver':>4}  correctness"
+    else:
+        header = (f"{'op':<30} {'ver':>4}  {'before ms':>10} {'(blk)':>6}  {'after ms':>10} {'(blk)':>6}  "
+                  f"{'speed-up':>8}  correctness")
     lines += ["", header, "-" * len(header)]
     regressed = False
     speedups = []
@@ -943,8 +966,11 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
             spt = f"{sp:7.2f}x"
         else:
             spt = f"{'-':>8}"
-        lines.append(f"{key[0]:<30} {key[1]:>4}  {_fmt_ms(bms)} {_fmt_blk(bblk, bms)}  "
-                     f"{_fmt_ms(ams)} {_fmt_blk(ablk, ams)}  {spt}  {corr}")
+        if timed:
+            lines.append(f"{key[0]:<30} {key[1]:>4}  {_fmt_ms(bms)} {_fmt_blk(bblk, bms)}  "
+                         f"{_fmt_ms(ams)} {_fmt_blk(ablk, ams)}  {spt}  {corr}")
+        else:
+            lines.append(f"{key[0]:<30} {key[1]:>4}  {' ' * 6 + '  ' if blocks else ''}{corr}")
         if blocks and a is not None and b is not None:
             bb = {x.get("block_size"): x for x in b.get("blocks", [])}
             ab = {x.get("block_size"): x for x in a.get("blocks", [])}
@@ -955,8 +981,12 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
                 sp = f"{xm / ym:7.2f}x" if xm and ym and not other_sizes else f"{'-':>8}"
                 okx = {True: "PASS", False: "FAIL", None: "SKIP"}[x.get("ok")] if x else "-"
                 oky = {True: "PASS", False: "FAIL", None: "SKIP"}[y.get("ok")] if y else "-"
-                lines.append(f"{'':<30} {'':>4}  {_fmt_ms(xm)} {_fmt_blk(bs, True)}  {_fmt_ms(ym)} "
-                             f"{_fmt_blk(bs, True)}  {sp}  {okx if okx == oky else okx + ' -> ' + oky}")
+                verdict = okx if okx == oky else okx + ' -> ' + oky
+                if timed:
+                    lines.append(f"{'':<30} {'':>4}  {_fmt_ms(xm)} {_fmt_blk(bs, True)}  {_fmt_ms(ym)} "
+                                 f"{_fmt_blk(bs, True)}  {sp}  {verdict}")
+                else:
+                    lines.append(f"{'':<30} {'':>4}  {_fmt_blk(bs, True)}  {verdict}")
     analysed, counted = _compare_metrics(b_map, a_map, keys)
     lines.append("")
     lines += analysed
@@ -965,11 +995,8 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
         lines.append(f"{len(speedups)} versions passing and timed in both at the same sizes: geometric-mean "
                      f"speed-up {geo:.2f}x, "
                      f"min {min(speedups):.2f}x, max {max(speedups):.2f}x (best block size of each)")
-    elif counted:
-        lines.append("no version has times in both runs (emulator runs record correctness and the counts above, "
-                     "not times)")
-    else:
-        lines.append("no version has times in both runs (an emulator run records correctness only)")
+    elif timed:   # (without a time in either run, the line above the table said why)
+        lines.append("no version has times in both runs (passing, at the same sizes): no speed-up to give")
     lines.append("correctness: " + ("REGRESSED (a version that passed before fails now)" if regressed
                                     else "no version that passed before fails now"))
     return "\n".join(lines), regressed

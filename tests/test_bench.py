@@ -466,8 +466,34 @@ def test_compare_of_emulator_records_sets_counts_and_model_side_by_side(tmp_path
     assert re.search(re.escape(_us(a4["summary"]["model_seconds"])) + r"\s+1\.00x$", rows[2]), rows[2]
     assert "1 of 2 versions analysed in both differ in their counts or model time: softmax_forward 1" in text
     assert "model ratio: the model's time before over after" in text
-    assert ("no version has times in both runs (emulator runs record correctness and the counts above, not times)"
-            in text)
+    assert ("no times: both are emulator runs, which run the kernels on the CPU and never time a GPU; below, each "
+            "version's verdict and the emulator's counts") in text.splitlines()
+
+
+def test_compare_of_emulator_runs_prints_no_empty_time_columns(softmax_analyses):
+    # before: two emulator records were compared in the GPU's table, columns of ms, block size and
+    # speed-up holding nothing but dashes for every version (and block size with --blocks), and a
+    # line at the end said why
+    before = _emulator_record({1: softmax_analyses[1], 2: softmax_analyses[4]})
+    after = copy.deepcopy(before)
+    after["results"][1]["ok"] = False
+    for with_blocks in (False, True):
+        for entry in (before, after):
+            entry["results"][1]["blocks"] = [{"block_size": 64, "ok": entry is before}, {"block_size": 128, "ok": True}]
+        text, regressed = bench.compare(before, after, blocks=with_blocks)
+        assert regressed
+        lines = text.splitlines()
+        assert "ms" not in text.split("emulator counts")[0] and "speed-up" not in text, text
+        assert sum(line.startswith("no times: ") for line in lines) == 1 and "no version has times" not in text
+        header = "op ver (blk) correctness" if with_blocks else "op ver correctness"
+        assert header in [" ".join(line.split()) for line in lines], text
+        rows = [" ".join(line.split()) for line in lines if line.startswith("softmax_forward")]
+        assert rows[:2] == ["softmax_forward 1 PASS", "softmax_forward 2 PASS -> FAIL REGRESSION"], rows
+        if with_blocks:
+            assert [" ".join(line.split()) for line in lines if line.startswith(" " * 30)] == [
+                "(64) PASS -> FAIL", "(128) PASS"], text
+    # GPU runs keep their columns
+    assert "before ms" in bench.compare(synthetic_gpu_record(), synthetic_gpu_record(speed=0.5))[0]
 
 
 def test_compare_of_emulator_counts_gives_no_model_ratio_across_sizes_or_model_gpus(softmax_analyses):
@@ -496,7 +522,8 @@ def test_compare_says_when_only_one_emulator_run_holds_counts(softmax_analyses):
     assert ("only the before run holds emulator counts (--analyze metrics), so they are not compared; an emulator "
             "bench run records them unless --no-analyze") in text.splitlines()
     assert "roofline MODEL" not in text
-    assert "no version has times in both runs (an emulator run records correctness only)" in text
+    assert ("no times: both are emulator runs, which run the kernels on the CPU and never time a GPU; below, each "
+            "version's verdict") in text.splitlines()
     gpu_text, _ = bench.compare(synthetic_gpu_record(), synthetic_gpu_record(speed=0.5))
     assert "emulator counts" not in gpu_text   # GPU records hold none: nothing to say about them
 
