@@ -245,24 +245,44 @@ def test_readme_exit_codes_cover_what_the_clis_return():
                     assert ret.value.value in listed, (name, func.name, ret.value.value, sentence)
 
 
-def test_readme_compare_rows_hold_what_the_emulator_counts_today(have_nvrtc):
+def _readme_compare_registers(text: str):
+    """The registers the README states its `bench compare` rows were modelled with: ({kernel: registers},
+    the arch, the NVRTC release)."""
+    stated = re.search(r"here (\d+) for version\s+1's and (\d+) for version\s+2's on\s+sm_(\d+), from\s+NVRTC\s+"
+                       r"(\d+\.\d+)", text)
+    assert stated, "the README no longer says which registers its bench compare rows were modelled with"
+    v1, v2, arch, release = stated.groups()
+    return {"softmax_forward_kernel1": int(v1), "softmax_forward_kernel2": int(v2)}, int(arch), release
+
+
+def _check_readme_compare_rows():
     """The `bench compare` rows the README quotes for two emulator records: their before figures (and
     the untouched version 2's row) are what compare prints today for those versions (a kernel or model
     change would leave them stale). The after figures come from an edit of the kernel file, which a
-    test cannot make, so each `before -> after` cell is checked at its before value. The occupancy and
-    model columns use NVRTC's register counts, so this needs NVRTC."""
-    from llmcupy import analyze, bench
+    test cannot make, so each `before -> after` cell is checked at its before value. Occupancy and the
+    model's time follow the registers NVRTC gives each kernel, which vary with the NVRTC release: the
+    model runs on the registers the README states, not on this machine's NVRTC."""
+    from llmcupy import analyze, bench, nvrtc
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     quoted = re.search(r"\n(    emulator counts and a roofline MODEL.*?)\n\n", text, re.S)
     assert quoted, "the README's bench compare table of emulator counts is missing"
     title, _, *rows = [line[4:] for line in quoted.group(1).splitlines()]
     assert len(rows) == 2, rows
+    registers, arch, _ = _readme_compare_registers(text)
+
+    def stated_resources(source, asked_arch):
+        assert (source, asked_arch) == ("softmax_forward.cu", arch), (source, asked_arch)
+        return {name: nvrtc.KernelStats(kernel=name, mangled=name, registers=count)
+                for name, count in registers.items()}, None
+
     results = []
-    for number in (1, 2):
-        raw = {"op": "softmax_forward", "version": number, "ok": True, "blocks": [],
-               "analysis": analyze.analyze_version("softmax_forward", number)}
-        results.append(bench._version_entry_from_raw(raw))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(analyze, "kernel_resources", stated_resources)
+        for number in (1, 2):
+            raw = {"op": "softmax_forward", "version": number, "ok": True, "blocks": [],
+                   "analysis": analyze.analyze_version("softmax_forward", number)}
+            results.append(bench._version_entry_from_raw(raw))
     record = {"backend": "sim", "device": "CPU emulator (sim)", "git": {"commit": "1" * 40}, "results": results}
     printed, _ = bench.compare(record, record)
     assert title in printed.splitlines(), printed
@@ -271,3 +291,35 @@ def test_readme_compare_rows_hold_what_the_emulator_counts_today(have_nvrtc):
         before = re.sub(r"(\S+(?: us)?) -> \S+(?: us)?", r"\1", row)   # each cell at its before value
         before = re.sub(r"\S+x$", "1.00x", before)
         assert " ".join(before.split()) in printed_rows, (before, printed)
+
+
+def test_readme_compare_rows_hold_what_the_emulator_counts_today():
+    _check_readme_compare_rows()
+
+
+def test_readme_compare_rows_do_not_depend_on_this_machines_nvrtc(monkeypatch):
+    # the rows' occupancy and model time came from this machine's NVRTC registers: another NVRTC
+    # release (another pip wheel of nvidia-cuda-nvrtc) gave version 1 more than 32 registers, less
+    # occupancy and another model time, and the README check failed on that machine alone
+    from llmcupy import analyze, nvrtc
+
+    def another_nvrtc(source, arch):
+        return {name: nvrtc.KernelStats(kernel=name, mangled=name, registers=64)
+                for name in ("softmax_forward_kernel1", "softmax_forward_kernel2")}, None
+
+    monkeypatch.setattr(analyze, "kernel_resources", another_nvrtc)
+    _check_readme_compare_rows()
+
+
+def test_readme_compare_registers_are_what_the_stated_nvrtc_gives(have_nvrtc):
+    """The registers the README states are the ones its NVRTC release gives today (checked where that
+    release is installed: another one may give others, which is why the README names it)."""
+    from llmcupy import analyze, nvrtc
+
+    registers, arch, release = _readme_compare_registers((Path(__file__).resolve().parents[1] / "README.md").read_text())
+    here = "{}.{}".format(*nvrtc.find_nvrtc().version())
+    if here != release:
+        pytest.skip(f"NVRTC {here} is installed; the README's registers are NVRTC {release}'s")
+    table, reason = analyze.kernel_resources("softmax_forward.cu", arch)
+    assert reason is None, reason
+    assert {name: table[name].registers for name in registers} == registers
