@@ -3,7 +3,7 @@
     python -m llmcupy.bench                                  # every version of every op, every block size
     python -m llmcupy.bench --ops softmax_forward layernorm_forward --plot sweep.png
     python -m llmcupy.bench --from bench/results/X.json --plot X.png   # plot a recorded run, run nothing
-    python -m llmcupy.bench compare BEFORE.json AFTER.json   # per op/version: ms before, after, speed-up
+    python -m llmcupy.bench compare BEFORE.json AFTER.json   # per op/version: ms before, after, speed-up (or counts)
     python -m llmcupy.bench --list-results                   # the runs recorded under bench/results/ (and sim/)
     python -m llmcupy.bench --trainer-shapes                 # (GPU) the step's ops at GPT-2 124M, B=4, T=1024
     python -m llmcupy.bench defaults                         # bench/defaults.json: the trainer's measured defaults
@@ -1179,19 +1179,23 @@ def _parser() -> argparse.ArgumentParser:
     import shutil
     import textwrap
 
+    from .analyze import DEFAULT_GPU, GPUS
+
     width = max(40, min(100, shutil.get_terminal_size().columns) - 2)
     p = argparse.ArgumentParser(
         prog="python -m llmcupy.bench",
         # RawDescription keeps the epilog's example lines; the description is wrapped here
         description=textwrap.fill(
-            "Sweep every version of every op (validate; on a GPU time against the op's upper bound), "
-            "record the run as JSON, plot it. `python -m llmcupy.bench compare BEFORE.json AFTER.json` "
-            "compares two runs.", width),
+            "Sweep every version of every op (validate; on a GPU time against the op's upper bound; in the "
+            "emulator count memory traffic and model the time instead), record the run as JSON, plot it. "
+            "Two subcommands, each with its own --help: `python -m llmcupy.bench compare BEFORE.json "
+            "AFTER.json` compares two runs, `python -m llmcupy.bench defaults` writes the trainer's measured "
+            "kernel defaults from the --trainer-shapes runs.", width),
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
     p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (default: the whole catalogue)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="where the JSON goes (default: this checkout's bench/results/ on a GPU, bench/results/sim/ "
-                        "in the emulator, whatever the working folder; a DIR given is taken from the working folder)")
+                        "in the emulator, whatever the working folder; a DIR you give is relative to the working folder)")
     p.add_argument("--no-save", action="store_true", help="do not write a results file")
     p.add_argument("--plot", metavar="PATH", help="write the plots to PATH (PNG, SVG, PDF by suffix)")
     p.add_argument("--from", dest="from_file", metavar="RESULTS.json",
@@ -1208,9 +1212,11 @@ def _parser() -> argparse.ArgumentParser:
                         "--tf32 default, so the defaults are picked at the speed and accuracy the trainer gets; "
                         "off otherwise). Versions that call cuBLAS under TF32 are checked at their op's TF32 "
                         "tolerance")
-    p.add_argument("--backend", choices=("auto", "cuda", "sim"), default=None, help="cuda, sim or auto (default)")
-    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random inputs")
-    p.add_argument("--repeat", type=int_at_least(1), default=50, help="timed launches per block size (GPU)")
+    p.add_argument("--backend", choices=("auto", "cuda", "sim"), default=None,
+                   help="cuda, sim or auto (default: auto, or LLMCUPY_BACKEND: cuda when CuPy sees a GPU, else sim)")
+    p.add_argument("--seed", type=int_at_least(0), default=0,
+                   help="seed of the random inputs (default 0; keep it the same in a before/after pair)")
+    p.add_argument("--repeat", type=int_at_least(1), default=50, help="timed launches per block size (GPU; default 50)")
     p.add_argument("--no-isolate", action="store_true",
                    help="run the versions in this process (default: a forked child each in the emulator; on a "
                         "GPU one spawned child, replaced after a version fails)")
@@ -1218,7 +1224,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-analyze", action="store_true",
                    help="emulator: skip the memory-traffic metrics and roofline model recorded per version")
     p.add_argument("--gpu", default=None, metavar="NAME",
-                   help="the GPU the recorded roofline model predicts for (default h100-sxm)")
+                   help=f"emulator: the GPU the recorded roofline model predicts for (default {DEFAULT_GPU}; "
+                        f"{', '.join(name for name in GPUS if name != DEFAULT_GPU)}); keep it the same in a "
+                        "before/after pair")
     p.add_argument("-v", "--verbose", action="store_true", help="the full per-block report of every version")
     return p
 
@@ -1226,12 +1234,17 @@ def _parser() -> argparse.ArgumentParser:
 def _compare_main(argv) -> int:
     p = argparse.ArgumentParser(prog="python -m llmcupy.bench compare",
                                 description="Per op/version deltas between two benchmark records: best ms "
-                                            "before and after, speed-up, correctness changes; between emulator "
-                                            "records, the memory-traffic counts and the roofline model's time "
-                                            "before and after (a model, not a measurement). Exit 1 when a "
-                                            "version that passed before fails after.")
-    p.add_argument("before", help="the results JSON before the change")
-    p.add_argument("after", help="the results JSON after the change")
+                                            "before and after (at the best block size of each), speed-up, "
+                                            "correctness changes, and which ops' kernel files or launchers "
+                                            "differ between the runs. Emulator records hold no times: between "
+                                            "two of them, each version's verdict and the memory-traffic counts "
+                                            "and roofline model's time before and after (a model, not a "
+                                            "measurement). Exit 1 when a version that passed before fails "
+                                            "after; 2 for an unreadable file or an emulator record against a "
+                                            "GPU one.")
+    p.add_argument("before", help="the record before the change: a bench results JSON (or a python -m "
+                                  "llmcupy.kernel --json list)")
+    p.add_argument("after", help="the record after the change, of the same kind")
     p.add_argument("--blocks", action="store_true", help="also every block size")
     args = p.parse_args(argv)
     try:
@@ -1259,9 +1272,11 @@ def _defaults_main(argv) -> int:
     p.add_argument("--results", default=None, metavar="DIR",
                    help="the recorded runs (default: bench/results of this checkout, beside the bench/defaults.json "
                         "it writes, wherever the command runs from)")
-    p.add_argument("--out", default=None, metavar="FILE", help="where to write (default bench/defaults.json)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="where to write (default: bench/defaults.json of this checkout, the file the trainer reads; "
+                        "LLMCUPY_DEFAULTS names another)")
     p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 when the file differs from what the results give")
+                   help="write nothing; exit 0 when the file is what the results give, 1 when it differs")
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else defaults.default_path()
     from ._cli import BadPath, check_output_file, fail
@@ -1398,6 +1413,11 @@ def main(argv=None) -> int:
         return 2
     if backend != "cuda":
         print(f"note: backend {backend}: {NO_TIMING_REASON}.", flush=True)
+    if args.gpu and args.no_analyze:
+        # the model is the only thing --gpu changes: taken silently, it would read as recorded
+        print(f"error: --gpu {args.gpu} names the GPU of the recorded roofline model, which --no-analyze leaves "
+              "out; drop one of them", file=sys.stderr)
+        return 2
     if args.gpu:
         from . import analyze as _analyze
 
