@@ -1142,8 +1142,8 @@ def list_results(out_dir) -> str:
 
 
 def timed_runs(out_dir=None) -> list:
-    """``[(path, record)]`` of the timed (GPU) runs under ``out_dir`` (default: :func:`results_folder`), oldest first by their recorded
-    date (file names do not sort by date: ``catalogue.json``). Other tools' records there (start-up
+    """``[(path, record)]`` of the timed (GPU) runs under ``out_dir`` (default: :func:`results_folder`),
+    oldest first by their recorded date (file names do not sort by date: ``catalogue.json``). Other tools' records there (start-up
     times, profiles) are skipped; a broken file raises ValueError naming it."""
     runs = []
     for path in sorted(Path(out_dir if out_dir is not None else results_folder()).glob("*.json")):
@@ -1411,13 +1411,14 @@ def main(argv=None) -> int:
     if args.trainer_shapes and args.small:
         print("error: --trainer-shapes and --small ask for different sizes; give one", file=sys.stderr)
         return 2
+    if args.gpu and (args.no_analyze or backend == "cuda"):
+        # the model is the only thing --gpu changes: taken silently, it would read as recorded
+        without = ("--no-analyze leaves out; drop one of them" if args.no_analyze else
+                   f"only an emulator run records (this {backend} run measures times); drop --gpu")
+        print(f"error: --gpu {args.gpu} names the GPU of the roofline model, which {without}", file=sys.stderr)
+        return 2
     if backend != "cuda":
         print(f"note: backend {backend}: {NO_TIMING_REASON}.", flush=True)
-    if args.gpu and args.no_analyze:
-        # the model is the only thing --gpu changes: taken silently, it would read as recorded
-        print(f"error: --gpu {args.gpu} names the GPU of the recorded roofline model, which --no-analyze leaves "
-              "out; drop one of them", file=sys.stderr)
-        return 2
     if args.gpu:
         from . import analyze as _analyze
 

@@ -687,16 +687,25 @@ def test_bad_output_paths_are_refused_before_the_run(monkeypatch, capsys, args, 
 
 @pytest.mark.parametrize("args,message", [
     # before: taken without a word, as if the record held the model on that GPU
-    (["--gpu", "a100-sxm", "--no-analyze"], "error: --gpu a100-sxm names the GPU of the recorded roofline model, "
-                                            "which --no-analyze leaves out; drop one of them"),
+    (["--gpu", "a100-sxm", "--no-analyze"], "error: --gpu a100-sxm names the GPU of the roofline model, which "
+                                            "--no-analyze leaves out; drop one of them"),
+    (["--gpu", "a100-sxm", "cuda"], "error: --gpu a100-sxm names the GPU of the roofline model, which only an "
+                                    "emulator run records (this cuda run measures times); drop --gpu"),
     (["--gpu", "v100"], "error: unknown GPU 'v100' for the model; choose one of h100-sxm, "),
 ])
 def test_a_model_gpu_the_run_would_not_use_is_refused_before_the_run(monkeypatch, capsys, args, message):
+    from llmcupy.runtime import backend
+
     def must_not_run(*a, **k):
         raise AssertionError("the benchmark ran with a --gpu it does not use")
 
     monkeypatch.setattr(bench, "run", must_not_run)
-    rc = bench.main(["--ops", "gelu_forward", "--backend", "sim", "--no-progress", "--no-save", *args])
+    if "cuda" in args:   # a GPU run (the backend faked: nothing runs)
+        args = [a for a in args if a != "cuda"]
+        monkeypatch.setattr(backend, "get_backend", lambda: "cuda")
+    else:
+        args = ["--backend", "sim", *args]
+    rc = bench.main(["--ops", "gelu_forward", "--no-progress", "--no-save", *args])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
 
