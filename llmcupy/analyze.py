@@ -34,7 +34,7 @@ not capture: caches beyond unique bytes (L1/L2 hit rates, L2 bandwidth), latency
 thread, instruction issue and integer work, tensor cores, clocks under load, DRAM page effects, and
 cuBLAS calls an op makes (the emulator runs them in NumPy, outside any kernel).
 
-When ``bench/results/`` holds GPU measurements of the same op at the same sizes, :func:`correlate`
+When this checkout's ``bench/results/`` holds GPU measurements of the same op at the same sizes, :func:`correlate`
 gives Spearman's rank correlation between the model and the measured times.
 """
 
@@ -568,16 +568,16 @@ def measured_times(op_name: str, sizes: dict, results_dir) -> dict:
 def correlate(results: list, results_dir=None) -> dict | None:
     """Spearman's rank correlation between the model's times of ``results`` (analysed versions of
     one op) and GPU times measured at the same sizes and block sizes under ``results_dir``
-    (default ``bench/results``) on one GPU: the device with the most such versions. None when fewer
-    than three versions have both."""
-    from .bench import DEFAULT_OUT
+    (default: this checkout's ``bench/results``, whatever the working folder) on one GPU: the device with
+    the most such versions. None when fewer than three versions have both."""
+    from .defaults import results_dir as checkout_results
 
     # a partial model (cuBLAS calls not modelled) would rank a library-backed version as fast as its bias kernel
     results = [r for r in results if r and r.get("summary") and r["summary"].get("model_seconds")
                and not r["summary"].get("library_calls")]
     if not results:
         return None
-    results_dir = results_dir or DEFAULT_OUT
+    results_dir = results_dir or checkout_results()
     best = None
     for device, measured in measured_times(results[0]["op"], results[0]["sizes"], results_dir).items():
         pairs = []

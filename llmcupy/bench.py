@@ -3,7 +3,7 @@
     python -m llmcupy.bench                                  # every version of every op, every block size
     python -m llmcupy.bench --ops softmax_forward layernorm_forward --plot sweep.png
     python -m llmcupy.bench --from bench/results/X.json --plot X.png   # plot a recorded run, run nothing
-    python -m llmcupy.bench compare BEFORE.json AFTER.json   # per op/version: ms before, after, speed-up
+    python -m llmcupy.bench compare BEFORE.json AFTER.json   # per op/version: ms before, after, speed-up (or counts)
     python -m llmcupy.bench --list-results                   # the runs recorded under bench/results/ (and sim/)
     python -m llmcupy.bench --trainer-shapes                 # (GPU) the step's ops at GPT-2 124M, B=4, T=1024
     python -m llmcupy.bench defaults                         # bench/defaults.json: the trainer's measured defaults
@@ -16,8 +16,8 @@ the same shapes for GEMM-shaped ones. In the emulator the ops run at their small
 and nothing is timed: the emulator does not model GPU time, so the record says so and holds
 correctness only.
 
-One JSON file per run goes to ``bench/results/`` on a GPU, ``bench/results/sim/`` (git-ignored: they are
-no GPU evidence) in the emulator, or ``--out DIR``, named
+One JSON file per run goes to this checkout's ``bench/results/`` on a GPU, its ``bench/results/sim/``
+(git-ignored: they are no GPU evidence) in the emulator, whatever the working folder, or to ``--out DIR``, named
 ``<UTC date>_<device>_<commit>.json``, saved after every version (``"partial": true`` until the run
 ends, so a run stopped early keeps what it measured). Top level: ``schema``, ``date`` (UTC), ``command`` (the exact
 command line), ``backend``, ``device``, ``software`` (Python, NumPy, CuPy, CUDA runtime and driver),
@@ -35,7 +35,8 @@ size, per launch and per source line, occupancy and the roofline model's time on
 
 ``compare`` reads two such files (or ``python -m llmcupy.kernel --json`` lists): the before/after
 record of an optimisation, per op and version the best time before and after, the speed-up and any
-change of verdict. For the versions whose ``metrics`` both runs hold (emulator runs) it also sets the
+change of verdict (between runs that hold no time, as the emulator's, the verdicts alone, under a line
+saying why). For the versions whose ``metrics`` both runs hold (emulator runs) it also sets the
 counts side by side (requests, sectors per request, bytes moved and unique bytes over the ideal,
 shared requests, bank ways, occupancy: ``before -> after`` where they differ) with the model's time
 and the ratio of the model's times, which it gives only at the same sizes and on the same model GPU.
@@ -62,13 +63,29 @@ from pathlib import Path
 from ._cli import int_at_least
 
 SCHEMA = "llmcupy.bench/1"
-DEFAULT_OUT = os.path.join("bench", "results")
-# Emulator runs are correctness records, not GPU measurements: kept apart (and git-ignored) so they
-# are never mistaken for, or committed as, GPU evidence.
-SIM_OUT = os.path.join(DEFAULT_OUT, "sim")
 NO_TIMING_REASON = ("the emulator runs kernels on the CPU and does not model GPU time, so this run validated "
                     "correctness only (at the ops' small sim_sizes) and recorded no timings")
 EMULATOR_TITLE = "emulator: correctness only, no GPU timings"
+
+
+def results_folder(backend: str = "cuda") -> Path:
+    """Where a run is recorded without ``--out``: this checkout's ``bench/results`` (the folder ``bench
+    defaults`` reads), whatever the working folder. Emulator runs are correctness records, not GPU
+    measurements: they go to its git-ignored ``sim/``, so they are never mistaken for, or committed as,
+    GPU evidence."""
+    from .defaults import results_dir
+
+    return results_dir() if backend == "cuda" else results_dir() / "sim"
+
+
+def shown_path(path) -> str:
+    """A default folder (or a file in it) as the output names it: relative to the working folder when
+    inside it, else in full, so a command run from elsewhere says where it wrote or looked."""
+    full = Path(path).resolve()
+    try:
+        return str(full.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(full)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -436,11 +453,11 @@ def result_filename(record: dict) -> str:
     return f"{date}_{device}_{commit}.json"
 
 
-def save(record: dict, out_dir: str | os.PathLike = DEFAULT_OUT, path: Path | None = None) -> Path:
+def save(record: dict, out_dir: str | os.PathLike | None = None, path: Path | None = None) -> Path:
     """Writes the record to a new file in ``out_dir`` (or over ``path``, a file an earlier save of
     the same run made), atomically: a reader never sees half a record."""
     if path is None:
-        out = Path(out_dir)
+        out = Path(out_dir) if out_dir is not None else results_folder(record.get("backend", "cuda"))
         out.mkdir(parents=True, exist_ok=True)
         path = out / result_filename(record)
         n = 1
@@ -556,6 +573,11 @@ def _by_op(record: dict) -> dict:
 
 def _has_times(record: dict) -> bool:
     return any(b.get("ms") is not None for r in record["results"] for b in r.get("blocks", []))
+
+
+def _has_metrics(record: dict) -> bool:
+    """Whether a version of the run holds the emulator's counts (``--analyze`` metrics)."""
+    return any((r.get("metrics") or {}).get("summary") for r in record["results"])
 
 
 def _block_label(bs) -> str:
@@ -873,6 +895,7 @@ def _fmt_blk(bs, shown) -> str:
 
 def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]:
     """A table of per op/version deltas (best ms before, after, speed-up) and correctness changes.
+    Where neither run holds a time (emulator runs), the table has no time columns and a line says why.
 
     Returns ``(text, regressed)``: ``regressed`` is True when a version that passed before fails (or
     errors) after.
@@ -895,7 +918,23 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
     if tf32[0] != tf32[1]:
         lines.append(f"warning: TF32 was {'on' if tf32[0] else 'off'} before and {'on' if tf32[1] else 'off'} "
                      "after: the versions that call cuBLAS are not comparable")
-    header = f"{'op':<30} {'ver':>4}  {'before ms':>10} {'(blk)':>6}  {'after ms':>10} {'(blk)':>6}  {'speed-up':>8}  correctness"
+    timed = _has_times(before) or _has_times(after)
+    if not timed:
+        # columns of dashes would read as times lost; say once why there are none
+        backends = {before.get("backend"), after.get("backend")}
+        if backends == {"sim"}:
+            why = ("both are emulator runs, which run the kernels on the CPU and never time a GPU; below, each "
+                   "version's verdict" + (" and the emulator's counts" if _has_metrics(before) and _has_metrics(after)
+                                          else ""))
+        elif backends == {"cuda"}:
+            why = "no version passed in either GPU run, and only a passing block size is timed"
+        else:
+            why = "neither run holds a time (an emulator run's, or a GPU run in which no version passed)"
+        lines.append(f"no times: {why}")
+        header = f"{'op':<30} {'ver':>4}  {'(blk)':>6}  correctness" if blocks else f"{'op':<30} {'ver':>4}  correctness"
+    else:
+        header = (f"{'op':<30} {'ver':>4}  {'before ms':>10} {'(blk)':>6}  {'after ms':>10} {'(blk)':>6}  "
+                  f"{'speed-up':>8}  correctness")
     lines += ["", header, "-" * len(header)]
     regressed = False
     speedups = []
@@ -927,8 +966,11 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
             spt = f"{sp:7.2f}x"
         else:
             spt = f"{'-':>8}"
-        lines.append(f"{key[0]:<30} {key[1]:>4}  {_fmt_ms(bms)} {_fmt_blk(bblk, bms)}  "
-                     f"{_fmt_ms(ams)} {_fmt_blk(ablk, ams)}  {spt}  {corr}")
+        if timed:
+            lines.append(f"{key[0]:<30} {key[1]:>4}  {_fmt_ms(bms)} {_fmt_blk(bblk, bms)}  "
+                         f"{_fmt_ms(ams)} {_fmt_blk(ablk, ams)}  {spt}  {corr}")
+        else:
+            lines.append(f"{key[0]:<30} {key[1]:>4}  {' ' * 6 + '  ' if blocks else ''}{corr}")
         if blocks and a is not None and b is not None:
             bb = {x.get("block_size"): x for x in b.get("blocks", [])}
             ab = {x.get("block_size"): x for x in a.get("blocks", [])}
@@ -939,8 +981,12 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
                 sp = f"{xm / ym:7.2f}x" if xm and ym and not other_sizes else f"{'-':>8}"
                 okx = {True: "PASS", False: "FAIL", None: "SKIP"}[x.get("ok")] if x else "-"
                 oky = {True: "PASS", False: "FAIL", None: "SKIP"}[y.get("ok")] if y else "-"
-                lines.append(f"{'':<30} {'':>4}  {_fmt_ms(xm)} {_fmt_blk(bs, True)}  {_fmt_ms(ym)} "
-                             f"{_fmt_blk(bs, True)}  {sp}  {okx if okx == oky else okx + ' -> ' + oky}")
+                verdict = okx if okx == oky else okx + ' -> ' + oky
+                if timed:
+                    lines.append(f"{'':<30} {'':>4}  {_fmt_ms(xm)} {_fmt_blk(bs, True)}  {_fmt_ms(ym)} "
+                                 f"{_fmt_blk(bs, True)}  {sp}  {verdict}")
+                else:
+                    lines.append(f"{'':<30} {'':>4}  {_fmt_blk(bs, True)}  {verdict}")
     analysed, counted = _compare_metrics(b_map, a_map, keys)
     lines.append("")
     lines += analysed
@@ -949,11 +995,8 @@ def compare(before: dict, after: dict, blocks: bool = False) -> tuple[str, bool]
         lines.append(f"{len(speedups)} versions passing and timed in both at the same sizes: geometric-mean "
                      f"speed-up {geo:.2f}x, "
                      f"min {min(speedups):.2f}x, max {max(speedups):.2f}x (best block size of each)")
-    elif counted:
-        lines.append("no version has times in both runs (emulator runs record correctness and the counts above, "
-                     "not times)")
-    else:
-        lines.append("no version has times in both runs (an emulator run records correctness only)")
+    elif timed:   # (without a time in either run, the line above the table said why)
+        lines.append("no version has times in both runs (passing, at the same sizes): no speed-up to give")
     lines.append("correctness: " + ("REGRESSED (a version that passed before fails now)" if regressed
                                     else "no version that passed before fails now"))
     return "\n".join(lines), regressed
@@ -1075,7 +1118,8 @@ def _compare_metrics(b_map: dict, a_map: dict, keys: list) -> tuple[list, int]:
 # listing recorded runs
 
 
-def list_results(out_dir=DEFAULT_OUT) -> str:
+def list_results(out_dir) -> str:
+    """One line per record under ``out_dir`` (a sweep's counts, or what another tool's record is)."""
     paths = sorted(glob.glob(os.path.join(str(out_dir), "*.json")))
     if not paths:
         return f"no results under {out_dir}/"
@@ -1097,12 +1141,12 @@ def list_results(out_dir=DEFAULT_OUT) -> str:
     return "\n".join(lines)
 
 
-def timed_runs(out_dir=DEFAULT_OUT) -> list:
-    """``[(path, record)]`` of the timed (GPU) runs under ``out_dir``, oldest first by their recorded
-    date (file names do not sort by date: ``catalogue.json``). Other tools' records there (start-up
+def timed_runs(out_dir=None) -> list:
+    """``[(path, record)]`` of the timed (GPU) runs under ``out_dir`` (default: :func:`results_folder`),
+    oldest first by their recorded date (file names do not sort by date: ``catalogue.json``). Other tools' records there (start-up
     times, profiles) are skipped; a broken file raises ValueError naming it."""
     runs = []
-    for path in sorted(Path(out_dir).glob("*.json")):
+    for path in sorted(Path(out_dir if out_dir is not None else results_folder()).glob("*.json")):
         try:
             record = load(path)
         except OtherRecord:
@@ -1135,25 +1179,30 @@ def _parser() -> argparse.ArgumentParser:
     import shutil
     import textwrap
 
+    from .analyze import DEFAULT_GPU, GPUS
+
     width = max(40, min(100, shutil.get_terminal_size().columns) - 2)
     p = argparse.ArgumentParser(
         prog="python -m llmcupy.bench",
         # RawDescription keeps the epilog's example lines; the description is wrapped here
         description=textwrap.fill(
-            "Sweep every version of every op (validate; on a GPU time against the op's upper bound), "
-            "record the run as JSON, plot it. `python -m llmcupy.bench compare BEFORE.json AFTER.json` "
-            "compares two runs.", width),
+            "Sweep every version of every op (validate; on a GPU time against the op's upper bound; in the "
+            "emulator count memory traffic and model the time instead), record the run as JSON, plot it. "
+            "Two subcommands, each with its own --help: `python -m llmcupy.bench compare BEFORE.json "
+            "AFTER.json` compares two runs, `python -m llmcupy.bench defaults` writes the trainer's measured "
+            "kernel defaults from the --trainer-shapes runs.", width),
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
     p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (default: the whole catalogue)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help=f"where the JSON goes (default {DEFAULT_OUT}/ on a GPU, {SIM_OUT}/ in the emulator)")
+                   help="where the JSON goes (default: this checkout's bench/results/ on a GPU, bench/results/sim/ "
+                        "in the emulator, whatever the working folder; a DIR you give is relative to the working folder)")
     p.add_argument("--no-save", action="store_true", help="do not write a results file")
     p.add_argument("--plot", metavar="PATH", help="write the plots to PATH (PNG, SVG, PDF by suffix)")
     p.add_argument("--from", dest="from_file", metavar="RESULTS.json",
                    help="run nothing: plot (--plot) or print a recorded results file")
     p.add_argument("--list-results", action="store_true",
-                   help=f"list the runs recorded under --out (default: {DEFAULT_OUT}/ and {SIM_OUT}/, where GPU and "
-                        "emulator runs go)")
+                   help="list the runs recorded under --out (default: this checkout's bench/results/ and "
+                        "bench/results/sim/, where GPU and emulator runs go)")
     p.add_argument("--small", action="store_true", help="use the ops' small sim_sizes on a GPU too (a quick check)")
     p.add_argument("--trainer-shapes", action="store_true",
                    help="GPU: the training step's ops at the trainer's shapes (GPT-2 124M, B=4, T=1024), the runs "
@@ -1163,9 +1212,11 @@ def _parser() -> argparse.ArgumentParser:
                         "--tf32 default, so the defaults are picked at the speed and accuracy the trainer gets; "
                         "off otherwise). Versions that call cuBLAS under TF32 are checked at their op's TF32 "
                         "tolerance")
-    p.add_argument("--backend", choices=("auto", "cuda", "sim"), default=None, help="cuda, sim or auto (default)")
-    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random inputs")
-    p.add_argument("--repeat", type=int_at_least(1), default=50, help="timed launches per block size (GPU)")
+    p.add_argument("--backend", choices=("auto", "cuda", "sim"), default=None,
+                   help="cuda, sim or auto (default: auto, or LLMCUPY_BACKEND: cuda when CuPy sees a GPU, else sim)")
+    p.add_argument("--seed", type=int_at_least(0), default=0,
+                   help="seed of the random inputs (default 0; keep it the same in a before/after pair)")
+    p.add_argument("--repeat", type=int_at_least(1), default=50, help="timed launches per block size (GPU; default 50)")
     p.add_argument("--no-isolate", action="store_true",
                    help="run the versions in this process (default: a forked child each in the emulator; on a "
                         "GPU one spawned child, replaced after a version fails)")
@@ -1173,7 +1224,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-analyze", action="store_true",
                    help="emulator: skip the memory-traffic metrics and roofline model recorded per version")
     p.add_argument("--gpu", default=None, metavar="NAME",
-                   help="the GPU the recorded roofline model predicts for (default h100-sxm)")
+                   help=f"emulator: the GPU the recorded roofline model predicts for (default {DEFAULT_GPU}; "
+                        f"{', '.join(name for name in GPUS if name != DEFAULT_GPU)}); keep it the same in a "
+                        "before/after pair")
     p.add_argument("-v", "--verbose", action="store_true", help="the full per-block report of every version")
     return p
 
@@ -1181,12 +1234,17 @@ def _parser() -> argparse.ArgumentParser:
 def _compare_main(argv) -> int:
     p = argparse.ArgumentParser(prog="python -m llmcupy.bench compare",
                                 description="Per op/version deltas between two benchmark records: best ms "
-                                            "before and after, speed-up, correctness changes; between emulator "
-                                            "records, the memory-traffic counts and the roofline model's time "
-                                            "before and after (a model, not a measurement). Exit 1 when a "
-                                            "version that passed before fails after.")
-    p.add_argument("before", help="the results JSON before the change")
-    p.add_argument("after", help="the results JSON after the change")
+                                            "before and after (at the best block size of each), speed-up, "
+                                            "correctness changes, and which ops' kernel files or launchers "
+                                            "differ between the runs. Emulator records hold no times: between "
+                                            "two of them, each version's verdict and the memory-traffic counts "
+                                            "and roofline model's time before and after (a model, not a "
+                                            "measurement). Exit 1 when a version that passed before fails "
+                                            "after; 2 for an unreadable file or an emulator record against a "
+                                            "GPU one.")
+    p.add_argument("before", help="the record before the change: a bench results JSON (or a python -m "
+                                  "llmcupy.kernel --json list)")
+    p.add_argument("after", help="the record after the change, of the same kind")
     p.add_argument("--blocks", action="store_true", help="also every block size")
     args = p.parse_args(argv)
     try:
@@ -1214,9 +1272,11 @@ def _defaults_main(argv) -> int:
     p.add_argument("--results", default=None, metavar="DIR",
                    help="the recorded runs (default: bench/results of this checkout, beside the bench/defaults.json "
                         "it writes, wherever the command runs from)")
-    p.add_argument("--out", default=None, metavar="FILE", help="where to write (default bench/defaults.json)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="where to write (default: bench/defaults.json of this checkout, the file the trainer reads; "
+                        "LLMCUPY_DEFAULTS names another)")
     p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 when the file differs from what the results give")
+                   help="write nothing; exit 0 when the file is what the results give, 1 when it differs")
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else defaults.default_path()
     from ._cli import BadPath, check_output_file, fail
@@ -1282,7 +1342,8 @@ def main(argv=None) -> int:
 
     if args.list_results:
         # without --out: both folders a run writes to by default (GPU runs, and emulator runs kept apart)
-        print("\n".join(list_results(d) for d in ([args.out] if args.out else [DEFAULT_OUT, SIM_OUT])))
+        folders = [args.out] if args.out else [shown_path(results_folder(b)) for b in ("cuda", "sim")]
+        print("\n".join(list_results(d) for d in folders))
         return 0
     if args.plot:
         # before the (possibly hours-long) run whose plot it is
@@ -1350,6 +1411,12 @@ def main(argv=None) -> int:
     if args.trainer_shapes and args.small:
         print("error: --trainer-shapes and --small ask for different sizes; give one", file=sys.stderr)
         return 2
+    if args.gpu and (args.no_analyze or backend == "cuda"):
+        # the model is the only thing --gpu changes: taken silently, it would read as recorded
+        without = ("--no-analyze leaves out; drop one of them" if args.no_analyze else
+                   f"only an emulator run records (this {backend} run measures times); drop --gpu")
+        print(f"error: --gpu {args.gpu} names the GPU of the roofline model, which {without}", file=sys.stderr)
+        return 2
     if backend != "cuda":
         print(f"note: backend {backend}: {NO_TIMING_REASON}.", flush=True)
     if args.gpu:
@@ -1360,7 +1427,7 @@ def main(argv=None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    out_dir = args.out or (DEFAULT_OUT if backend == "cuda" else SIM_OUT)
+    out_dir = args.out or shown_path(results_folder(backend))
     if not args.no_save:
         from ._cli import BadPath, check_output_folder
 

@@ -55,9 +55,12 @@ def default_path() -> Path:
 
 
 def results_dir() -> Path:
-    """``bench/results`` of this checkout: the runs ``bench defaults`` reads by default, beside the
-    ``bench/defaults.json`` it writes, wherever it is run from."""
-    return repo_dir() / "bench" / "results"
+    """``bench/results`` of this checkout, wherever a command runs from: where ``bench`` and ``startup``
+    record their runs by default, which ``bench defaults`` (beside the ``bench/defaults.json`` it writes),
+    ``bench --list-results`` and the kernel CLI's rank correlation read. A package installed without its
+    checkout (no ``bench/`` beside it) has none: there it is ``bench/results`` of the working folder."""
+    bench = repo_dir() / "bench"
+    return bench / "results" if bench.is_dir() else Path("bench", "results")
 
 
 def display_path(path=None) -> str:

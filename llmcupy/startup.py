@@ -74,7 +74,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m llmcupy.startup", description=__doc__.split("\n\n")[0],
                                 epilog="Other flags go to python -m llmcupy.train.")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="folder of the JSON record (default bench/results on a GPU, bench/results/sim in the emulator)")
+                   help="folder of the JSON record (default: this checkout's bench/results on a GPU, bench/results/sim "
+                        "in the emulator, whatever the working folder)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args, train_flags = p.parse_known_args(argv)
     from . import _cli, bench
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
     try:
         backend = _backend.get_backend()
         # the emulator's CPU times are no GPU evidence: kept apart, git-ignored, as bench's emulator runs
-        out = Path(args.out or (bench.DEFAULT_OUT if backend == "cuda" else bench.SIM_OUT))
+        out = Path(args.out or bench.shown_path(bench.results_folder(backend)))
         _cli.check_output_folder(out, "--out")   # before the two runs, not a traceback after them
     except (_backend.BackendError, _cli.BadPath) as exc:
         return _cli.fail(exc)

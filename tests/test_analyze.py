@@ -391,19 +391,25 @@ def test_correlation_takes_the_newest_run_by_its_date_not_its_file_name(tmp_path
 
 
 def test_kernel_cli_prints_the_correlation_when_bench_results_hold_gpu_times(tmp_path, monkeypatch, capsys):
-    from llmcupy import kernel
+    # the checkout's bench/results, from any working folder: before, the kernel CLI looked in
+    # bench/results of the working folder, and found the checkout's GPU times only from its root
+    from llmcupy import defaults, kernel
 
     op = llmcupy.ops["softmax_forward"]
     sizes = dict(op.sim_sizes)
     analyses = [analyze.analyze_version(op, v, sizes) for v in (1, 5, 6, 7)]
     results = [{"op": a["op"], "version": a["version"], "analysis": a} for a in analyses]
-    monkeypatch.chdir(tmp_path)
+    checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    (checkout / "bench").mkdir(parents=True)
+    elsewhere.mkdir()
+    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
+    monkeypatch.chdir(elsewhere)
     kernel._print_comparisons(results)
     out = capsys.readouterr().out
     assert "metrics per version" in out and "rank correlation" not in out  # no GPU results here
-    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (checkout / "bench" / "results").mkdir(parents=True)
     times = {1: 0.9, 5: 0.5, 6: 0.05, 7: 0.04}
-    (tmp_path / "bench" / "results" / "h100.json").write_text(json.dumps(_gpu_record(sizes, times)))
+    (checkout / "bench" / "results" / "h100.json").write_text(json.dumps(_gpu_record(sizes, times)))
     kernel._print_comparisons(results)
     out = capsys.readouterr().out
     model = {a["version"]: a["summary"]["model_seconds"] for a in analyses}

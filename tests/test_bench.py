@@ -466,8 +466,34 @@ def test_compare_of_emulator_records_sets_counts_and_model_side_by_side(tmp_path
     assert re.search(re.escape(_us(a4["summary"]["model_seconds"])) + r"\s+1\.00x$", rows[2]), rows[2]
     assert "1 of 2 versions analysed in both differ in their counts or model time: softmax_forward 1" in text
     assert "model ratio: the model's time before over after" in text
-    assert ("no version has times in both runs (emulator runs record correctness and the counts above, not times)"
-            in text)
+    assert ("no times: both are emulator runs, which run the kernels on the CPU and never time a GPU; below, each "
+            "version's verdict and the emulator's counts") in text.splitlines()
+
+
+def test_compare_of_emulator_runs_prints_no_empty_time_columns(softmax_analyses):
+    # before: two emulator records were compared in the GPU's table, columns of ms, block size and
+    # speed-up holding nothing but dashes for every version (and block size with --blocks), and a
+    # line at the end said why
+    before = _emulator_record({1: softmax_analyses[1], 2: softmax_analyses[4]})
+    after = copy.deepcopy(before)
+    after["results"][1]["ok"] = False
+    for with_blocks in (False, True):
+        for entry in (before, after):
+            entry["results"][1]["blocks"] = [{"block_size": 64, "ok": entry is before}, {"block_size": 128, "ok": True}]
+        text, regressed = bench.compare(before, after, blocks=with_blocks)
+        assert regressed
+        lines = text.splitlines()
+        assert "ms" not in text.split("emulator counts")[0] and "speed-up" not in text, text
+        assert sum(line.startswith("no times: ") for line in lines) == 1 and "no version has times" not in text
+        header = "op ver (blk) correctness" if with_blocks else "op ver correctness"
+        assert header in [" ".join(line.split()) for line in lines], text
+        rows = [" ".join(line.split()) for line in lines if line.startswith("softmax_forward")]
+        assert rows[:2] == ["softmax_forward 1 PASS", "softmax_forward 2 PASS -> FAIL REGRESSION"], rows
+        if with_blocks:
+            assert [" ".join(line.split()) for line in lines if line.startswith(" " * 30)] == [
+                "(64) PASS -> FAIL", "(128) PASS"], text
+    # GPU runs keep their columns
+    assert "before ms" in bench.compare(synthetic_gpu_record(), synthetic_gpu_record(speed=0.5))[0]
 
 
 def test_compare_of_emulator_counts_gives_no_model_ratio_across_sizes_or_model_gpus(softmax_analyses):
@@ -496,7 +522,8 @@ def test_compare_says_when_only_one_emulator_run_holds_counts(softmax_analyses):
     assert ("only the before run holds emulator counts (--analyze metrics), so they are not compared; an emulator "
             "bench run records them unless --no-analyze") in text.splitlines()
     assert "roofline MODEL" not in text
-    assert "no version has times in both runs (an emulator run records correctness only)" in text
+    assert ("no times: both are emulator runs, which run the kernels on the CPU and never time a GPU; below, each "
+            "version's verdict") in text.splitlines()
     gpu_text, _ = bench.compare(synthetic_gpu_record(), synthetic_gpu_record(speed=0.5))
     assert "emulator counts" not in gpu_text   # GPU records hold none: nothing to say about them
 
@@ -571,16 +598,38 @@ def test_load_accepts_the_kernel_cli_json(tmp_path):
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
-def test_emulator_records_go_to_an_ignored_folder_not_among_gpu_results(tmp_path):
-    env_cwd = tmp_path
-    rc, stdout, stderr = run("--ops", "gelu_forward", "--backend", "sim", "--no-progress", cwd=env_cwd)
-    assert rc == 0, stdout + stderr
-    files = list((tmp_path / "bench" / "results" / "sim").glob("*.json"))
-    assert len(files) == 1 and f"results: {__import__('os').path.join('bench', 'results', 'sim')}" in stdout
-    assert not list((tmp_path / "bench" / "results").glob("*.json"))   # the GPU folder stays empty
-    # --list-results finds it without --out: it lists the emulator's folder beside the GPU one
-    rc, stdout, stderr = run("--list-results", cwd=env_cwd)
-    assert rc == 0 and files[0].name in stdout and "no results under bench/results/" in stdout, stdout + stderr
+def test_emulator_records_go_to_an_ignored_folder_not_among_gpu_results(tmp_path, monkeypatch, capsys):
+    # the default folders are the checkout's bench/results (where `bench defaults` reads), wherever the
+    # command runs: before, a run from another folder wrote its record to bench/results/sim of that
+    # folder, and --list-results from there (or from the checkout) did not find the other's runs
+    from llmcupy import defaults
+
+    checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    (checkout / "bench").mkdir(parents=True)
+    elsewhere.mkdir()
+    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
+    monkeypatch.chdir(elsewhere)
+    assert bench.main(["--ops", "gelu_forward", "--backend", "sim", "--no-progress", "--no-analyze"]) == 0
+    stdout = capsys.readouterr().out
+    files = list((checkout / "bench" / "results" / "sim").glob("*.json"))
+    assert len(files) == 1 and f"results: {files[0]}" in stdout.splitlines(), stdout   # named in full
+    assert not list((checkout / "bench" / "results").glob("*.json"))   # the GPU folder stays empty
+    assert not list(elsewhere.rglob("*.json"))
+    # --list-results finds it without --out, from here and from the checkout: it lists the emulator's
+    # folder beside the GPU one
+    assert bench.main(["--list-results"]) == 0
+    stdout = capsys.readouterr().out
+    assert f"{files[0]}: " in stdout and f"no results under {checkout / 'bench' / 'results'}/" in stdout, stdout
+    monkeypatch.chdir(checkout)
+    assert bench.main(["--list-results"]) == 0
+    stdout = capsys.readouterr().out   # inside the checkout, named from the working folder
+    assert f"bench/results/sim/{files[0].name}: " in stdout and "no results under bench/results/" in stdout, stdout
+    # a folder given is the working folder's, as typed
+    monkeypatch.chdir(elsewhere)
+    assert bench.main(["--ops", "gelu_forward", "--backend", "sim", "--no-progress", "--no-analyze",
+                       "--out", "mine"]) == 0
+    mine = list((elsewhere / "mine").glob("*.json"))
+    assert len(mine) == 1 and f"results: {os.path.join('mine', mine[0].name)}" in capsys.readouterr().out
     # in a checkout, git ignores that folder: a bench run in the emulator leaves `git status` clean
     if (REPO / ".git").exists():
         probe = "bench/results/sim/" + files[0].name
@@ -632,6 +681,31 @@ def test_bad_output_paths_are_refused_before_the_run(monkeypatch, capsys, args, 
 
     monkeypatch.setattr(bench, "run", must_not_run)
     rc = bench.main(["--ops", "gelu_forward", "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("args,message", [
+    # before: taken without a word, as if the record held the model on that GPU
+    (["--gpu", "a100-sxm", "--no-analyze"], "error: --gpu a100-sxm names the GPU of the roofline model, which "
+                                            "--no-analyze leaves out; drop one of them"),
+    (["--gpu", "a100-sxm", "cuda"], "error: --gpu a100-sxm names the GPU of the roofline model, which only an "
+                                    "emulator run records (this cuda run measures times); drop --gpu"),
+    (["--gpu", "v100"], "error: unknown GPU 'v100' for the model; choose one of h100-sxm, "),
+])
+def test_a_model_gpu_the_run_would_not_use_is_refused_before_the_run(monkeypatch, capsys, args, message):
+    from llmcupy.runtime import backend
+
+    def must_not_run(*a, **k):
+        raise AssertionError("the benchmark ran with a --gpu it does not use")
+
+    monkeypatch.setattr(bench, "run", must_not_run)
+    if "cuda" in args:   # a GPU run (the backend faked: nothing runs)
+        args = [a for a in args if a != "cuda"]
+        monkeypatch.setattr(backend, "get_backend", lambda: "cuda")
+    else:
+        args = ["--backend", "sim", *args]
+    rc = bench.main(["--ops", "gelu_forward", "--no-progress", "--no-save", *args])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
 

@@ -183,6 +183,18 @@ def test_the_default_results_are_the_checkouts_from_any_working_folder(results, 
     assert rc == 0 and "up to date" in stdout, stdout + err
 
 
+def test_an_install_without_its_checkout_records_runs_under_the_working_folder(tmp_path, monkeypatch):
+    # a package installed without its checkout has no bench/ beside it: the default folders of the runs
+    # are bench/results of the working folder there, not a folder made inside site-packages
+    from pathlib import Path
+
+    monkeypatch.setattr(defaults, "repo_dir", lambda: tmp_path / "site-packages")
+    assert defaults.results_dir() == Path("bench", "results")
+    assert bench.results_folder("sim") == Path("bench", "results", "sim")
+    monkeypatch.chdir(tmp_path)
+    assert bench.shown_path(bench.results_folder("sim")) == os.path.join("bench", "results", "sim")
+
+
 def test_a_folder_with_no_run_does_not_erase_measured_defaults(results, tmp_path, monkeypatch):
     # --results naming the wrong folder (one with no GPU run at the trainer's shapes): before, the
     # file was rewritten naming no GPU, the measured defaults lost

@@ -156,20 +156,35 @@ def test_readme_pytorch_example_runs():
     assert isinstance(y, torch.Tensor) and tuple(y.shape) == (4, 64, 768)
 
 
-def test_readme_analyze_line_prints_the_rows_it_quotes(tmp_path, have_nvrtc):
+def test_readme_analyze_line_prints_the_rows_it_quotes(monkeypatch, capfd):
     """`kernel softmax_forward --all --analyze` as printed, and the v1/v4/v7 rows the README quotes from
     its last table are what it prints today (a kernel or model change would leave them stale). The
-    occupancy and model columns use NVRTC's register counts, so this needs NVRTC."""
+    occupancy and model columns follow NVRTC's registers, which vary with its release: the run models
+    the registers the README states, not this machine's NVRTC's (before, the check failed on a machine
+    whose NVRTC gave version 7 other registers; the stand-in for this machine's NVRTC here is another
+    release's, so a check that used it would fail)."""
+    import shlex
+
+    from llmcupy import analyze, kernel
+
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     quoted = re.search(r"For\s+`softmax_forward --all --analyze`.*?\n\n(.*?)\n\n", text, re.S)
     assert quoted, "the README's --analyze table is missing"
     rows = [" ".join(line.split()) for line in quoted.group(1).splitlines() if re.match(r"\s+v\d", line)]
     assert len(rows) >= 3, quoted.group(1)
-    proc = _run_readme_line(_readme_command("python -m llmcupy.kernel softmax_forward --all --analyze"), tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    printed = {" ".join(line.split()) for line in proc.stdout.splitlines()}
+    registers, arch, _ = _stated_registers(_ANALYZE_STATED)
+    monkeypatch.setattr(analyze, "kernel_resources", _another_nvrtc)   # as on a machine with another NVRTC
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(analyze, "kernel_resources", _resources_as_stated(registers, arch))
+        command = shlex.split(_readme_command("python -m llmcupy.kernel softmax_forward --all --analyze"),
+                              comments=True)
+        assert command[:3] == ["python", "-m", "llmcupy.kernel"], command
+        rc = kernel.main(command[3:])
+    out = capfd.readouterr().out
+    assert rc == 0, out[-2000:]
+    printed = {" ".join(line.split()) for line in out.splitlines()}
     for row in rows:
-        assert row in printed, (row, proc.stdout[-2500:])
+        assert row in printed, (row, out[-2500:])
 
 
 def test_readme_ptx_line_runs_as_printed(tmp_path, have_nvrtc):
@@ -245,12 +260,55 @@ def test_readme_exit_codes_cover_what_the_clis_return():
                     assert ret.value.value in listed, (name, func.name, ret.value.value, sentence)
 
 
-def test_readme_compare_rows_hold_what_the_emulator_counts_today(have_nvrtc):
+def _stated_registers(sentence_start: str):
+    """The registers the README states a quoted table was modelled with, in the paragraph that starts
+    with ``sentence_start``: ({kernel: registers}, the arch, the NVRTC release). Occupancy and the
+    model's time follow them, and NVRTC's registers vary with its release, so the README names it."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    paragraph = text[text.index(sentence_start):].split("\n\n")[0]
+    stated = re.search(r"registers\s+NVRTC\s+(\d+\.\d+)\s+gives\s+versions\s+([\d, and]+?)\s+on\s+sm_(\d+):\s+"
+                       r"([\d,\sand]+?);", paragraph)
+    assert stated, f"the README no longer says which registers the table after {sentence_start!r} was modelled with"
+    release, versions, arch, counts = stated.groups()
+    versions, counts = (re.findall(r"\d+", versions), re.findall(r"\d+", counts))
+    assert len(versions) == len(counts), stated.group(0)
+    # the kernels of these softmax_forward versions are softmax_forward_kernel<N> (not the online ones)
+    return {f"softmax_forward_kernel{v}": int(n) for v, n in zip(versions, counts)}, int(arch), release
+
+
+def _resources_as_stated(registers: dict, arch: int):
+    """A stand-in for analyze.kernel_resources that reports the stated registers (NVRTC's other
+    figures: no static shared memory in these kernels)."""
+    from llmcupy import nvrtc
+
+    def resources(source, asked_arch):
+        assert (source, asked_arch) == ("softmax_forward.cu", arch), (source, asked_arch)
+        return {name: nvrtc.KernelStats(kernel=name, mangled=name, registers=count)
+                for name, count in registers.items()}, None
+
+    return resources
+
+
+def _another_nvrtc(source, arch):
+    """analyze.kernel_resources as another NVRTC release might answer: more registers for every kernel."""
+    from llmcupy import nvrtc
+
+    return {f"softmax_forward_kernel{v}": nvrtc.KernelStats(kernel=f"softmax_forward_kernel{v}",
+                                                            mangled=f"softmax_forward_kernel{v}", registers=64)
+            for v in (1, 2, 3, 4, 7)}, None
+
+
+_COMPARE_STATED = "An edit that made"
+_ANALYZE_STATED = "`softmax_forward --all --analyze` the last table"
+
+
+def _check_readme_compare_rows():
     """The `bench compare` rows the README quotes for two emulator records: their before figures (and
     the untouched version 2's row) are what compare prints today for those versions (a kernel or model
     change would leave them stale). The after figures come from an edit of the kernel file, which a
-    test cannot make, so each `before -> after` cell is checked at its before value. The occupancy and
-    model columns use NVRTC's register counts, so this needs NVRTC."""
+    test cannot make, so each `before -> after` cell is checked at its before value. Occupancy and the
+    model's time follow the registers NVRTC gives each kernel, which vary with the NVRTC release: the
+    model runs on the registers the README states, not on this machine's NVRTC."""
     from llmcupy import analyze, bench
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -258,11 +316,14 @@ def test_readme_compare_rows_hold_what_the_emulator_counts_today(have_nvrtc):
     assert quoted, "the README's bench compare table of emulator counts is missing"
     title, _, *rows = [line[4:] for line in quoted.group(1).splitlines()]
     assert len(rows) == 2, rows
+    registers, arch, _ = _stated_registers(_COMPARE_STATED)
     results = []
-    for number in (1, 2):
-        raw = {"op": "softmax_forward", "version": number, "ok": True, "blocks": [],
-               "analysis": analyze.analyze_version("softmax_forward", number)}
-        results.append(bench._version_entry_from_raw(raw))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(analyze, "kernel_resources", _resources_as_stated(registers, arch))
+        for number in (1, 2):
+            raw = {"op": "softmax_forward", "version": number, "ok": True, "blocks": [],
+                   "analysis": analyze.analyze_version("softmax_forward", number)}
+            results.append(bench._version_entry_from_raw(raw))
     record = {"backend": "sim", "device": "CPU emulator (sim)", "git": {"commit": "1" * 40}, "results": results}
     printed, _ = bench.compare(record, record)
     assert title in printed.splitlines(), printed
@@ -271,3 +332,33 @@ def test_readme_compare_rows_hold_what_the_emulator_counts_today(have_nvrtc):
         before = re.sub(r"(\S+(?: us)?) -> \S+(?: us)?", r"\1", row)   # each cell at its before value
         before = re.sub(r"\S+x$", "1.00x", before)
         assert " ".join(before.split()) in printed_rows, (before, printed)
+
+
+def test_readme_compare_rows_hold_what_the_emulator_counts_today():
+    _check_readme_compare_rows()
+
+
+def test_readme_compare_rows_do_not_depend_on_this_machines_nvrtc(monkeypatch):
+    # the rows' occupancy and model time came from this machine's NVRTC registers: another NVRTC
+    # release (another pip wheel of nvidia-cuda-nvrtc) gave version 1 more than 32 registers, less
+    # occupancy and another model time, and the README check failed on that machine alone
+    from llmcupy import analyze
+
+    monkeypatch.setattr(analyze, "kernel_resources", _another_nvrtc)
+    _check_readme_compare_rows()
+
+
+@pytest.mark.parametrize("paragraph", [_COMPARE_STATED, _ANALYZE_STATED])
+def test_readme_registers_are_what_the_stated_nvrtc_gives(have_nvrtc, paragraph):
+    """The registers the README states for a quoted table are the ones its NVRTC release gives today
+    (checked where that release is installed: another one may give others, which is why the README
+    names it)."""
+    from llmcupy import analyze, nvrtc
+
+    registers, arch, release = _stated_registers(paragraph)
+    here = "{}.{}".format(*nvrtc.find_nvrtc().version())
+    if here != release:
+        pytest.skip(f"NVRTC {here} is installed; the README's registers are NVRTC {release}'s")
+    table, reason = analyze.kernel_resources("softmax_forward.cu", arch)
+    assert reason is None, reason
+    assert {name: table[name].registers for name in registers} == registers

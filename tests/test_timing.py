@@ -196,19 +196,32 @@ def test_startup_keeps_emulator_records_out_of_the_gpu_results(tmp_path, monkeyp
 
     result = {"command": "-m llmcupy.train", "cold": {"seconds": 5.0, "returncode": 0, "tail": ""},
               "warm": {"seconds": 1.5, "returncode": 0, "tail": ""}}
+    from llmcupy import defaults
+
     runs = []
     monkeypatch.setattr(startup, "measure", lambda flags: runs.append(flags) or result)
-    monkeypatch.chdir(tmp_path)
+    # the checkout's bench/results/sim from any working folder, as bench's runs: before, a run from
+    # another folder wrote the record under that folder, where --list-results never looked
+    checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    (checkout / "bench").mkdir(parents=True)
+    elsewhere.mkdir()
+    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
+    monkeypatch.chdir(elsewhere)
     assert startup.main(["--init", "d2"]) == 0
-    assert [p.relative_to(tmp_path).parent.as_posix() for p in tmp_path.rglob("startup-*.json")] == ["bench/results/sim"]
+    written = [p.relative_to(tmp_path) for p in tmp_path.rglob("startup-*.json")]
+    assert [p.parent.as_posix() for p in written] == ["checkout/bench/results/sim"]
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / written[0]}" in out   # named in full: it is not under the working folder
+    monkeypatch.chdir(checkout)
+    assert startup.main(["--init", "d2"]) == 0
     out = capsys.readouterr().out
     assert "wrote bench/results/sim/startup-" in out
     # the console said "cold start: 5.00 s" as if it were a GPU's start; only the file said otherwise
     assert "note: CPU emulator: g++ builds and emulated steps, not a GPU's start time" in out
-    (tmp_path / "afile").write_text("")
+    (checkout / "afile").write_text("")
     assert startup.main(["--out", "afile", "--init", "d2"]) == 2
     assert capsys.readouterr().err.strip() == "error: --out afile is a file; give a folder"
-    assert len(runs) == 1   # refused before the runs
+    assert len(runs) == 2   # refused before the runs
 
 
 def test_startup_refuses_bad_trainer_flags_once_and_records_no_failed_run(tmp_path, monkeypatch, capsys):
