@@ -340,6 +340,32 @@ def test_a_misspelt_kernel_name_on_a_gpu_is_named_too():
         mod.get_function("softmax_forward_online_kernel9")
 
 
+def test_a_name_expression_that_names_no_kernel_on_a_gpu_is_named_too(monkeypatch):
+    # CuPy compiles at the first lookup, and NVRTC refuses a name expression that names nothing
+    # ('identifier "scal" is undefined' in its name map): RawKernel(code, "scal") raised CuPy's
+    # CompileException on a GPU where the emulator says which name and the kernel it likely meant.
+    # Stood in by CuPy's own CompileException (CuPy imports without a GPU) from the lookup.
+    compiler = pytest.importorskip("cupy.cuda.compiler")
+    code = "__global__ void scale(float* y, int n) { if (threadIdx.x < n) y[threadIdx.x] *= 2.0f; }\n"
+    refused = compiler.CompileException('__nv_name_map(2): error: identifier "scal" is undefined', code,
+                                        "kernel.cu", ())
+
+    def fake_cupy_module(**kwargs):
+        def lookup(name):
+            raise refused
+        return types.SimpleNamespace(get_function=lookup)
+
+    monkeypatch.setattr(llmcupy.runtime.module.sim_compiler, "include_digest", lambda *a: "")
+    cupy = pytest.importorskip("cupy")
+    monkeypatch.setattr(cupy, "RawModule", fake_cupy_module)
+    with pytest.raises(AttributeError, match=r"^no kernel 'scal' in kernel.cu \(did you mean 'scale'\?\); kernels: scale$"):
+        llmcupy.RawKernel(code, "scal", target="cuda")
+    with pytest.raises(AttributeError, match=r"^no kernel 'scal' in kernel.cu \(did you mean 'scale'\?\)"):
+        llmcupy.RawModule(code=code, name_expressions=["scal"], target="cuda").get_function("scale")
+    with pytest.raises(compiler.CompileException):   # every name is declared: NVRTC's own error stands
+        llmcupy.RawModule(code=code, target="cuda").get_function("scale")
+
+
 def test_vector_pointer_alignment_is_checked():
     mod = module(r"""
     __global__ void copy4(float4* out, const float4* inp, int n) {
