@@ -505,6 +505,20 @@ def test_options_given_as_one_string_are_refused():
             make()
 
 
+def test_a_compiler_backend_other_than_nvrtc_is_refused_on_every_backend():
+    # CuPy's backend="nvcc" was taken and ignored in the emulator, while on a GPU CuPy refused every
+    # such module ("only nvrtc supports retrieving the mangled names for the given name expressions",
+    # expressions the user never gave: llmcupy names every kernel through them). Now both refuse it alike.
+    code = "__global__ void k(float* y) { y[0] = 1.0f; }"
+    for target in ("sim", "cuda"):
+        for make in (lambda: llmcupy.RawModule(code=code, backend="nvcc", target=target),
+                     lambda: llmcupy.RawKernel(code, "k", backend="nvcc", target=target)):
+            with pytest.raises(ValueError, match=r"^backend='nvcc': llmcupy compiles with NVRTC on a GPU \(it "
+                                                 r"finds every kernel through NVRTC's name expressions\) and with "
+                                                 r"g\+\+ in the emulator; leave backend= out$"):
+                make()
+
+
 SCALE_CODE = "__global__ void k(float* y) { y[threadIdx.x] = SCALE * threadIdx.x; }"
 
 # Options as a learner writes them: NVRTC accepts the first list and refuses the second (checked

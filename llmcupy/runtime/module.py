@@ -467,6 +467,11 @@ class RawModule:
             raise TypeError(f"options must be a tuple of strings, one per option, e.g. ({options!r},); got the "
                             f"string {options!r}")
         self.options = tuple(options)
+        if backend != "nvrtc":
+            # CuPy takes only NVRTC's mangled names for name expressions, through which every kernel is
+            # found here: on a GPU CuPy would refuse the module, naming expressions the user never gave
+            raise ValueError(f"backend={backend!r}: llmcupy compiles with NVRTC on a GPU (it finds every kernel "
+                             "through NVRTC's name expressions) and with g++ in the emulator; leave backend= out")
         self.filename = filename or "kernel.cu"
         self.backend = target or _backend.get_backend()
         # as in CuPy, a property of the module: its kernels are launched cooperatively (in the
