@@ -20,13 +20,16 @@
 # and what finished before it still comes back. A stage's limit is also cut to what is left of the
 # call's budget (CALL_BUDGET: 570 s of the device call's 600), less the 20 s a stage may take after
 # its SIGINT, so the last stage of a call is stopped by its own timeout (logs, summaries and JSON
-# written) rather than by the device call's. Run from the project's root.
+# written) rather than by the device call's. A device call brings back at most 8 files from $OUT
+# (16 MiB each) and leaves the rest behind, so when a stage leaves more (side's dozen logs), the logs
+# go into one logs.tar.gz and the JSON records stay plain files. Run from the project's root.
 set -uo pipefail
 OUT=${OUT:-/tmp/llmcupy_gpu_session}; mkdir -p "$OUT/results"
 export PYTHONUNBUFFERED=1 LLMCUPY_BACKEND=${LLMCUPY_BACKEND:-cuda}
 PY=${PYTHON:-python3}
 CALL_BUDGET=${CALL_BUDGET:-570}   # seconds of the device call (600 s at most) the stages may use
 KILL_AFTER=20                     # a stage's SIGKILL comes this long after its SIGINT
+MAX_FILES=8                       # the files a device call brings back from $OUT
 
 stage() {  # stage NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, say how it ended
   local name=$1 limit=$2; shift 2
@@ -113,11 +116,29 @@ print("cuBLAS and cuBLASLt handles created;", "; ".join(map(str, paths)))
 PYEOF
 }
 
+pack_logs() {  # on exit: more files in $OUT than a device call brings back -> the logs in one archive
+    local count; count=$(find "$OUT" -type f | wc -l)
+    ((count > MAX_FILES)) || return 0
+    local logs=()
+    mapfile -t logs < <(cd "$OUT" && find . -type f ! -path './results/*' ! -name stages.txt | sed 's|^\./||' | sort)
+    ((${#logs[@]})) || return 0
+    if tar -czf "$OUT/logs.tar.gz" -C "$OUT" "${logs[@]}"; then
+        (cd "$OUT" && rm -f "${logs[@]}")
+        find "$OUT" -mindepth 1 -type d -empty ! -path "$OUT/results" -delete
+        echo "logs: $count files are more than the $MAX_FILES a device call brings back, so the logs are in" \
+             "logs.tar.gz (tar xzf logs.tar.gz); the records in results/ are as written" >>"$OUT/stages.txt"
+    fi
+    count=$(find "$OUT" -type f | wc -l)
+    ((count <= MAX_FILES)) ||
+        echo "logs: still $count files in $OUT, more than the $MAX_FILES a device call brings back" >>"$OUT/stages.txt"
+}
+
 [ "${1:-}" = wheels ] && { download_wheels; exit 0; }
+trap pack_logs EXIT
 # the records of every session are copied into one bench/results: names of their own (UTC date and
 # time of the call), so a later session's catalogue or profile does not replace an earlier one's
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$OUT/gpu.txt" 2>&1
+echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)" >>"$OUT/stages.txt"
 case "${1:-}" in
   check)
     install
@@ -147,11 +168,12 @@ case "${1:-}" in
     stage trainer_shapes 200 $PY -m llmcupy.bench --trainer-shapes --out "$OUT/results" --no-progress
     stage profile 60 $PY -m llmcupy.profile --init d12 --random-data -b 4 -t 1024 --steps 3 \
       --json "$OUT/results/profile-d12-b4-t1024-$STAMP.json"
-    # the trainer reads token files: random GPT-2 tokens in llm.c's format (no data on the device)
+    # the trainer reads token files: random GPT-2 tokens in llm.c's format (no data on the device);
+    # outside $OUT, whose files are the call's results
+    tokens=$(mktemp -d)/random_tokens.bin
     $PY -c "import numpy as np, sys; from llmcupy.data import write_tokens; \
-write_tokens(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8 * 4 * 1024 + 1))" "$OUT/random_tokens.bin"
-    stage startup 90 $PY -m llmcupy.startup --out "$OUT/results" --init d12 -i "$OUT/random_tokens.bin" \
-      -j "$OUT/random_tokens.bin" -b 4 -t 1024
+write_tokens(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8 * 4 * 1024 + 1))" "$tokens"
+    stage startup 90 $PY -m llmcupy.startup --out "$OUT/results" --init d12 -i "$tokens" -j "$tokens" -b 4 -t 1024
     ;;
   side)
     [ -d .shared ] || { echo "copy the shared folder to .shared first (see .shared/gpu/side_by_side.sh)"; exit 2; }

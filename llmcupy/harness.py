@@ -10,6 +10,7 @@ versions one after another in child processes, so that one that crashes fails on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -152,11 +153,14 @@ def _bound(op, inputs: dict, repeat: int) -> dict:
     flops = int(b.flops(s))
     out = {"kind": "flops", "flops": flops}
     if b.baseline is not None:
-        t = timing.benchmark_ms(lambda: b.baseline(arrays), repeat=repeat)
         # the trainer-shapes runs measure it with TF32 on: a hand-written FP32 kernel's fraction is then of
-        # tensor-core cuBLAS, which the record and the reports must say
+        # tensor-core cuBLAS, which the record and the reports must say. A TF32 op's bound (b.tf32) is
+        # TF32 cuBLAS in every run: FP32 SGEMM is several times slower than its kernel's precision allows
+        setting = blas.tf32(True) if b.tf32 else contextlib.nullcontext(blas.tf32_enabled())
+        with setting as tf32_in_effect:
+            t = timing.benchmark_ms(lambda: b.baseline(arrays), repeat=repeat)
         out.update(cublas_ms=t["mean_ms"], cublas_tflops=flops / (t["mean_ms"] * 1e-3) / 1e12,
-                   tf32=blas.tf32_enabled())
+                   tf32=tf32_in_effect)
     return out
 
 

@@ -312,6 +312,30 @@ def test_gpu_session_records_the_side_by_side_times_with_their_provenance(tmp_pa
     assert rc == 0 and f"{records[0].name}: not a benchmark run (schema llmcupy.side_by_side/1)" in stdout, err
 
 
+def test_gpu_session_leaves_no_more_files_than_a_device_call_brings_back(tmp_path):
+    # A device call brings back at most 8 files from $OUT and leaves the rest behind. The side-by-side
+    # script writes a dozen logs beside its JSON, so with the stage's own files `side` left 17 there,
+    # and which ones came back (the record among them or not) was the tool's choice. Now the logs are
+    # packed into one logs.tar.gz when there are too many, and the record stays a plain file.
+    import tarfile
+
+    logs = ["gpu.txt", "install.log", "data.log", "model.log", "llmc_build.log", "llmc.log", "torch_eager.log",
+            "torch_compile.log", "llmcupy_default.log", "llmcupy_cuda_graph.log", "llmcupy_matmul4.log"]
+    stand_in = (f"""mkdir -p "$OUT"; cat > "$OUT/side_by_side.json" <<'EOF'\n{json.dumps(SIDE_BY_SIDE)}\nEOF\n"""
+                + "".join(f'echo {name} > "$OUT/{name}"\n' for name in logs))
+    out, log = _gpu_session_side(tmp_path, stand_in)
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert len(files) <= 8, files
+    (record,) = [f for f in files if f.startswith("results/")]
+    assert json.loads((out / record).read_text())["median_ms_per_step"] == SIDE_BY_SIDE["median_ms_per_step"]
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        packed = set(tar.getnames())
+        assert tar.extractfile("side_by_side/llmc.log").read() == b"llmc.log\n"
+    assert {f"side_by_side/{name}" for name in logs + ["side_by_side.json"]} | {"side_by_side.log"} <= packed, packed
+    stages = (out / "stages.txt").read_text()
+    assert "side_by_side: recorded" in stages and "logs.tar.gz" in stages, stages
+
+
 def test_gpu_session_side_says_when_the_script_wrote_no_times(tmp_path):
     # the script stopped by its limit (or failed) before it wrote side_by_side.json
     out, log = _gpu_session_side(tmp_path, "echo the llm.c build failed\nexit 1\n")

@@ -114,6 +114,67 @@ def test_gpu_refuses_a_block_beyond_launch_bounds_with_the_same_error():
         llmcupy.set_backend(previous)
 
 
+SHARED_SUM = r"""
+extern "C" __global__ void shared_sum(float* out, const float* inp, int n) {
+    extern __shared__ float slab[];   // n floats: more than the 48 KiB a block gets without an opt-in
+    for (int i = threadIdx.x; i < n; i += blockDim.x) slab[i] = inp[i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int i = 0; i < n; i++) s += slab[i];
+        out[0] = s;
+    }
+}
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_shared_memory_opt_in_through_cupys_attribute():
+    # What the stand-ins above cannot show: the opt-in reaches CuPy's RawKernel attribute
+    # (cuFuncSetAttribute on this device's function) and a launch above 48 KiB then runs; CuPy's own
+    # attribute reads the value back, and one byte past the device's opt-in limit is refused by us
+    import cupy
+
+    previous = _backend.get_backend()
+    llmcupy.set_backend("cuda")
+    try:
+        k = llmcupy.RawModule(code=SHARED_SUM).get_function("shared_sum")
+        n = 16 * 1024   # 64 KiB of floats
+        k.max_dynamic_shared_size_bytes = 4 * n
+        assert k.max_dynamic_shared_size_bytes == 4 * n and k._kernel.max_dynamic_shared_size_bytes == 4 * n
+        inp = cupy.ones(n, dtype=cupy.float32)
+        out = cupy.zeros(1, dtype=cupy.float32)
+        k((1,), (256,), (out, inp, np.int32(n)), shared_mem=4 * n)
+        assert float(out[0]) == n
+        optin = _backend.device_attribute("MaxSharedMemoryPerBlockOptin")
+        with pytest.raises(DeviceLimitError, match=r"shared_sum: \d+ bytes of dynamic shared memory"):
+            k.max_dynamic_shared_size_bytes = optin + 1
+        assert k._kernel.max_dynamic_shared_size_bytes == 4 * n   # left as it was
+        # a second kernel object launched above 48 KiB without the setter opts in by itself
+        k2 = llmcupy.RawModule(code=SHARED_SUM, options=("-DSECOND",)).get_function("shared_sum")
+        out.fill(0)
+        k2((1,), (256,), (out, inp, np.int32(n)), shared_mem=4 * n)
+        assert float(out[0]) == n and k2._kernel.max_dynamic_shared_size_bytes >= 4 * n
+    finally:
+        llmcupy.set_backend(previous)
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_name_typos_are_named_as_in_the_emulator():
+    # CuPy 14.2: a name the module was not given fails the driver's lookup (CUDADriverError
+    # CUDA_ERROR_NOT_FOUND), a name expression that names nothing fails NVRTC's compile
+    # (CompileException); both say which name and the kernel it likely meant, as the emulator does
+    previous = _backend.get_backend()
+    llmcupy.set_backend("cuda")
+    try:
+        with pytest.raises(AttributeError, match=r"no kernel 'scal_rows' in kernel.cu \(did you mean 'scale_rows'\?\)"):
+            llmcupy.RawModule(code=BOUNDED).get_function("scal_rows")
+        with pytest.raises(AttributeError, match=r"no kernel 'unbound' in kernel.cu \(did you mean 'unbounded'\?\)"):
+            llmcupy.RawKernel(BOUNDED, "unbound")
+    finally:
+        llmcupy.set_backend(previous)
+
+
 def test_registers_limit():
     # registers are allocated per warp in units of 256, 64K per block
     assert module_mod.registers_limit(32) == 1024

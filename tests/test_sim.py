@@ -340,6 +340,32 @@ def test_a_misspelt_kernel_name_on_a_gpu_is_named_too():
         mod.get_function("softmax_forward_online_kernel9")
 
 
+def test_a_name_expression_that_names_no_kernel_on_a_gpu_is_named_too(monkeypatch):
+    # CuPy compiles at the first lookup, and NVRTC refuses a name expression that names nothing
+    # ('identifier "scal" is undefined' in its name map): RawKernel(code, "scal") raised CuPy's
+    # CompileException on a GPU where the emulator says which name and the kernel it likely meant.
+    # Stood in by CuPy's own CompileException (CuPy imports without a GPU) from the lookup.
+    compiler = pytest.importorskip("cupy.cuda.compiler")
+    code = "__global__ void scale(float* y, int n) { if (threadIdx.x < n) y[threadIdx.x] *= 2.0f; }\n"
+    refused = compiler.CompileException('__nv_name_map(2): error: identifier "scal" is undefined', code,
+                                        "kernel.cu", ())
+
+    def fake_cupy_module(**kwargs):
+        def lookup(name):
+            raise refused
+        return types.SimpleNamespace(get_function=lookup)
+
+    monkeypatch.setattr(llmcupy.runtime.module.sim_compiler, "include_digest", lambda *a: "")
+    cupy = pytest.importorskip("cupy")
+    monkeypatch.setattr(cupy, "RawModule", fake_cupy_module)
+    with pytest.raises(AttributeError, match=r"^no kernel 'scal' in kernel.cu \(did you mean 'scale'\?\); kernels: scale$"):
+        llmcupy.RawKernel(code, "scal", target="cuda")
+    with pytest.raises(AttributeError, match=r"^no kernel 'scal' in kernel.cu \(did you mean 'scale'\?\)"):
+        llmcupy.RawModule(code=code, name_expressions=["scal"], target="cuda").get_function("scale")
+    with pytest.raises(compiler.CompileException):   # every name is declared: NVRTC's own error stands
+        llmcupy.RawModule(code=code, target="cuda").get_function("scale")
+
+
 def test_vector_pointer_alignment_is_checked():
     mod = module(r"""
     __global__ void copy4(float4* out, const float4* inp, int n) {
@@ -477,6 +503,20 @@ def test_options_given_as_one_string_are_refused():
         with pytest.raises(TypeError, match=r"options must be a tuple of strings, one per option, e.g. "
                                             r"\('-DFOO=3',\); got the string '-DFOO=3'"):
             make()
+
+
+def test_a_compiler_backend_other_than_nvrtc_is_refused_on_every_backend():
+    # CuPy's backend="nvcc" was taken and ignored in the emulator, while on a GPU CuPy refused every
+    # such module ("only nvrtc supports retrieving the mangled names for the given name expressions",
+    # expressions the user never gave: llmcupy names every kernel through them). Now both refuse it alike.
+    code = "__global__ void k(float* y) { y[0] = 1.0f; }"
+    for target in ("sim", "cuda"):
+        for make in (lambda: llmcupy.RawModule(code=code, backend="nvcc", target=target),
+                     lambda: llmcupy.RawKernel(code, "k", backend="nvcc", target=target)):
+            with pytest.raises(ValueError, match=r"^backend='nvcc': llmcupy compiles with NVRTC on a GPU \(it "
+                                                 r"finds every kernel through NVRTC's name expressions\) and with "
+                                                 r"g\+\+ in the emulator; leave backend= out$"):
+                make()
 
 
 SCALE_CODE = "__global__ void k(float* y) { y[threadIdx.x] = SCALE * threadIdx.x; }"

@@ -337,6 +337,33 @@ def test_a_cublas_bound_says_whether_it_ran_with_tf32(monkeypatch):
         assert bench._bound_name(bound) == f"cuBLAS's speed{' with TF32' if enabled else ''} (2.0000 ms)"
 
 
+def test_a_tf32_kernels_cublas_bound_is_measured_with_tf32(monkeypatch):
+    # matmul_forward_tf32 computes on TF32 tensor cores, but a catalogue or bench sweep (TF32 off, the
+    # FP32 ops' setting) timed its cuBLAS bound as plain FP32 SGEMM, several times slower on an H100:
+    # its fraction of the bound compared two precisions. Its bound now runs cuBLAS with TF32 on, and
+    # says so; an FP32 op's bound still follows the run's setting.
+    import llmcupy
+    from llmcupy import harness
+    from llmcupy.runtime import blas
+
+    seen = []
+
+    def fake_benchmark(fn, repeat=20):   # no GPU here: run the baseline once, note the TF32 setting
+        fn()
+        seen.append(blas.tf32_enabled())
+        return {"mean_ms": 2.0}
+
+    monkeypatch.setattr(timing, "benchmark_ms", fake_benchmark)
+    monkeypatch.setattr(blas, "_tf32_capable", lambda: True)   # as on an sm_80+ GPU
+    for name, tf32 in (("matmul_forward_tf32", True), ("matmul_forward", False)):
+        op = llmcupy.ops[name]
+        inputs = op.make_inputs(np.random.default_rng(0), **op.sim_sizes)
+        seen.clear()
+        bound = harness._bound(op, inputs, repeat=3)
+        assert seen == [tf32] and bound["tf32"] is tf32, (name, seen, bound)
+        assert not blas.tf32_enabled()   # restored after the bound
+
+
 def test_startup_record_has_the_provenance_of_the_other_records(tmp_path, monkeypatch):
     # bench sweeps, profile --json, kernel --json and launchbench --json all stamp `date` (UTC, "Z"),
     # `command` (as typed), `git` {commit, dirty} and `software`. The start-up record had `versions`,

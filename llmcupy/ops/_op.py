@@ -527,13 +527,16 @@ class Bound:
 
     ``kind="memory"``: ``bytes(sizes)`` moved once (reads + writes), compared with the device's
     measured copy bandwidth. ``kind="flops"``: ``flops(sizes)``, compared with ``baseline(arrays)``
-    (the cuBLAS computation of the same result) timed on the same inputs.
+    (the cuBLAS computation of the same result) timed on the same inputs. ``tf32``: the op's kernels
+    compute in TF32, so its baseline is timed with TF32 on (on sm_80+) whatever the run's setting, and
+    the two times compare one precision.
     """
 
     kind: str
     bytes: Callable | None = None
     flops: Callable | None = None
     baseline: Callable | None = None
+    tf32: bool = False
 
 
 @dataclass(frozen=True)

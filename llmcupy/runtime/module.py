@@ -225,7 +225,13 @@ class RawKernel:
         self._opted_in: dict[int, int] = {}
         self._max_threads: dict[int, int] = {}
         if self.backend == "cuda":
-            self._kernel = module._cupy_module.get_function(name)
+            try:
+                self._kernel = module._cupy_module.get_function(name)
+            except Exception as exc:
+                unknown = module._unknown_kernel_error(name, exc)
+                if unknown is None:
+                    raise
+                raise unknown from None
             params = parse_signature(module.code, name)
             if params is None:
                 raise KernelArgumentError(
@@ -461,6 +467,11 @@ class RawModule:
             raise TypeError(f"options must be a tuple of strings, one per option, e.g. ({options!r},); got the "
                             f"string {options!r}")
         self.options = tuple(options)
+        if backend != "nvrtc":
+            # CuPy takes only NVRTC's mangled names for name expressions, through which every kernel is
+            # found here: on a GPU CuPy would refuse the module, naming expressions the user never gave
+            raise ValueError(f"backend={backend!r}: llmcupy compiles with NVRTC on a GPU (it finds every kernel "
+                             "through NVRTC's name expressions) and with g++ in the emulator; leave backend= out")
         self.filename = filename or "kernel.cu"
         self.backend = target or _backend.get_backend()
         # as in CuPy, a property of the module: its kernels are launched cooperatively (in the
@@ -581,17 +592,30 @@ class RawModule:
             if self.backend == "sim" and name not in self.kernel_names:
                 raise AttributeError(_no_kernel(name, name, self.filename, self.kernel_names)
                                      + " (template kernels need name_expressions=)")
-            try:
-                kernel = RawKernel(self, name)
-            except Exception as exc:
-                # on a GPU a name the module was not given (a typo) reaches the driver's lookup, whose
-                # "CUDA_ERROR_NOT_FOUND: named symbol not found" says neither which name nor the choices
-                if self.backend != "cuda" or name in self.cuda_name_expressions or "NOT_FOUND" not in str(exc):
-                    raise
-                raise AttributeError(_no_kernel(name, name, self.filename, self.cuda_name_expressions)
-                                     + " (template kernels need name_expressions=)") from None
-            self._functions[name] = kernel
+            kernel = self._functions[name] = RawKernel(self, name)
         return kernel
+
+    def _unknown_kernel_error(self, name: str, exc: BaseException) -> AttributeError | None:
+        """On a GPU, the emulator's AttributeError for a kernel name the source lacks, where CuPy's
+        lookup of ``name`` failed with ``exc`` for that reason; None when it failed for another."""
+        try:
+            from cupy.cuda.compiler import CompileException
+        except ImportError:
+            CompileException = ()
+        if isinstance(exc, CompileException):
+            # CuPy compiles at the first lookup, and NVRTC refuses a name expression that names no
+            # kernel ('identifier "scal" is undefined' in its name map), naming no kernel it has
+            try:
+                self._refuse_unknown_expressions(self.code)
+            except AttributeError as unknown:
+                return unknown
+            return None
+        if name not in self.cuda_name_expressions and "NOT_FOUND" in str(exc):
+            # a name the module was not given (a typo) reaches the driver's lookup, whose
+            # "CUDA_ERROR_NOT_FOUND: named symbol not found" says neither which name nor the choices
+            return AttributeError(_no_kernel(name, name, self.filename, self.cuda_name_expressions)
+                                  + " (template kernels need name_expressions=)")
+        return None
 
 
 ANY_GPU_SHARED_BYTES = 227 * 1024   # the most shared memory any GPU gives one block (sm_90, opted in)
