@@ -190,6 +190,7 @@ def _cuda_kernel(monkeypatch, *, max_threads, num_regs, static_smem=0, optin=227
     k.name, k.backend = "heavy_kernel", "cuda"
     k._max_threads = {0: max_threads}   # what CuPy's max_threads_per_block would say on device 0
     k._opted_in = {}
+    k._static_shared = {}
     k._kernel = types.SimpleNamespace(num_regs=num_regs, shared_size_bytes=static_smem,
                                       max_dynamic_shared_size_bytes=0)
     attributes = {"MaxRegistersPerBlock": 65536, "MaxSharedMemoryPerBlockOptin": optin}
@@ -269,6 +270,39 @@ def test_gpu_shared_memory_opt_in_is_made_again_on_another_device(monkeypatch):
     assert k.max_dynamic_shared_size_bytes == 80 * 1024
     device[0] = 0
     assert k.max_dynamic_shared_size_bytes == 100 * 1024
+
+
+def test_gpu_opt_in_counts_the_kernels_static_shared_memory(monkeypatch):
+    # CUDA's limit before an opt-in is 48 KiB for static and dynamic shared memory together: with 16
+    # KiB static, a launch of 40 KiB dynamic was not opted in (only "dynamic > 48 KiB" was) and the
+    # driver refused it (CUDA_ERROR_INVALID_VALUE)
+    k = _cuda_kernel(monkeypatch, max_threads=1024, num_regs=32, static_smem=16 * 1024)
+    launched = []
+    k.params = []   # a kernel of no arguments
+    monkeypatch.setattr(k, "_kernel", _StandInKernel(k._kernel, launched))
+    monkeypatch.setattr(_backend, "current_device", lambda: 0)
+    k._launch_trusted(1, 32, (), 32 * 1024, None)        # 16 + 32 KiB: the default covers it
+    assert k._kernel.max_dynamic_shared_size_bytes == 0
+    k._launch_trusted(1, 32, (), 40 * 1024, None)        # 16 + 40 KiB > 48 KiB: opt in first
+    assert k._kernel.max_dynamic_shared_size_bytes == 40 * 1024 == k.max_dynamic_shared_size_bytes
+    k.max_dynamic_shared_size_bytes = 1024               # lowered by hand: a larger launch raises it again
+    k._launch_trusted(1, 32, (), 8 * 1024, None)
+    assert k._kernel.max_dynamic_shared_size_bytes == 8 * 1024
+    assert [shared for _, shared in launched] == [32 * 1024, 40 * 1024, 8 * 1024]
+
+
+class _StandInKernel:
+    """CuPy's kernel as a launch uses it: attributes of ``like``, and a call that records the launch
+    with the opt-in it found (a GPU refuses dynamic shared memory past it, static included)."""
+
+    def __init__(self, like, launched):
+        self.__dict__.update(vars(like))
+        self._launched = launched
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        limit = self.max_dynamic_shared_size_bytes or 48 * 1024 - self.shared_size_bytes
+        assert shared_mem <= limit, f"CUDA_ERROR_INVALID_VALUE: {shared_mem} bytes past the kernel's limit {limit}"
+        self._launched.append((grid, shared_mem))
 
 
 def test_sweep_reports_a_block_size_the_device_cannot_run_as_skipped(sim_backend, monkeypatch):

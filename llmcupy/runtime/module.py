@@ -224,6 +224,7 @@ class RawKernel:
         # opted into and the block limit are that device's (one process may drive several GPUs)
         self._opted_in: dict[int, int] = {}
         self._max_threads: dict[int, int] = {}
+        self._static_shared: dict[int, int] = {}
         if self.backend == "cuda":
             try:
                 self._kernel = module._cupy_module.get_function(name)
@@ -262,14 +263,14 @@ class RawKernel:
 
     @property
     def max_dynamic_shared_size_bytes(self) -> int:
-        """The dynamic shared memory this kernel is opted into on the current device (0: CUDA's
-        default 48 KiB, which needs no opt-in)."""
+        """The dynamic shared memory this kernel is opted into on the current device (0: none, CUDA's
+        default: 48 KiB less the kernel's static shared memory, which needs no opt-in)."""
         return self._opted_in.get(_backend.current_device(), 0)
 
     @max_dynamic_shared_size_bytes.setter
     def max_dynamic_shared_size_bytes(self, nbytes: int) -> None:
         # CuPy's spelling of the opt-in (kernel.max_dynamic_shared_size_bytes = n): done here on the
-        # current device, checked against its limit; a launch above 48 KiB also does it by itself
+        # current device, checked against its limit; a launch past the default also does it by itself
         if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
             raise KernelArgumentError(f"{self.name}: max_dynamic_shared_size_bytes must be a non-negative int, "
                                       f"got {nbytes!r}")
@@ -310,9 +311,23 @@ class RawKernel:
             f"{per_block} registers one block may have on {_backend.device_name()}: at most {limit} threads per "
             "block for this kernel here; use a smaller block size")
 
+    def _needs_opt_in(self, dynamic: int) -> bool:
+        """Whether a launch with ``dynamic`` bytes of dynamic shared memory must first raise this
+        kernel's limit on the current device. CUDA's limit until an opt-in is 48 KiB *less the
+        kernel's static shared memory* (with 16 KiB static, 40 KiB dynamic is refused), afterwards
+        what was opted into."""
+        device = _backend.current_device()
+        limit = self._opted_in.get(device)
+        if limit is None:
+            static = self._static_shared.get(device)
+            if static is None:   # a driver call each time CuPy is asked: asked once per device
+                static = self._static_shared[device] = int(self._kernel.shared_size_bytes)
+            limit = 48 * 1024 - static
+        return dynamic > limit
+
     def _opt_in_shared(self, dynamic: int) -> None:
-        """Above 48 KiB of dynamic shared memory CUDA wants an explicit opt-in per kernel, up to the
-        device's per-block limit (less the kernel's static shared memory)."""
+        """Past the default limit (:meth:`_needs_opt_in`) CUDA wants an explicit opt-in per kernel and
+        device, up to the device's per-block limit less the kernel's static shared memory."""
         static = int(self._kernel.shared_size_bytes)
         optin = _backend.device_attribute("MaxSharedMemoryPerBlockOptin")
         if static + dynamic > optin:
@@ -340,7 +355,7 @@ class RawKernel:
             return
         if self.backend == "cuda":
             prepared = tuple([_NULL if a is None else a for a in args])
-            if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
+            if shared_mem and self._needs_opt_in(shared_mem):
                 self._opt_in_shared(int(shared_mem))
             if LAUNCH_OBSERVERS:
                 notify_launch("before")  # the profiler's events, as around a checked launch
@@ -369,7 +384,7 @@ class RawKernel:
         if _Stubbed.depth:
             return
         if self.backend == "cuda":
-            if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
+            if shared_mem and self._needs_opt_in(shared_mem):
                 self._opt_in_shared(shared_mem)  # (recorded while stubbed, the checked call did not opt in)
             if LAUNCH_OBSERVERS:
                 notify_launch("before")
@@ -411,7 +426,7 @@ class RawKernel:
         if _Stubbed.depth:
             return
         if self.backend == "cuda":
-            if shared_mem > 48 * 1024 and self.max_dynamic_shared_size_bytes < shared_mem:
+            if shared_mem and self._needs_opt_in(shared_mem):
                 self._opt_in_shared(int(shared_mem))
             kwargs = {"shared_mem": int(shared_mem)}
             if stream is not None:
