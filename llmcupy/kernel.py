@@ -435,6 +435,8 @@ def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
             # g++'s or NVRTC's diagnostics are the message (a kernel being written): the line --all
             # prints, no traceback
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
+        if "signal" in result:   # the runner could not name the version in its --sanitize command
+            result = {**result, **harness.died_by_signal(result["signal"], _backend.is_sim(), op_name, number)}
         if "error" in result:
             result.setdefault("op", op_name)
             result.setdefault("version", number)

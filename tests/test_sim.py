@@ -625,9 +625,10 @@ def _crash():
 
 def test_a_crashing_kernel_fails_alone():
     result = run_isolated(_crash)
-    assert result["ok"] is False and "signal 4 (SIGILL)" in result["error"]
-    # the usual cause in a new version, and the check that finds it
-    assert "out-of-bounds write can do this: --sanitize (memcheck) names the access" in result["error"]
+    assert result["ok"] is False and "signal 4 (SIGILL)" in result["error"] and result["signal"] == 4
+    # the usual cause in a new version, and the command that finds it (the runner does not know the version)
+    assert ("out-of-bounds write can do this: python -m llmcupy.kernel OP VERSION --sanitize runs it under "
+            "memcheck, which names the access") in result["error"]
 
 
 def test_a_crashing_kernel_fails_alone_in_a_spawned_child():
@@ -757,27 +758,37 @@ def test_an_integer_division_by_zero_is_an_exception_naming_the_line():
     assert lines[3] == "ALIVE [14, 14, 14, 14]"
 
 
+# kernel._run_one before a test replaced it: a forked child inherits the replacement (a spawned one
+# imports kernel afresh, and this module with None here)
+_real_run_one = None
+
+
 def _run_one_with_a_planted_crash(op_name, number, sizes, args):
     from llmcupy import kernel
 
     if (op_name, number) == ("gelu_forward", 1):
         _crash()  # a deliberately faulting kernel in place of version 1
-    return kernel._run_one(op_name, number, sizes, args)
+    return (_real_run_one or kernel._run_one)(op_name, number, sizes, args)
 
 
-def test_kernel_all_reports_a_dead_child_as_that_versions_failure(monkeypatch, capsys):
-    # the GPU path's bookkeeping, on the emulator: children are spawned (as on a GPU), the planted
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_kernel_all_reports_a_dead_child_as_that_versions_failure(monkeypatch, capsys, start):
+    # the GPU path's bookkeeping (spawned children), and the emulator's (forked ones): the planted
     # crash fails version 1 alone, version 2 still runs and passes, the exit status is 1
     from llmcupy import kernel
 
     assert kernel.isolation(2, "cuda") == "spawn" and kernel.isolation(2, "sim") == "fork"
     assert kernel.isolation(1, "cuda") is None
+    monkeypatch.setattr(sys.modules[__name__], "_real_run_one", kernel._run_one)
     monkeypatch.setattr(kernel, "_run_one", _run_one_with_a_planted_crash)
-    monkeypatch.setattr(kernel, "isolation", lambda n, backend: "spawn")
+    monkeypatch.setattr(kernel, "isolation", lambda n, backend: start)
     rc = kernel.main(["gelu_forward", "--all", "--backend", "sim"])
     out = capsys.readouterr().out
     assert rc == 1
-    assert "gelu_forward version 1: ERROR the child process died with signal 4" in out
+    # in the emulator: the command to type, with this version's op and number
+    assert ("gelu_forward version 1: ERROR the emulator process died with signal 4 (SIGILL) (see stderr); a "
+            "kernel's out-of-bounds write can do this: python -m llmcupy.kernel gelu_forward 1 --sanitize runs it "
+            "under memcheck, which names the access") in out
     assert "1 passed, 1 failed, 0 skipped" in out
 
 
