@@ -672,6 +672,35 @@ def test_a_fault_in_kernel_code_is_an_exception_and_the_process_lives_on(workers
         assert total[0] == 128.0
 
 
+OVERRUN = r"""__global__ void overrun(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 1.0f;   // n past y's end: a missing or wrong bound, as in a new version
+}"""
+
+
+@pytest.mark.parametrize("past", [False, True])
+def test_a_plain_launch_writing_past_an_arrays_end_faults_and_leaves_the_next_array_alone(past):
+    # two arrays back to back in one buffer, as two allocations may lie in the heap: an index past the
+    # first one's end used to change the second (a wrong result of another op), or the allocator's
+    # bookkeeping (glibc aborting the process later), silently; now it faults at once and names the
+    # argument. (up to 15 bytes after an end are slack: the copy keeps the address modulo 16)
+    buffer = bytearray(512 * 4)   # not an array: the three views below are three allocations
+    first, second = np.frombuffer(buffer, np.float32, 64), np.frombuffer(buffer, np.float32, 64, offset=256 * 4)
+    after = np.frombuffer(buffer, np.float32, 192, offset=64 * 4)   # what follows `first`, up to `second`
+    overrun = module(OVERRUN).get_function("overrun")
+    if not past:
+        overrun((2,), (64,), (first, np.int32(64)))
+        assert first.tolist() == [1.0] * 64
+    else:
+        with pytest.raises(sim.SimMemoryFaultError, match=r"kernel overrun crashed with SIGSEGV in block \(\d+,0,0\), "
+                                                          r"thread \(\d+,0,0\): an out-of-bounds memory access at 0x"
+                                                          r"[0-9a-f]+, \d+ bytes past the end of argument 0 \(a "
+                                                          r"256-byte allocation\)"):
+            overrun((8,), (64,), (first, np.int32(512)))
+        assert first.tolist() == [1.0] * 64   # the writes before the fault, as on a GPU
+    assert not after.any() and not second.any()
+
+
 def test_a_stack_overflow_by_a_large_frame_is_caught_at_any_stack_size():
     # DEEP's recursion is merged by g++ into frames of about 12 KiB. Without stack probing the first
     # write of such a frame could land past the 4 KiB guard page: in unmapped memory (the handler
@@ -790,6 +819,29 @@ def test_kernel_all_reports_a_dead_child_as_that_versions_failure(monkeypatch, c
             "kernel's out-of-bounds write can do this: python -m llmcupy.kernel gelu_forward 1 --sanitize runs it "
             "under memcheck, which names the access") in out
     assert "1 passed, 1 failed, 0 skipped" in out
+
+
+def _overrunning_gelu(a, bs):
+    from llmcupy.ops._op import kernel_of
+
+    n = a["inp"].size + 4096   # a bound past the arrays' ends, as a new version's mistake
+    kernel_of("gelu_forward", "gelu_forward_kernel1")(((n + bs - 1) // bs,), (bs,), (a["out"], a["inp"], np.int32(n)))
+
+
+def test_kernel_reports_a_version_reading_past_an_arrays_end_with_the_command_that_names_the_line(monkeypatch,
+                                                                                                  capsys):
+    # a plain run faults at the fence after the input (before: the read ran on into the heap, and the
+    # single-version run then ended in a traceback); the FAIL line says which argument, and the
+    # command that names the line
+    from llmcupy import kernel
+
+    monkeypatch.setattr(llmcupy.ops["gelu_forward"].versions[1], "launch", _overrunning_gelu)
+    assert kernel.main(["gelu_forward", "1", "--backend", "sim", "--block-size", "128"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("gelu_forward version 1: ERROR SimMemoryFaultError: kernel gelu_forward_kernel1 crashed "
+                             "with SIGSEGV in block ("), out
+    assert "0 bytes past the end of argument 1 (a 4096-byte allocation)" in out[0]
+    assert out[1:3] == ["  python -m llmcupy.kernel gelu_forward 1 --sanitize names the line", "FAIL"]
 
 
 def _pid_of_child():
