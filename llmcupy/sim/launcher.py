@@ -485,10 +485,10 @@ def _root_extent(a: np.ndarray) -> tuple[int, int]:
 # end are slack: writes there are dropped, as a GPU's land in an allocation's padding.
 _PAGE = mmap.PAGESIZE
 _ALIGN = 16
-# The copies cost about 2 ms per MB and launch (in and back, on fresh pages) and the time goes to
-# allocations a launch may barely touch (a layer's slice of the trainer's parameter buffer, 26 MB at d2:
-# fencing those doubled its step). Every allocation of the catalogue at the emulator's sizes is below
-# 1.3 MB; larger ones run in place, unfenced, as before.
+# The copies cost about 0.12 ms per MB and launch (in and back; 2 ms on fresh pages), spent even on
+# allocations a launch barely touches (a layer's slice of the trainer's parameter buffer, 26 MB at d2:
+# fencing everything on fresh pages doubled its step). Every allocation of the catalogue at the
+# emulator's sizes is below 1.3 MB; larger ones than this run in place, unfenced, as before.
 FENCE_MAX_BYTES = 4 << 20
 # fenced mappings kept for reuse by later launches, by length; at most this many (three entries of
 # vm.max_map_count each) and bytes
