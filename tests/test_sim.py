@@ -631,6 +631,15 @@ def test_a_crashing_kernel_fails_alone():
             "memcheck, which names the access") in result["error"]
 
 
+def test_a_dead_child_on_a_gpu_names_only_the_signal():
+    # memcheck and --sanitize are the emulator's: a GPU's child gets no hint that cannot be followed there
+    from llmcupy.harness import _runs_emulator, died_by_signal
+
+    assert died_by_signal(11, emulator=False) == {
+        "ok": False, "error": "the child process died with signal 11 (SIGSEGV) (see stderr)", "signal": 11}
+    assert not _runs_emulator({"LLMCUPY_BACKEND": "cuda"}) and _runs_emulator({"LLMCUPY_BACKEND": "sim"})
+
+
 def test_a_crashing_kernel_fails_alone_in_a_spawned_child():
     # the cuda backend's isolation (a device fault poisons the CUDA context; CUDA cannot be used
     # in a child forked after its initialisation) starts a fresh interpreter instead of forking
