@@ -372,6 +372,8 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
             raw = {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one version's crash must not lose the whole run
             raw = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        if "signal" in raw:   # the runner could not name the version in its --sanitize command
+            raw = harness.died_by_signal(raw["signal"], backend == "sim", op_name, number)
         entry = _version_entry(op_name, number, raw)
         record["results"].append(entry)
         if verbose and "error" not in raw:

@@ -307,12 +307,33 @@ class ForkedRunner(_Runner):
                 return payload["value"]
             return {"ok": False, "error": payload["error"]}
         if os.WIFSIGNALED(status):
-            # most often a kernel's write past an array's end corrupting the process's memory (glibc's
-            # abort, SIGABRT, or a later SIGSEGV far from the write), which a plain run does not check
-            return {"ok": False, "error": f"the emulator process died with signal {_signal_text(os.WTERMSIG(status))} "
-                                          "(see stderr); a kernel's out-of-bounds write can do this: --sanitize "
-                                          "(memcheck) names the access"}
+            return died_by_signal(os.WTERMSIG(status), _runs_emulator({}))
         return {"ok": False, "error": f"the child exited with status {os.WEXITSTATUS(status)}"}
+
+
+def died_by_signal(number: int, emulator: bool, op: str = "OP", version="VERSION") -> dict:
+    """The failed result of a child killed by signal ``number``, with ``signal`` set to it. In the
+    emulator the usual cause is a kernel's write past an array's end corrupting the process's memory
+    (glibc's abort, SIGABRT, or a later SIGSEGV far from the write), which a plain run does not check:
+    the message gives the command that runs the version under memcheck. A runner does not know which
+    version it ran (``OP VERSION`` stand for it); a caller that does calls this again with them."""
+    if not emulator:
+        error = f"the child process died with signal {_signal_text(number)} (see stderr)"
+    else:
+        error = (f"the emulator process died with signal {_signal_text(number)} (see stderr); a kernel's "
+                 f"out-of-bounds write can do this: python -m llmcupy.kernel {op} {version} --sanitize runs it "
+                 "under memcheck, which names the access")
+    return {"ok": False, "error": error, "signal": number}
+
+
+def _runs_emulator(env: dict) -> bool:
+    """Whether a child started with ``env`` added to this process's environment runs the emulator."""
+    if env.get("LLMCUPY_BACKEND") in ("sim", "cuda"):
+        return env["LLMCUPY_BACKEND"] == "sim"
+    try:
+        return _backend.is_sim()   # the child resolves the backend as this process does
+    except _backend.BackendError:
+        return False
 
 
 def _signal_text(number: int) -> str:
@@ -435,7 +456,7 @@ class SpawnedRunner(_Runner):
         if proc.exitcode == INTERRUPTED:
             raise KeyboardInterrupt
         if proc.exitcode is not None and proc.exitcode < 0:
-            return {"ok": False, "error": f"the child process died with signal {_signal_text(-proc.exitcode)} (see stderr)"}
+            return died_by_signal(-proc.exitcode, _runs_emulator(self._env))
         return {"ok": False, "error": f"the child exited with status {proc.exitcode} without a result"}
 
 

@@ -421,6 +421,7 @@ def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
     each result and appending it to ``results`` (and --json) as it comes; returns the number that
     failed, or None when a single version cannot run here at all (no C++ compiler)."""
     from .sim.compiler import CompilerNotFound, SimCompileError
+    from .sim.launcher import SimLaunchError
 
     failed = 0
     for op_name, number, sizes in plan:
@@ -435,10 +436,20 @@ def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
             # g++'s or NVRTC's diagnostics are the message (a kernel being written): the line --all
             # prints, no traceback
             result = {"op": op_name, "version": number, "ok": False, "error": str(exc)}
+        except SimLaunchError as exc:
+            # the emulator stopped a launch (a fault, a failed device assert, the watchdog): the line a
+            # child of --all reports, not a traceback
+            result = {"op": op_name, "version": number, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        if "signal" in result:   # the runner could not name the version in its --sanitize command
+            result = {**result, **harness.died_by_signal(result["signal"], _backend.is_sim(), op_name, number)}
         if "error" in result:
             result.setdefault("op", op_name)
             result.setdefault("version", number)
-            print(f"{op_name} version {number}: ERROR {result['error']}\nFAIL")
+            print(f"{op_name} version {number}: ERROR {result['error']}")
+            if result["error"].startswith("SimMemoryFaultError") and args.sanitize is None:
+                # a plain launch says where the access went, not which line made it
+                print(f"  python -m llmcupy.kernel {op_name} {number} --sanitize names the line")
+            print("FAIL")
         else:
             print(harness.format_sweep(result))
             if result.get("ok") is False and not result.get("sanitizers") and _backend.is_sim():

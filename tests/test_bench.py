@@ -225,6 +225,27 @@ def test_crashing_version_is_an_error_entry(monkeypatch):
     assert bench.format_entry(rec["results"][0]) == "gelu_forward v1: ERROR the kernel refused"
 
 
+def test_a_version_whose_child_dies_names_the_command_that_checks_it(monkeypatch):
+    # a kernel's write past an array's end killing the emulator's child (glibc's abort): the entry
+    # gives the command that runs that version under memcheck, not only the signal
+    import faulthandler
+
+    real = bench._sweep_one
+
+    def abort_in_version_1(op_name, number, *args, **kwargs):
+        if number == 1:
+            faulthandler.disable()   # pytest's handler would print this expected abort's traceback
+            os.abort()
+        return real(op_name, number, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "_sweep_one", abort_in_version_1)
+    rec = bench.run(["gelu_forward"], isolate=True, progress=False, log=io.StringIO(), analyze=False)
+    assert rec["results"][0]["error"] == (
+        "the emulator process died with signal 6 (SIGABRT) (see stderr); a kernel's out-of-bounds write can do "
+        "this: python -m llmcupy.kernel gelu_forward 1 --sanitize runs it under memcheck, which names the access")
+    assert rec["summary"] == {"passed": 1, "failed": 1, "skipped": 0}
+
+
 def test_a_run_from_python_records_the_call_not_a_command_line(monkeypatch):
     # before: "python -m llmcupy.bench", a command nobody typed (the notebook's sweep, say), which
     # reruns the whole catalogue instead of the one op

@@ -43,6 +43,17 @@ def test_forward_v6_falls_back_when_shared_memory_is_too_small(no_hazards):
     _assert_ok(op, op.reference_fn(**_fresh(a)), op.run(6, _fresh(a), 1024))
 
 
+def test_forward_v6_falls_back_at_the_emulators_own_shared_memory_limit(no_hazards, monkeypatch):
+    # version 6 decides whether it fits by the limit the emulator enforces, not a copy of that number:
+    # with a lower limit, (2 + 256/32) * 2000 * 4 = 80,000 bytes runs version 5 instead of being refused
+    from llmcupy.runtime import module
+
+    monkeypatch.setattr(module, "ANY_GPU_SHARED_BYTES", 64 * 1024)
+    op = llmcupy.ops["layernorm_forward"]
+    a = op.make_inputs(np.random.default_rng(3), B=1, T=2, C=2000)
+    _assert_ok(op, op.reference_fn(**_fresh(a)), op.run(6, _fresh(a), 256))
+
+
 def test_forward_rejects_bad_inputs():
     op = llmcupy.ops["layernorm_forward"]
     a = op.make_inputs(np.random.default_rng(0), B=1, T=2, C=8)

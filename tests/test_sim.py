@@ -665,9 +665,19 @@ def _crash():
 
 def test_a_crashing_kernel_fails_alone():
     result = run_isolated(_crash)
-    assert result["ok"] is False and "signal 4 (SIGILL)" in result["error"]
-    # the usual cause in a new version, and the check that finds it
-    assert "out-of-bounds write can do this: --sanitize (memcheck) names the access" in result["error"]
+    assert result["ok"] is False and "signal 4 (SIGILL)" in result["error"] and result["signal"] == 4
+    # the usual cause in a new version, and the command that finds it (the runner does not know the version)
+    assert ("out-of-bounds write can do this: python -m llmcupy.kernel OP VERSION --sanitize runs it under "
+            "memcheck, which names the access") in result["error"]
+
+
+def test_a_dead_child_on_a_gpu_names_only_the_signal():
+    # memcheck and --sanitize are the emulator's: a GPU's child gets no hint that cannot be followed there
+    from llmcupy.harness import _runs_emulator, died_by_signal
+
+    assert died_by_signal(11, emulator=False) == {
+        "ok": False, "error": "the child process died with signal 11 (SIGSEGV) (see stderr)", "signal": 11}
+    assert not _runs_emulator({"LLMCUPY_BACKEND": "cuda"}) and _runs_emulator({"LLMCUPY_BACKEND": "sim"})
 
 
 def test_a_crashing_kernel_fails_alone_in_a_spawned_child():
@@ -709,6 +719,36 @@ def test_a_fault_in_kernel_code_is_an_exception_and_the_process_lives_on(workers
         total = np.zeros(1, np.float32)
         module(GRID_CODE).get_function("counter")((8,), (32,), (total, np.zeros(1, np.uint32)))
         assert total[0] == 128.0
+
+
+OVERRUN = r"""__global__ void overrun(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 1.0f;   // n past y's end: a missing or wrong bound, as in a new version
+}"""
+
+
+@pytest.mark.parametrize("past", [False, True])
+def test_a_plain_launch_writing_past_an_arrays_end_faults_and_leaves_the_next_array_alone(past):
+    # two arrays back to back in one buffer, as two allocations may lie in the heap: an index past the
+    # first one's end used to change the second (a wrong result of another op), or the allocator's
+    # bookkeeping (glibc aborting the process later), silently; now it faults at once and names the
+    # argument. (up to 15 bytes after an end are slack: the copy keeps the address modulo 16)
+    buffer = bytearray(512 * 4)   # not an array: the three views below are three allocations
+    first, second = np.frombuffer(buffer, np.float32, 64), np.frombuffer(buffer, np.float32, 64, offset=256 * 4)
+    after = np.frombuffer(buffer, np.float32, 192, offset=64 * 4)   # what follows `first`, up to `second`
+    overrun = module(OVERRUN).get_function("overrun")
+    if not past:
+        overrun((2,), (64,), (first, np.int32(64)))
+        assert first.tolist() == [1.0] * 64
+    else:
+        for _ in range(2):   # the second launch reuses the first one's fenced mapping: still fenced
+            with pytest.raises(sim.SimMemoryFaultError, match=r"kernel overrun crashed with SIGSEGV in block "
+                                                              r"\(\d+,0,0\), thread \(\d+,0,0\): an out-of-bounds "
+                                                              r"memory access at 0x[0-9a-f]+, \d+ bytes past the end of "
+                                                              r"argument 0 \(a 256-byte allocation\)"):
+                overrun((8,), (64,), (first, np.int32(512)))
+        assert first.tolist() == [1.0] * 64   # the writes before the fault, as on a GPU
+    assert not after.any() and not second.any()
 
 
 def test_a_stack_overflow_by_a_large_frame_is_caught_at_any_stack_size():
@@ -797,28 +837,61 @@ def test_an_integer_division_by_zero_is_an_exception_naming_the_line():
     assert lines[3] == "ALIVE [14, 14, 14, 14]"
 
 
+# kernel._run_one before a test replaced it: a forked child inherits the replacement (a spawned one
+# imports kernel afresh, and this module with None here)
+_real_run_one = None
+
+
 def _run_one_with_a_planted_crash(op_name, number, sizes, args):
     from llmcupy import kernel
 
     if (op_name, number) == ("gelu_forward", 1):
         _crash()  # a deliberately faulting kernel in place of version 1
-    return kernel._run_one(op_name, number, sizes, args)
+    return (_real_run_one or kernel._run_one)(op_name, number, sizes, args)
 
 
-def test_kernel_all_reports_a_dead_child_as_that_versions_failure(monkeypatch, capsys):
-    # the GPU path's bookkeeping, on the emulator: children are spawned (as on a GPU), the planted
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_kernel_all_reports_a_dead_child_as_that_versions_failure(monkeypatch, capsys, start):
+    # the GPU path's bookkeeping (spawned children), and the emulator's (forked ones): the planted
     # crash fails version 1 alone, version 2 still runs and passes, the exit status is 1
     from llmcupy import kernel
 
     assert kernel.isolation(2, "cuda") == "spawn" and kernel.isolation(2, "sim") == "fork"
     assert kernel.isolation(1, "cuda") is None
+    monkeypatch.setattr(sys.modules[__name__], "_real_run_one", kernel._run_one)
     monkeypatch.setattr(kernel, "_run_one", _run_one_with_a_planted_crash)
-    monkeypatch.setattr(kernel, "isolation", lambda n, backend: "spawn")
+    monkeypatch.setattr(kernel, "isolation", lambda n, backend: start)
     rc = kernel.main(["gelu_forward", "--all", "--backend", "sim"])
     out = capsys.readouterr().out
     assert rc == 1
-    assert "gelu_forward version 1: ERROR the child process died with signal 4" in out
+    # in the emulator: the command to type, with this version's op and number
+    assert ("gelu_forward version 1: ERROR the emulator process died with signal 4 (SIGILL) (see stderr); a "
+            "kernel's out-of-bounds write can do this: python -m llmcupy.kernel gelu_forward 1 --sanitize runs it "
+            "under memcheck, which names the access") in out
     assert "1 passed, 1 failed, 0 skipped" in out
+
+
+def _overrunning_gelu(a, bs):
+    from llmcupy.ops._op import kernel_of
+
+    n = a["inp"].size + 4096   # a bound past the arrays' ends, as a new version's mistake
+    kernel_of("gelu_forward", "gelu_forward_kernel1")(((n + bs - 1) // bs,), (bs,), (a["out"], a["inp"], np.int32(n)))
+
+
+def test_kernel_reports_a_version_reading_past_an_arrays_end_with_the_command_that_names_the_line(monkeypatch,
+                                                                                                  capsys):
+    # a plain run faults at the fence after the input (before: the read ran on into the heap, and the
+    # single-version run then ended in a traceback); the FAIL line says which argument, and the
+    # command that names the line
+    from llmcupy import kernel
+
+    monkeypatch.setattr(llmcupy.ops["gelu_forward"].versions[1], "launch", _overrunning_gelu)
+    assert kernel.main(["gelu_forward", "1", "--backend", "sim", "--block-size", "128"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("gelu_forward version 1: ERROR SimMemoryFaultError: kernel gelu_forward_kernel1 crashed "
+                             "with SIGSEGV in block ("), out
+    assert "0 bytes past the end of argument 1 (a 4096-byte allocation)" in out[0]
+    assert out[1:3] == ["  python -m llmcupy.kernel gelu_forward 1 --sanitize names the line", "FAIL"]
 
 
 def _pid_of_child():

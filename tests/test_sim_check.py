@@ -623,13 +623,18 @@ def test_sanitizer_error_message_lists_each_line_pair_once(no_hazards):
     assert isinstance(info.value, sim.SimLaunchError)
 
 
-def test_plain_launches_stay_unchecked(no_hazards):
+def test_plain_launches_fault_at_an_arrays_end_instead_of_writing_past_it(no_hazards):
+    # without the sanitizers the emulator checks no access (the default, full speed), but the launch
+    # runs on a fenced copy of each allocation: the stray write faults instead of landing in full[32]
     k, _ = kernel(OOB, "spill")
     full = np.zeros(48, np.float32)
     out = _standalone(full, 32)
     with sim.settings(check=""):
-        k((1,), (32,), (out, np.int32(29)))  # thread 5 writes out[32], one past the array's end
-    assert full[32] == 7.0  # without the sanitizers the emulator does not look (the default, full speed)
+        with pytest.raises(sim.SimMemoryFaultError, match=r"in block \(0,0,0\), thread \(5,0,0\): an out-of-bounds "
+                                                          r"memory access at 0x[0-9a-f]+, 0 bytes past the end of "
+                                                          r"argument 0 \(a 128-byte allocation\)"):
+            k((1,), (32,), (out, np.int32(29)))  # thread 5 writes out[32], one past the array's end
+    assert not full[32:].any()
 
 
 DEVICE_VARS = r"""

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime import backend as _backend
+from ..runtime import module as _module
 from ._op import Bound, Op, Version, check_float32, kernel_of, kernels_only, misaligned, need
 
 SOURCE = "layernorm_forward.cu"
 EPS = 1e-5
 NORMALIZATION_BLOCK = 256  # version 2's elementwise kernel always runs 256-thread blocks
-SIM_MAX_DYNAMIC_SHARED = 227 * 1024  # the emulator refuses more, like the largest GPUs
 
 
 def reference(inp, weight, bias):
@@ -104,7 +104,7 @@ def _launch_v5(a, bs):
 def _max_dynamic_shared() -> int:
     """The per-block opt-in shared memory limit of the device (the emulator's on ``sim``)."""
     if _backend.is_sim():
-        return SIM_MAX_DYNAMIC_SHARED
+        return _module.ANY_GPU_SHARED_BYTES   # the emulator refuses more, like the largest GPUs
     return _backend.device_attribute("MaxSharedMemoryPerBlockOptin")  # cached: no query per launch
 
 

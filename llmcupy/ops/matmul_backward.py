@@ -94,9 +94,22 @@ def _launch_v1(a, bs):
     dinp_beta = 0.0 if a["overwrite_dinp"] else 1.0
     blas.gemm(dout2d, a["weight"], a["dinp"].reshape(bt, c), beta=dinp_beta)         # dinp (+)= dout @ W
     blas.gemm(dout2d, a["inp"].reshape(bt, c), a["dweight"], trans_a=True, beta=1.0)  # dW += dout^T @ inp
-    if a["dbias"] is not None:
-        kernel_of("matmul_backward", "matmul_backward_bias_kernel1")(
-            (oc,), (bs,), (a["dbias"], a["dout"], np.int32(bt), np.int32(oc)), shared_mem=4 * bs)
+    _bias_gradient(a, bs)
+
+
+def _bias_gradient(a, bs):
+    """dbias = column sums of dout (both versions: one block per column), unless dbias is None."""
+    if a["dbias"] is None:
+        return
+    bt, _, oc = _dims(a)
+    kernel_of("matmul_backward", "matmul_backward_bias_kernel1")(
+        (oc,), (bs,), (a["dbias"], a["dout"], np.int32(bt), np.int32(oc)), shared_mem=4 * bs)
+
+
+def _tiles(m, n):
+    """The grid of matmul_forward 5's tiling for an (m, n) output: a 256-thread block per 128x128 tile,
+    blockIdx.x along n."""
+    return ((n + 127) // 128, (m + 127) // 128), (256,)
 
 
 def _launch_v2(a, bs):
@@ -111,20 +124,15 @@ def _launch_v2(a, bs):
     w_t[...] = a["weight"].T
     if a["overwrite_dinp"]:
         kernel_of("matmul_forward", "matmul_forward_kernel5")(
-            ((c + 127) // 128, (bt + 127) // 128), (256,),
-            (a["dinp"], dout2d, w_t, None, np.int32(bt), np.int32(oc), np.int32(c)))
+            *_tiles(bt, c), (a["dinp"], dout2d, w_t, None, np.int32(bt), np.int32(oc), np.int32(c)))
     else:
-        gemm(((c + 127) // 128, (bt + 127) // 128), (256,),
-             (a["dinp"], dout2d, w_t, np.int32(bt), np.int32(oc), np.int32(c)))
+        gemm(*_tiles(bt, c), (a["dinp"], dout2d, w_t, np.int32(bt), np.int32(oc), np.int32(c)))
     dout_t = scratch("matmul_backward", "dout_t", (oc, bt))
     dout_t[...] = dout2d.T
     inp_t = scratch("matmul_backward", "inp_t", (c, bt))
     inp_t[...] = inp2d.T
-    gemm(((c + 127) // 128, (oc + 127) // 128), (256,),
-         (a["dweight"], dout_t, inp_t, np.int32(oc), np.int32(bt), np.int32(c)))
-    if a["dbias"] is not None:
-        kernel_of("matmul_backward", "matmul_backward_bias_kernel1")(
-            (oc,), (bs,), (a["dbias"], a["dout"], np.int32(bt), np.int32(oc)), shared_mem=4 * bs)
+    gemm(*_tiles(oc, c), (a["dweight"], dout_t, inp_t, np.int32(oc), np.int32(bt), np.int32(c)))
+    _bias_gradient(a, bs)
 
 
 def _power_of_two(a, bs):

@@ -639,7 +639,8 @@ ANY_GPU_SHARED_BYTES = 227 * 1024   # the most shared memory any GPU gives one b
 def _refuse_past_any_gpu(name: str, nbytes: int) -> None:
     """In the emulator, which has no device limit: the shared memory no GPU would give a block."""
     if nbytes > ANY_GPU_SHARED_BYTES:
-        raise KernelArgumentError(f"{name}: {nbytes} bytes of shared memory exceed any GPU's 227 KiB")
+        raise KernelArgumentError(f"{name}: {nbytes} bytes of shared memory exceed any GPU's "
+                                  f"{ANY_GPU_SHARED_BYTES // 1024} KiB")
 
 
 def _no_kernel(asked: str, base: str, filename: str, kernels) -> str:
