@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 import warnings
 
@@ -749,6 +750,46 @@ def test_a_plain_launch_writing_past_an_arrays_end_faults_and_leaves_the_next_ar
                 overrun((8,), (64,), (first, np.int32(512)))
         assert first.tolist() == [1.0] * 64   # the writes before the fault, as on a GPU
     assert not after.any() and not second.any()
+
+
+FILL = r"""__global__ void fill(float* y, float value, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = value;
+}"""
+
+
+def test_plain_launches_from_two_threads_on_one_allocation_both_land(monkeypatch):
+    # each plain launch runs on a fenced copy of its allocations and copies them back whole: two launches
+    # at once, from two threads, on two halves of one array, each wrote back the other's half as it had
+    # copied it, and the later copy-back undid the earlier launch's writes. Here thread A's copy-back waits
+    # (up to 2 s) for B to finish: B's writes were lost; now B waits for A's launch to end instead
+    from llmcupy.sim import launcher
+
+    data = np.zeros(128, np.float32)
+    fill = module(FILL).get_function("fill")
+    a_launched, b_done = threading.Event(), threading.Event()
+    real_close = launcher._FencedArguments.close
+
+    def close_after_b(self, copy_back=True):
+        if threading.current_thread().name == "A":
+            a_launched.set()
+            b_done.wait(2.0)
+        real_close(self, copy_back)
+
+    monkeypatch.setattr(launcher._FencedArguments, "close", close_after_b)
+
+    def b():
+        a_launched.wait(5.0)
+        fill((1,), (64,), (data[64:], np.float32(2.0), np.int32(64)))
+        b_done.set()
+
+    threads = [threading.Thread(target=lambda: fill((1,), (64,), (data[:64], np.float32(1.0), np.int32(64))), name="A"),
+               threading.Thread(target=b, name="B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert data[:64].tolist() == [1.0] * 64 and data[64:].tolist() == [2.0] * 64
 
 
 def test_a_stack_overflow_by_a_large_frame_is_caught_at_any_stack_size():

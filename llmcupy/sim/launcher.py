@@ -496,6 +496,7 @@ FENCES_KEPT, FENCES_KEPT_BYTES = 256, 32 << 20
 _kept_fences: dict = {}
 _kept_bytes = 0
 _fence_lock = threading.Lock()
+_fenced_launch_lock = threading.Lock()
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
@@ -814,16 +815,21 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
     else:
         # memcheck checks a checked launch's accesses, AddressSanitizer an ASan build's (which the copies
         # would hide); a plain one runs on fenced copies
-        if not _asan_build():
-            fenced = _FencedArguments(args)
-            for i, slot in pointers.items():
-                if args[i] is not None:
-                    slot.value = fenced.address(args[i])
-        try:
+        if _asan_build():
             rc = fn(ctypes.byref(cfg), addresses, ctypes.byref(res))
-        finally:
-            if fenced is not None:
-                fenced.close()
+        else:
+            # one fenced launch at a time: two launches from two threads would each copy a shared
+            # allocation and copy it back whole, the later one undoing the other's writes (on a GPU,
+            # kernels of two streams writing disjoint parts of one buffer both land)
+            with _fenced_launch_lock:
+                fenced = _FencedArguments(args)
+                for i, slot in pointers.items():
+                    if args[i] is not None:
+                        slot.value = fenced.address(args[i])
+                try:
+                    rc = fn(ctypes.byref(cfg), addresses, ctypes.byref(res))
+                finally:
+                    fenced.close()
     with _counters_lock:
         _launches += 1
         for k in HAZARDS:
