@@ -583,11 +583,12 @@ class _FencedArguments:
             self.close(copy_back=False)
             raise
 
-    def address(self, a: np.ndarray) -> int:
-        address = a.ctypes.data
+    def address(self, index: int, a: np.ndarray) -> int:
+        # by the region the argument was put in, not by its address: allocations may lie back to back
+        # (two views of one PyTorch tensor's storage), where an address at one's end is the next one's start
         for r in self.regions:
-            if r.lo <= address <= r.hi:
-                return r.start + (address - r.lo)
+            if index in r.members:
+                return r.start + (a.ctypes.data - r.lo)
         raise AssertionError("an array argument outside every fenced allocation")
 
     def close(self, copy_back: bool = True) -> None:
@@ -825,7 +826,7 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
                 fenced = _FencedArguments(args)
                 for i, slot in pointers.items():
                     if args[i] is not None:
-                        slot.value = fenced.address(args[i])
+                        slot.value = fenced.address(i, args[i])
                 try:
                     rc = fn(ctypes.byref(cfg), addresses, ctypes.byref(res))
                 finally:
