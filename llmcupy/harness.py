@@ -313,8 +313,9 @@ class ForkedRunner(_Runner):
 
 def died_by_signal(number: int, emulator: bool, op: str = "OP", version="VERSION") -> dict:
     """The failed result of a child killed by signal ``number``, with ``signal`` set to it. In the
-    emulator the usual cause is a kernel's write past an array's end corrupting the process's memory
-    (glibc's abort, SIGABRT, or a later SIGSEGV far from the write), which a plain run does not check:
+    emulator the usual cause is a kernel's write outside its arrays corrupting the process's memory
+    (glibc's abort, SIGABRT, or a later SIGSEGV far from the write) where a plain run's fences do not
+    reach (an allocation over 4 MiB, or far past an array's end):
     the message gives the command that runs the version under memcheck. A runner does not know which
     version it ran (``OP VERSION`` stand for it); a caller that does calls this again with them."""
     if not emulator:
