@@ -58,9 +58,13 @@ def results_dir() -> Path:
     """``bench/results`` of this checkout, wherever a command runs from: where ``bench`` and ``startup``
     record their runs by default, which ``bench defaults`` (beside the ``bench/defaults.json`` it writes),
     ``bench --list-results`` and the kernel CLI's rank correlation read. A package installed without its
-    checkout (no ``bench/`` beside it) has none: there it is ``bench/results`` of the working folder."""
-    bench = repo_dir() / "bench"
-    return bench / "results" if bench.is_dir() else Path("bench", "results")
+    checkout has none: there it is ``bench/results`` of the working folder. A checkout is told by its
+    ``pyproject.toml`` beside ``bench/``: a ``bench`` folder alone beside an installed package may be
+    another distribution's (site-packages holds whatever top-level names its packages install)."""
+    root = repo_dir()
+    if (root / "pyproject.toml").is_file() and (root / "bench").is_dir():
+        return root / "bench" / "results"
+    return Path("bench", "results")
 
 
 def display_path(path=None) -> str:

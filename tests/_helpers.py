@@ -18,6 +18,17 @@ def run_cli(main, argv):
     return rc, out.getvalue(), err.getvalue()
 
 
+def stand_in_checkout(monkeypatch, root):
+    """``root`` made a checkout of the project as :mod:`llmcupy.defaults` tells one (its ``pyproject.toml``
+    beside ``bench/``), and the package's checkout from now on; returns ``root``."""
+    from llmcupy import defaults
+
+    (root / "bench").mkdir(parents=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "llmcupy"\n')
+    monkeypatch.setattr(defaults, "repo_dir", lambda: root)
+    return root
+
+
 def run_train(argv):
     """:func:`run_cli` of the trainer (``llmcupy.train.main``)."""
     from llmcupy import train

@@ -19,6 +19,8 @@ import llmcupy
 from llmcupy import analyze, bench
 from llmcupy.sim import metrics
 
+from _helpers import stand_in_checkout
+
 ORDERS = ("forward", "reverse", "random")
 
 
@@ -393,16 +395,15 @@ def test_correlation_takes_the_newest_run_by_its_date_not_its_file_name(tmp_path
 def test_kernel_cli_prints_the_correlation_when_bench_results_hold_gpu_times(tmp_path, monkeypatch, capsys):
     # the checkout's bench/results, from any working folder: before, the kernel CLI looked in
     # bench/results of the working folder, and found the checkout's GPU times only from its root
-    from llmcupy import defaults, kernel
+    from llmcupy import kernel
 
     op = llmcupy.ops["softmax_forward"]
     sizes = dict(op.sim_sizes)
     analyses = [analyze.analyze_version(op, v, sizes) for v in (1, 5, 6, 7)]
     results = [{"op": a["op"], "version": a["version"], "analysis": a} for a in analyses]
     checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
-    (checkout / "bench").mkdir(parents=True)
+    stand_in_checkout(monkeypatch, checkout)
     elsewhere.mkdir()
-    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
     monkeypatch.chdir(elsewhere)
     kernel._print_comparisons(results)
     out = capsys.readouterr().out

@@ -20,6 +20,8 @@ import pytest
 import llmcupy
 from llmcupy import bench
 
+from _helpers import stand_in_checkout
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
                                       reason="plots need matplotlib (pip install matplotlib)")
@@ -623,12 +625,10 @@ def test_emulator_records_go_to_an_ignored_folder_not_among_gpu_results(tmp_path
     # the default folders are the checkout's bench/results (where `bench defaults` reads), wherever the
     # command runs: before, a run from another folder wrote its record to bench/results/sim of that
     # folder, and --list-results from there (or from the checkout) did not find the other's runs
-    from llmcupy import defaults
 
     checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
-    (checkout / "bench").mkdir(parents=True)
+    stand_in_checkout(monkeypatch, checkout)
     elsewhere.mkdir()
-    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
     monkeypatch.chdir(elsewhere)
     assert bench.main(["--ops", "gelu_forward", "--backend", "sim", "--no-progress", "--no-analyze"]) == 0
     stdout = capsys.readouterr().out

@@ -21,6 +21,8 @@ import llmcupy
 from llmcupy import bench, defaults
 from llmcupy.model import STEP_OPS, KernelChoice
 
+from _helpers import stand_in_checkout
+
 GPU, OTHER = "NVIDIA Test GPU 80GB", "NVIDIA Other GPU"
 
 
@@ -149,8 +151,7 @@ def test_no_results_folder_yet_says_no_gpu_run_is_recorded(tmp_path, monkeypatch
     # a fresh clone: no GPU run has made bench/results. Before, `bench defaults` as the READMEs give
     # it blamed "--results bench/results", a flag the user never typed
     checkout = tmp_path / "checkout"
-    (checkout / "bench").mkdir(parents=True)
-    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
+    stand_in_checkout(monkeypatch, checkout)
     out = tmp_path / "defaults.json"
     out.write_text("{}")
     rc, stdout, err = _call(["defaults", "--out", out])
@@ -166,9 +167,8 @@ def test_the_default_results_are_the_checkouts_from_any_working_folder(results, 
     # folder, so from anywhere else it said "no GPU run is recorded yet" of a checkout that had runs,
     # and `--check` compared the checkout's file with no runs at all
     checkout = tmp_path / "checkout"
-    (checkout / "bench").mkdir(parents=True)
+    stand_in_checkout(monkeypatch, checkout)
     results.rename(checkout / "bench" / "results")
-    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
     monkeypatch.delenv("LLMCUPY_DEFAULTS", raising=False)
     elsewhere = tmp_path / "elsewhere"
     (elsewhere / "bench" / "results" / "sim").mkdir(parents=True)   # an emulator sweep made one here
@@ -188,7 +188,13 @@ def test_an_install_without_its_checkout_records_runs_under_the_working_folder(t
     # are bench/results of the working folder there, not a folder made inside site-packages
     from pathlib import Path
 
-    monkeypatch.setattr(defaults, "repo_dir", lambda: tmp_path / "site-packages")
+    site = tmp_path / "site-packages"
+    monkeypatch.setattr(defaults, "repo_dir", lambda: site)
+    assert defaults.results_dir() == Path("bench", "results")
+    # another distribution's top-level `bench` package beside ours is not a checkout: before, the runs
+    # went into site-packages/bench/results
+    (site / "bench").mkdir(parents=True)
+    (site / "bench" / "__init__.py").write_text("")
     assert defaults.results_dir() == Path("bench", "results")
     assert bench.results_folder("sim") == Path("bench", "results", "sim")
     monkeypatch.chdir(tmp_path)

@@ -11,6 +11,8 @@ import pytest
 
 from llmcupy.runtime import backend, timing
 
+from _helpers import stand_in_checkout
+
 
 @pytest.fixture
 def cuda():
@@ -196,16 +198,14 @@ def test_startup_keeps_emulator_records_out_of_the_gpu_results(tmp_path, monkeyp
 
     result = {"command": "-m llmcupy.train", "cold": {"seconds": 5.0, "returncode": 0, "tail": ""},
               "warm": {"seconds": 1.5, "returncode": 0, "tail": ""}}
-    from llmcupy import defaults
 
     runs = []
     monkeypatch.setattr(startup, "measure", lambda flags: runs.append(flags) or result)
     # the checkout's bench/results/sim from any working folder, as bench's runs: before, a run from
     # another folder wrote the record under that folder, where --list-results never looked
     checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
-    (checkout / "bench").mkdir(parents=True)
+    stand_in_checkout(monkeypatch, checkout)
     elsewhere.mkdir()
-    monkeypatch.setattr(defaults, "repo_dir", lambda: checkout)
     monkeypatch.chdir(elsewhere)
     assert startup.main(["--init", "d2"]) == 0
     written = [p.relative_to(tmp_path) for p in tmp_path.rglob("startup-*.json")]
