@@ -455,7 +455,7 @@ def _run_plan(plan: list, versions, run, args, results: list) -> int | None:
             if result.get("ok") is False and not result.get("sanitizers") and _backend.is_sim():
                 # a wrong result that no check explains: in a new version, most often a missing barrier
                 # or an index outside an array that a plain run's fences miss (in an allocation over
-                # 4 MiB, or within the 15 bytes after an end)
+                # 4 MiB, or a read just outside an array, which gives the slack's canary bytes)
                 print(f"  a race or an out-of-bounds access? python -m llmcupy.kernel {op_name} {number} --sanitize "
                       "names the line")
             if result.get("sanitizers") and result.get("ok") is not None:

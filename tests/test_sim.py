@@ -734,7 +734,7 @@ def test_a_plain_launch_writing_past_an_arrays_end_faults_and_leaves_the_next_ar
     # two arrays back to back in one buffer, as two allocations may lie in the heap: an index past the
     # first one's end used to change the second (a wrong result of another op), or the allocator's
     # bookkeeping (glibc aborting the process later), silently; now it faults at once and names the
-    # argument. (up to 15 bytes after an end are slack: the copy keeps the address modulo 16)
+    # argument. (a write into the up to 15 bytes between an end and its fence: the next test)
     buffer = bytearray(512 * 4)   # not an array: the three views below are three allocations
     first, second = np.frombuffer(buffer, np.float32, 64), np.frombuffer(buffer, np.float32, 64, offset=256 * 4)
     after = np.frombuffer(buffer, np.float32, 192, offset=64 * 4)   # what follows `first`, up to `second`
@@ -751,6 +751,30 @@ def test_a_plain_launch_writing_past_an_arrays_end_faults_and_leaves_the_next_ar
                 overrun((8,), (64,), (first, np.int32(512)))
         assert first.tolist() == [1.0] * 64   # the writes before the fault, as on a GPU
     assert not after.any() and not second.any()
+
+
+SHIFTED = r"""__global__ void shifted(float* y, int n, int shift) {
+    int i = threadIdx.x;
+    if (i < n) y[i + shift] = 1.0f;   // shift 1: y[n], as `i <= n` writes; shift -1: y[-1]
+}"""
+
+
+@pytest.mark.parametrize("shift, where", [(0, None), (1, "0 bytes past the end of"), (-1, "4 bytes before")])
+def test_a_plain_launch_writing_just_outside_an_array_the_fences_do_not_reach_is_stopped(shift, where):
+    # 3 floats (12 bytes): the copy keeps the address modulo 16, so y[3] lies in the 4 bytes before the
+    # rear fence, and y[-1] in the page before the copy's start. Before, both writes were dropped without
+    # a word (on a GPU they change the neighbouring allocation); now the canary bytes there give them away
+    y = np.zeros(3, np.float32)
+    shifted = module(SHIFTED).get_function("shifted")
+    if where is None:
+        shifted((1,), (32,), (y, np.int32(3), np.int32(shift)))
+        assert y.tolist() == [1.0] * 3
+        return
+    with pytest.raises(sim.SimMemoryFaultError, match=r"^kernel shifted wrote out of bounds, " + where +
+                       r" argument 0 \(a 12-byte allocation\): .* LLMCUPY_SIM_CHECK=memory, names the thread and line\)$"):
+        shifted((1,), (32,), (y, np.int32(3), np.int32(shift)))
+    assert y.tolist() == ([0.0, 1.0, 1.0] if shift == 1 else [1.0, 1.0, 0.0])   # the writes in bounds land
+    shifted((1,), (32,), (y, np.int32(3), np.int32(0)))   # the slack is refilled: the next launch is clean
 
 
 def test_a_plain_launch_on_two_allocations_back_to_back_reads_and_writes_each():

@@ -481,10 +481,15 @@ def _root_extent(a: np.ndarray) -> tuple[int, int]:
 # so that an index past an array's end faults at once (SimMemoryFaultError, naming the argument)
 # instead of silently changing whatever memory followed it (another array: a wrong result elsewhere;
 # the allocator's bookkeeping: glibc aborting the process later). The copy keeps the address modulo
-# 16 (what float4 accesses need, and all the kernels' alignment tests ask), so up to 15 bytes after an
-# end are slack: writes there are dropped, as a GPU's land in an allocation's padding.
+# 16 (what float4 accesses need, and all the kernels' alignment tests ask), so it ends up to 15 bytes
+# before the rear fence, and starts up to a page after the front one. That slack is filled with a
+# canary byte and read back after the launch: a write there (``out[n]`` of an array whose size is no
+# multiple of 16 bytes, ``out[-1]``) stops the launch as a fault would, naming argument and distance.
+# Reads there are not seen (they give canary bytes); memcheck sees every access.
 _PAGE = mmap.PAGESIZE
 _ALIGN = 16
+_CANARY = 0xA5
+_CANARY_BYTE, _OTHER_BYTES = bytes([_CANARY]), bytes(b for b in range(256) if b != _CANARY)
 # The copies cost about 0.12 ms per MB and launch (in and back; 2 ms on fresh pages), spent even on
 # allocations a launch barely touches (a layer's slice of the trainer's parameter buffer, 26 MB at d2:
 # fencing everything on fresh pages doubled its step). Every allocation of the catalogue at the
@@ -543,6 +548,31 @@ class _Fenced:
         start = base + (data_pages + 1) * _PAGE - size   # ends at the rear fence
         self.start = start - (start - self.lo) % _ALIGN   # with the original address modulo 16
         ctypes.memmove(self.start, self.lo, size)
+        for lo, hi in self._slack():
+            ctypes.memset(lo, _CANARY, hi - lo)
+
+    def _slack(self) -> tuple:
+        """The two stretches of the mapping's accessible pages outside the copy: [lo, hi) before and after."""
+        first, last = self.base + _PAGE, self.base + self.length - _PAGE
+        end = self.start + (self.hi - self.lo)
+        return (first, self.start), (end, last)
+
+    def stray_write(self) -> int | None:
+        """The address nearest the copy of a write into the slack around it (a canary byte changed), or
+        None. Unfenced (large) allocations have no slack to look at."""
+        if not self.mapped:
+            return None
+        (before_lo, before_hi), (after_lo, after_hi) = self._slack()
+        after = ctypes.string_at(after_lo, after_hi - after_lo)
+        from_first_write = len(after.lstrip(_CANARY_BYTE))   # bytes' own scans: a launch must not pay a Python loop
+        if from_first_write:
+            return after_lo + len(after) - from_first_write   # the first byte written past the end
+        before = ctypes.string_at(before_lo, before_hi - before_lo).rstrip(_CANARY_BYTE)
+        if not before:
+            return None
+        # the nearest write's first byte: back from the last byte written to the canary before it (out[-1]
+        # is 4 bytes before)
+        return before_lo + len(before.rstrip(_OTHER_BYTES))
 
     def unmap(self, copy_back: bool) -> None:
         global _kept_bytes
@@ -594,6 +624,14 @@ class _FencedArguments:
     def close(self, copy_back: bool = True) -> None:
         for region in self.regions:
             region.unmap(copy_back)
+
+    def stray_write(self) -> str:
+        """Where the launch wrote into a copy's slack, as :meth:`describe` says it ('' when nowhere)."""
+        for region in self.regions:
+            address = region.stray_write()
+            if address is not None:
+                return self.describe(address)
+        return ""
 
     def describe(self, address: int) -> str:
         """Where a faulting address lies relative to the fenced arguments ('' when in no fence)."""
@@ -806,7 +844,7 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
         else:
             cfg.workers = _reserve_fibers(library or entry.library, threads, min(cfg.workers, max(1, nblocks)))
     res = _LaunchResult()
-    fenced = None
+    fenced, stray = None, ""
     if library is not None:
         entry.library.sync_variables(to_checked=True)
         try:
@@ -829,6 +867,7 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
                         slot.value = fenced.address(i, args[i])
                 try:
                     rc = fn(ctypes.byref(cfg), addresses, ctypes.byref(res))
+                    stray = fenced.stray_write()
                 finally:
                     fenced.close()
     with _counters_lock:
@@ -861,5 +900,10 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
         raise SimSharedMemoryError(message)
     if res.memory_fault:
         raise SimMemoryFaultError(_fault_near_argument(message, fenced))
+    if stray and rc == 0 and not res.deadlock:
+        raise SimMemoryFaultError(
+            f"kernel {name} wrote out of bounds, {stray}: the emulator found it in the few bytes between the "
+            "array and its fence after the launch, and cannot say which thread (the launch again inside `with "
+            'llmcupy.sim.settings(check="memory"):`, or with LLMCUPY_SIM_CHECK=memory, names the thread and line)')
     if rc == 2 or res.deadlock:
         raise SimDeadlockError(res.message.decode(errors="replace").rstrip())
