@@ -902,8 +902,8 @@ def launch(entry, name: str, grid, block, args: list, shared_mem: int = 0, stack
         raise SimMemoryFaultError(_fault_near_argument(message, fenced))
     if stray and rc == 0 and not res.deadlock:
         raise SimMemoryFaultError(
-            f"kernel {name} wrote out of bounds, {stray}: the emulator found it in the few bytes between the "
-            "array and its fence after the launch, and cannot say which thread (the launch again inside `with "
+            f"kernel {name} wrote out of bounds, {stray}: the emulator found it after the launch, in the slack "
+            "between the array's copy and its fences, and cannot say which thread (the launch again inside `with "
             'llmcupy.sim.settings(check="memory"):`, or with LLMCUPY_SIM_CHECK=memory, names the thread and line)')
     if rc == 2 or res.deadlock:
         raise SimDeadlockError(res.message.decode(errors="replace").rstrip())
