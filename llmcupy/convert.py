@@ -196,13 +196,20 @@ def _safetensors_sizes(path) -> tuple[int | None, int]:
     return 8 + n + max(ends, default=0), actual
 
 
+# safetensors' dtype names that NumPy holds; BF16 is read as its 16 raw bits and widened
+_SAFETENSORS_DTYPES = {"BF16": "<u2", "F16": "<f2", "F32": "<f4", "F64": "<f8", "BOOL": "?", "U8": "u1", "I8": "i1",
+                       "U16": "<u2", "I16": "<i2", "U32": "<u4", "I32": "<i4", "U64": "<u8", "I64": "<i8"}
+
+
 def _load_bf16_safetensors(path) -> dict:
-    """A safetensors file holding BF16 (and F32/F16) tensors, read from its documented layout (an
-    8-byte little-endian header length, a JSON header of dtype, shape and data_offsets, the data);
-    BF16 is widened to fp32 exactly, as a version-5 model file is."""
+    """A safetensors file holding BF16 tensors, read from its documented layout (an 8-byte
+    little-endian header length, a JSON header of dtype, shape and data_offsets, the data); BF16 is
+    widened to fp32 exactly, as a version-5 model file is. Other dtypes keep theirs, as
+    safetensors.numpy gives them: the causal-mask buffers transformers saves as BOOL or U8 are
+    ignored later, and an integer weight is refused by name (:func:`_get`)."""
     from .checkpoint import bf16_to_fp32
 
-    dtypes = {"BF16": np.dtype("<u2"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4")}
+    dtypes = {name: np.dtype(code) for name, code in _SAFETENSORS_DTYPES.items()}
     raw = Path(path).read_bytes()
     try:
         n = int.from_bytes(raw[:8], "little")
@@ -215,7 +222,8 @@ def _load_bf16_safetensors(path) -> dict:
             if dtype is None:
                 raise ConvertError(f"{path}: tensor {name!r} is {info['dtype']}; GPT-2 weights must be F32, F16 or BF16")
             a = np.frombuffer(raw, dtype=dtype, count=(end - start) // dtype.itemsize, offset=base + start)
-            a = bf16_to_fp32(a) if info["dtype"] == "BF16" else a.astype(np.float32)
+            if info["dtype"] == "BF16":
+                a = bf16_to_fp32(a)
             out[name] = a.reshape(shape)
     except ConvertError:
         raise

@@ -257,12 +257,14 @@ def test_cli_refuses_outputs_it_cannot_write_or_that_are_its_input(tmp_path, cap
     assert cv.main([str(model), "-o", str(tmp_path / "c.bin"), "--num-heads", str(NH)]) == 0
 
 
-def _write_bf16_safetensors(path, tensors):
-    """A safetensors file with BF16 tensors, by its published layout (NumPy cannot write bfloat16)."""
+def _write_bf16_safetensors(path, tensors, extra=None):
+    """A safetensors file with BF16 tensors, by its published layout (NumPy cannot write bfloat16);
+    ``extra`` maps more names to (safetensors dtype, array of that dtype's width), stored as they are."""
     header, blobs, offset = {}, [], 0
-    for name, a in tensors.items():
-        blob = ck.fp32_to_bf16(np.asarray(a, np.float32)).astype("<u2").tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [offset, offset + len(blob)]}
+    stored = {name: ("BF16", ck.fp32_to_bf16(np.asarray(a, np.float32)).astype("<u2")) for name, a in tensors.items()}
+    for name, (dtype, a) in {**stored, **(extra or {})}.items():
+        blob = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header).encode()
@@ -287,3 +289,26 @@ def test_bf16_safetensors_are_widened_exactly(tmp_path, capsys):
     src.write_bytes(src.read_bytes()[:200])
     assert cv.main([str(src), "-o", str(tmp_path / "x.bin"), "--num-heads", str(NH)]) == 2
     assert "cannot read safetensors file" in capsys.readouterr().err
+
+
+def test_a_bf16_file_may_carry_its_mask_buffers_in_any_dtype(tmp_path, capsys):
+    # transformers saved GPT-2's causal-mask buffer attn.bias as BOOL (U8 in older versions); in a
+    # BF16 export that was "tensor 'h.0.attn.bias' is BOOL; GPT-2 weights must be F32, F16 or BF16",
+    # though the buffer is ignored. An integer weight is still refused, now by name, as in an F32 file.
+    t = hf_tensors(buffers=False)
+    mask = np.tril(np.ones((MAXT, MAXT), np.uint8))[None, None]
+    for dtype in ("BOOL", "U8"):
+        src = tmp_path / f"bf16_{dtype}.safetensors"
+        _write_bf16_safetensors(src, t, extra={"h.0.attn.bias": (dtype, mask), "h.1.attn.bias": (dtype, mask)})
+        out = tmp_path / f"{dtype}.bin"
+        assert cv.main([str(src), "-o", str(out), "--num-heads", str(NH)]) == 0, capsys.readouterr().err
+        rounded = {k: ck.bf16_to_fp32(ck.fp32_to_bf16(v)).reshape(v.shape) for k, v in t.items()}
+        assert np.array_equal(ck.read_model(out)[1], cv.hf_to_llmc(rounded, num_heads=NH)[1])
+    capsys.readouterr()
+    src = tmp_path / "bf16_int_weight.safetensors"
+    _write_bf16_safetensors(src, {k: v for k, v in t.items() if k != "h.0.ln_1.bias"},
+                            extra={"h.0.ln_1.bias": ("I64", np.zeros(C, np.int64))})
+    assert cv.main([str(src), "-o", str(tmp_path / "x.bin"), "--num-heads", str(NH)]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}: tensor 'h.0.ln_1.bias' holds int64 values; GPT-2 weights are floating point" in err, err
+    assert not (tmp_path / "x.bin").exists()
