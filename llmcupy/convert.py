@@ -73,7 +73,7 @@ def hf_to_llmc(tensors: dict, num_heads: int | None = None) -> tuple[GPT2Config,
     for key in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
         if key not in t:
             raise ConvertError(f"missing tensor {key!r}: not a GPT-2 checkpoint")
-    wte, wpe = np.asarray(t["wte.weight"]), np.asarray(t["wpe.weight"])
+    wte, wpe = (_floating(key, np.asarray(t[key])) for key in ("wte.weight", "wpe.weight"))
     if wte.ndim != 2 or wpe.ndim != 2 or wte.shape[1] != wpe.shape[1]:
         raise ConvertError(f"wte {wte.shape} and wpe {wpe.shape} must be 2-D with the same width")
     V, C = wte.shape
@@ -153,12 +153,16 @@ def write_safetensors(path, config: GPT2Config, flat) -> None:
         f.write(json.dumps(hf_config(config), indent=2).encode())
 
 
+def _floating(key: str, a: np.ndarray) -> np.ndarray:
+    if not np.issubdtype(a.dtype, np.floating):   # a cast would turn it into weights without a word
+        raise ConvertError(f"tensor {key!r} holds {a.dtype} values; GPT-2 weights are floating point")
+    return a
+
+
 def _get(t: dict, key: str, shape) -> np.ndarray:
     if key not in t:
         raise ConvertError(f"missing tensor {key!r}")
-    a = np.asarray(t[key])
-    if not np.issubdtype(a.dtype, np.floating):   # a cast would turn it into weights without a word
-        raise ConvertError(f"tensor {key!r} holds {a.dtype} values; GPT-2 weights are floating point")
+    a = _floating(key, np.asarray(t[key]))
     if a.shape != tuple(shape):
         raise ConvertError(f"tensor {key!r} has shape {a.shape}, expected {tuple(shape)} (Hugging Face layout)")
     return a.astype(np.float32, copy=False)

@@ -200,6 +200,12 @@ def test_cli_errors_name_the_input_file(tmp_path, capsys):
     ints = tmp_path / "ints.safetensors"
     save_file({**t, "h.0.ln_1.bias": np.zeros(C, np.int64)}, str(ints))
     cases.append((ints, f"error: {ints}: tensor 'h.0.ln_1.bias' holds int64 values; GPT-2 weights are floating point"))
+    # wte and wpe, read before the per-layer tensors, were cast without that check
+    for key, shape in (("wte.weight", (V, C)), ("wpe.weight", (MAXT, C))):
+        int_embedding = tmp_path / f"int_{key}.safetensors"
+        save_file({**t, key: np.ones(shape, np.int32)}, str(int_embedding))
+        cases.append((int_embedding, f"error: {int_embedding}: tensor {key!r} holds int32 values; GPT-2 weights are "
+                                     "floating point"))
     tokens = tmp_path / "train.bin"
     write_tokens(tokens, np.arange(10))
     cases.append((tokens, f"error: {tokens}: it is an llm.c token (data) file, not GPT-2 weights"))
