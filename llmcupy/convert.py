@@ -277,9 +277,10 @@ def _convert_file(path, num_heads: int | None) -> tuple[GPT2Config, np.ndarray]:
 
 def read_any(path, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray]:
     """(config, flat fp32 parameters) of a safetensors file, a training state or an llm.c .bin."""
-    from .checkpoint import check_readable_file, read_model_any
+    from .checkpoint import check_readable_file, read_model_any, refuse_legacy_pytorch_checkpoint
 
     check_readable_file(path, "a model.safetensors, a training state .npz or an llm.c model .bin")
+    refuse_legacy_pytorch_checkpoint(path)
     with open(path, "rb") as f:
         head = f.read(4)
     magic = int(np.frombuffer(head, "<i4")[0]) if len(head) == 4 else None

@@ -318,3 +318,38 @@ def test_a_bf16_file_may_carry_its_mask_buffers_in_any_dtype(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{src}: tensor 'h.0.ln_1.bias' holds int64 values; GPT-2 weights are floating point" in err, err
     assert not (tmp_path / "x.bin").exists()
+
+
+def _pytorch_checkpoints(folder):
+    """Files laid out as torch.save writes them, without needing torch: the zip archive of PyTorch
+    >= 1.6 (``<name>/data.pkl`` and its storages) and the legacy pickle stream, which opens with
+    protocol 2's marker and the pickled magic number 0x1950a86a20f9469cfc6c."""
+    import zipfile
+
+    zipped = folder / "pytorch_model.bin"
+    with zipfile.ZipFile(zipped, "w") as z:
+        for member, data in (("data.pkl", b"\x80\x02}q\x00."), ("version", b"3\n"), ("data/0", bytes(64))):
+            z.writestr(f"pytorch_model/{member}", data)
+    legacy = folder / "legacy_pytorch_model.bin"
+    legacy.write_bytes(bytes.fromhex("80028a0a6cfc9c46f9206aa85019") + b".\x80\x02M\xe9\x03." + bytes(64))
+    return zipped, legacy
+
+
+def test_a_pytorch_checkpoint_is_named_as_one(tmp_path, capsys):
+    # Hugging Face's pytorch_model.bin given to convert (or to sample/train -e) was "not an llmcupy
+    # training-state file: no 'meta' member", or in the legacy format "cannot read safetensors file:
+    # ... header too large" and "bad magic number 176816768"
+    from llmcupy import sample
+
+    for src in _pytorch_checkpoints(tmp_path):
+        expected = (f"error: {src}: it is a PyTorch checkpoint (torch.save, like Hugging Face's pytorch_model.bin), "
+                    "which llmcupy does not read; convert the model's model.safetensors instead (transformers' "
+                    "save_pretrained writes one)\n")
+        assert cv.main([str(src), "-o", str(tmp_path / "x.bin")]) == 2
+        err = capsys.readouterr().err
+        assert err == expected, err
+        assert not (tmp_path / "x.bin").exists()
+        assert sample.main(["-e", str(src), "-n", "1"]) == 2
+        assert capsys.readouterr().err == expected
+        with pytest.raises(ck.CheckpointError, match="it is a PyTorch checkpoint"):
+            ck.load_training_state(src)   # --resume
