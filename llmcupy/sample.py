@@ -116,6 +116,9 @@ def generate(cfg: GPT2Config, params: np.ndarray, context: list[int], n: int, T:
     if T != asked:   # said, not done silently: the user chose the window
         print(f"note: -t {asked} is not a multiple of 4 (the default attention kernel needs one); the "
               f"context window is {T}", file=sys.stderr)
+    if len(context) > T:   # the window slides over it as over the generated tokens: said, not done silently
+        print(f"note: the prompt is {len(context)} tokens (with the leading <|endoftext|>), more than the context "
+              f"window of {T}; the model sees only its last {T}", file=sys.stderr)
     model = GPT2(cfg, params)
     rng = XorShiftRNG(seed)
     tokens = list(context)

@@ -376,6 +376,20 @@ def test_sample_says_when_it_changes_the_context_window(capsys, tmp_path):
     assert "note" not in capsys.readouterr().err
 
 
+def test_sample_says_when_the_prompt_is_longer_than_the_context_window(capsys, tmp_path):
+    # a prompt of more tokens than the window was cut to its last T tokens without a word
+    import gen_inputs
+    from llmcupy import sample
+
+    bpe = gen_inputs.write_tiny_bpe(tmp_path / "tiny.tiktoken")
+    argv = ["--init", "d1", "-n", "0", "-t", "8", "--bpe", str(bpe)]
+    assert sample.main(argv + ["--prompt", " ROMEO" * 7]) == 0   # 8 tokens with the leading <|endoftext|>
+    assert "note" not in capsys.readouterr().err
+    assert sample.main(argv + ["--prompt", " ROMEO" * 9]) == 0
+    assert capsys.readouterr().err == ("note: the prompt is 10 tokens (with the leading <|endoftext|>), more than the "
+                                       "context window of 8; the model sees only its last 8\n")
+
+
 def test_sample_runs_offline_without_a_prompt(capsysbinary, tmp_path, monkeypatch):
     # Without a prompt nothing needs tiktoken's encoder, yet offline without --bpe the run stopped
     # with exit 2. Now it decodes with gpt2_tokenizer.bin if present (as the trainer does), else prints
