@@ -353,3 +353,65 @@ def test_a_pytorch_checkpoint_is_named_as_one(tmp_path, capsys):
         assert capsys.readouterr().err == expected
         with pytest.raises(ck.CheckpointError, match="it is a PyTorch checkpoint"):
             ck.load_training_state(src)   # --resume
+
+
+def _hugging_face_logits(t, tokens, num_heads):
+    """GPT-2's forward pass written over Hugging Face's tensors as they are stored (Conv1D: x @ W + b
+    with W (in, out); the causal mask read from the attn.bias buffer; logits by the tied wte), in
+    PyTorch: an oracle that shares no code, and no layout, with llmcupy."""
+    import math
+
+    import torch
+
+    F = torch.nn.functional
+    w = {k.removeprefix("transformer."): torch.from_numpy(np.asarray(v, np.float32)) for k, v in t.items()}
+    C = w["wte.weight"].shape[1]
+    T, hs = len(tokens), C // num_heads
+    x = w["wte.weight"][tokens] + w["wpe.weight"][:T]
+    for l in range(len({k.split(".")[1] for k in w if k.startswith("h.")})):
+        h = lambda name: w[f"h.{l}.{name}"]  # noqa: E731
+        a = F.layer_norm(x, (C,), h("ln_1.weight"), h("ln_1.bias"), 1e-5)
+        q, k, v = ((a @ h("attn.c_attn.weight") + h("attn.c_attn.bias")).split(C, -1))
+        q, k, v = (z.view(T, num_heads, hs).transpose(0, 1) for z in (q, k, v))
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(hs)
+        att = att.masked_fill(h("attn.bias")[0, 0, :T, :T] == 0, float("-inf")).softmax(-1)
+        x = x + (att @ v).transpose(0, 1).reshape(T, C) @ h("attn.c_proj.weight") + h("attn.c_proj.bias")
+        a = F.layer_norm(x, (C,), h("ln_2.weight"), h("ln_2.bias"), 1e-5)
+        a = F.gelu(a @ h("mlp.c_fc.weight") + h("mlp.c_fc.bias"), approximate="tanh")
+        x = x + a @ h("mlp.c_proj.weight") + h("mlp.c_proj.bias")
+    x = F.layer_norm(x, (C,), w["ln_f.weight"], w["ln_f.bias"], 1e-5)
+    return (x @ w["lm_head.weight"].T).numpy()
+
+
+def test_converted_hugging_face_weights_give_its_logits(tmp_path):
+    # The placement tests compare tensors with tensors; this runs a Hugging Face GPT2LMHeadModel file
+    # (prefixed keys, tied lm_head, mask buffers) through convert and our model, against the oracle above.
+    # Tolerance: both sides are FP32 and differ only in summation order (sums of at most 4C = 256 terms,
+    # relative rounding ~1e-6 at |logits| ~ 0.5; measured max 2.5e-7); 1e-5 is llmcupy's model-vs-PyTorch
+    # logits bound (tests/test_model.py), while c_proj left untransposed moves them by 0.7.
+    pytest.importorskip("torch")
+    from llmcupy.model import GPT2
+    from llmcupy.runtime import backend
+
+    def scaled(key, a):   # GPT-2-like magnitudes; c_attn larger, so that attention is far from uniform
+        if ".ln_" in key or "ln_f." in key:
+            return (1.0 + 0.1 * a) if key.endswith("weight") else 0.1 * a
+        return a * (0.3 if "c_attn.weight" in key else 0.02 if a.ndim == 2 else 0.1)
+
+    t = {k: scaled(k, v).astype(np.float32) for k, v in hf_tensors(prefix="transformer.", buffers=False).items()}
+    for l in range(L):   # the buffers as transformers saves them: a 0/1 lower-triangular mask, the masked score
+        t[f"transformer.h.{l}.attn.bias"] = np.tril(np.ones((MAXT, MAXT), np.float32))[None, None]
+        t[f"transformer.h.{l}.attn.masked_bias"] = np.array(-1e4, np.float32)
+    t["lm_head.weight"] = t["transformer.wte.weight"].copy()
+    src, out = tmp_path / "model.safetensors", tmp_path / "model.bin"
+    save_file(t, str(src))
+    assert cv.main([str(src), "-o", str(out), "--num-heads", str(NH)]) == 0
+    config, params = ck.read_model(out)
+    tokens = np.random.default_rng(1).integers(0, V, size=8)
+    model = GPT2(config, params)
+    model.forward(tokens[None].astype(np.int32))
+    ours = backend.to_numpy(model.logits())[0]
+    ref = _hugging_face_logits(t, tokens, NH)
+    assert ours.shape == ref.shape == (8, V)
+    assert np.abs(ref).max() > 0.1   # not a vanishing signal that any layout would match
+    np.testing.assert_allclose(ours, ref, atol=1e-5, rtol=1e-5)
