@@ -57,6 +57,11 @@ def main(argv=None) -> int:
                  "vocabulary's first; give a nonzero seed")
     if args.seq_len is not None and args.seq_len < 1:
         ap.error(f"-t/--seq-len must be positive (got {args.seq_len})")
+    # bytes of argv that are not UTF-8 reach Python as surrogate escapes; tiktoken would encode each as U+FFFD
+    bad = next((i for i, ch in enumerate(args.prompt) if "\udc80" <= ch <= "\udcff"), None)
+    if bad is not None:
+        ap.error(f"--prompt: byte {ord(args.prompt[bad]) - 0xdc00:#04x} at character {bad} is not UTF-8; give the "
+                 "text in UTF-8 (a terminal or file in another encoding sends other bytes)")
     try:
         if args.backend:
             _backend.set_backend(args.backend)

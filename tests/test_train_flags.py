@@ -390,6 +390,19 @@ def test_sample_says_when_the_prompt_is_longer_than_the_context_window(capsys, t
                                        "context window of 8; the model sees only its last 8\n")
 
 
+def test_sample_refuses_a_prompt_that_is_not_utf8(capsys):
+    # a Latin-1 "café" from the shell reaches Python as a surrogate escape, and tiktoken turned it
+    # into U+FFFD: the model continued "caf\ufffd" without a word
+    from llmcupy import sample
+
+    with pytest.raises(SystemExit) as exc:
+        sample.main(["--init", "d1", "-n", "1", "--prompt", b"caf\xe9 au lait".decode("utf-8", "surrogateescape")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].endswith("--prompt: byte 0xe9 at character 3 is not UTF-8; give the text in UTF-8 "
+                                         "(a terminal or file in another encoding sends other bytes)"), err
+
+
 def test_sample_runs_offline_without_a_prompt(capsysbinary, tmp_path, monkeypatch):
     # Without a prompt nothing needs tiktoken's encoder, yet offline without --bpe the run stopped
     # with exit 2. Now it decodes with gpt2_tokenizer.bin if present (as the trainer does), else prints
