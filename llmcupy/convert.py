@@ -305,8 +305,9 @@ def _heads_were_guessed(path: Path) -> bool:
 
 def _output_problem(args) -> str | None:
     """Why an output cannot be written, checked before the input is read: a folder or a path under
-    a file was reported naming a temporary file (or "File exists"), and ``-o`` naming the input
-    replaced it (a training state's AdamW moments and data position lost to a model file)."""
+    a file was reported naming a temporary file (or "File exists"), ``-o`` naming the input
+    replaced it (a training state's AdamW moments and data position lost to a model file), and an
+    output named config.json beside ``--safetensors`` was replaced by the export's config.json."""
     from .fileio import output_path_problem
 
     outputs = [(flag, path) for flag, path in (("-o", args.out), ("--safetensors", args.safetensors)) if path]
@@ -323,6 +324,16 @@ def _output_problem(args) -> str | None:
         if same:
             return (f"{flag} {path} is the input file; writing there would replace {args.weights}. Give "
                     f"{flag} another file")
+    if args.safetensors:   # write_safetensors also writes config.json beside the export
+        config_json = Path(args.safetensors).with_name("config.json")
+        if Path(args.safetensors).name == config_json.name:
+            return (f"--safetensors {args.safetensors}: convert writes the export's config.json under that name beside "
+                    "it; name the weights e.g. model.safetensors")
+        if args.out and os.path.abspath(args.out) == os.path.abspath(config_json):
+            return f"-o {args.out} is the config.json written beside --safetensors; give -o another file"
+        problem = output_path_problem(config_json, makes_folders=True)
+        if problem:
+            return f"--safetensors {args.safetensors}: the config.json beside it: {problem}"
     return None
 
 

@@ -257,6 +257,18 @@ def test_cli_refuses_outputs_it_cannot_write_or_that_are_its_input(tmp_path, cap
     refused([model, "-o", tmp_path], f"-o {tmp_path}: it is a folder")
     refused([model, "-o", model / "x.bin"], f"-o {model / 'x.bin'}: {model} is not a folder")
     refused([model, "-o", tmp_path / "a.bin", "--safetensors", tmp_path / "a.bin"], "-o and --safetensors both name")
+    # the config.json written beside --safetensors: naming it as the export kept only the JSON (exit 0,
+    # the weights replaced), -o naming it replaced the JSON by the model file, and a folder there left
+    # the weights without their config.json ("config.json is a folder", a file the user never named)
+    export = tmp_path / "hf"
+    refused([model, "--safetensors", export / "config.json"], f"--safetensors {export / 'config.json'}: convert "
+            "writes the export's config.json under that name beside it; name the weights e.g. model.safetensors")
+    refused([model, "--safetensors", export / "model.safetensors", "-o", export / "config.json"],
+            f"-o {export / 'config.json'} is the config.json written beside --safetensors")
+    (export / "config.json").mkdir(parents=True)
+    refused([model, "--safetensors", export / "model.safetensors"],
+            f"--safetensors {export / 'model.safetensors'}: the config.json beside it: it is a folder")
+    assert not (export / "model.safetensors").exists()
     # --num-heads is the safetensors input's; one that disagrees with a model file's NH was ignored
     refused([model, "-o", tmp_path / "b.bin", "--num-heads", NH * 2], f"holds a model with NH = {NH}")
     assert not (tmp_path / "b.bin").exists()
