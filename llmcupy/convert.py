@@ -8,7 +8,8 @@ CLI::
 The input may also be a model you trained: the trainer's training state (``.npz``) or an llm.c
 model ``.bin``; ``-o`` writes llm.c's model file and ``--safetensors`` a Hugging Face GPT-2
 export (``GPT2Model`` tensor names, Conv1D layout, unpadded wte, plus ``config.json`` beside it),
-which ``GPT2LMHeadModel.from_pretrained(folder)`` loads.
+which ``GPT2LMHeadModel.from_pretrained(folder)`` loads. A checkpoint that transformers saved in
+shards (``model-00001-of-00002.safetensors``, ...) converts from its ``model.safetensors.index.json``.
 
 What changes on the way (as llm.c's exporter does it):
 
@@ -43,6 +44,8 @@ from .fileio import KNOWN_MAGICS, FileFormatError
 from ._cli import one_line_warnings
 
 DEFAULT_OUT = "gpt2_124M.bin"
+SHARD_INDEX = "model.safetensors.index.json"
+_SHARD_NAME = re.compile(r"-\d+-of-\d+\.safetensors$")
 HEAD_SIZE = 64
 _IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 # llm.c tensor -> (Hugging Face per-layer key, transposed?)
@@ -267,12 +270,37 @@ def convert(safetensors_path, out_path, *, num_heads: int | None = None, dtype: 
 
 
 def _convert_file(path, num_heads: int | None) -> tuple[GPT2Config, np.ndarray]:
-    """:func:`hf_to_llmc` of a safetensors file, its errors naming the file."""
-    tensors = load_safetensors(path)
+    """:func:`hf_to_llmc` of a safetensors file or of a sharded checkpoint's index, its errors naming
+    the file."""
+    path = Path(path)
+    tensors = load_sharded_safetensors(path) if path.name.endswith(".json") else load_safetensors(path)
     try:
         return hf_to_llmc(tensors, num_heads=num_heads)
     except ConvertError as e:
-        raise ConvertError(f"{path}: {e}") from e
+        index = path.with_name(SHARD_INDEX)
+        hint = (f"; it is one shard of a sharded checkpoint: give its index, {index}"
+                if _SHARD_NAME.search(path.name) and index.is_file() else "")
+        raise ConvertError(f"{path}: {e}{hint}") from e
+
+
+def load_sharded_safetensors(index_path) -> dict:
+    """The tensors of a checkpoint that transformers' save_pretrained split into shards
+    (``model-0000N-of-0000M.safetensors``), read from each shard its index names
+    (``model.safetensors.index.json``: ``{"weight_map": {tensor: shard file}}``) beside it."""
+    index_path = Path(index_path)
+    try:
+        weight_map = json.loads(index_path.read_text()).get("weight_map")
+    except (ValueError, AttributeError, UnicodeDecodeError) as e:
+        raise ConvertError(f"{index_path}: not a safetensors index ({SHARD_INDEX}): {e}") from e
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ConvertError(f"{index_path}: not a safetensors index ({SHARD_INDEX}): it has no weight_map")
+    tensors = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = index_path.parent / shard
+        if not shard_path.is_file():
+            raise ConvertError(f"{index_path}: its shard {shard} is not beside it; download every shard the index names")
+        tensors.update(load_safetensors(shard_path))   # its own errors name the shard
+    return tensors
 
 
 def read_any(path, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray]:
@@ -346,7 +374,8 @@ def main(argv=None) -> int:
         description="Convert GPT-2 weights between Hugging Face safetensors, llm.c's model file and the trainer's "
                     "training state.")
     parser.add_argument("weights", help="model.safetensors (F32, F16 or BF16; e.g. data/gpt2/model.safetensors from python -m "
-                        "llmcupy.download gpt2), a training state .npz, or an llm.c model .bin")
+                        "llmcupy.download gpt2) or a sharded one's model.safetensors.index.json, a training state "
+                        ".npz, or an llm.c model .bin")
     parser.add_argument("-o", "--out", default=None,
                         help="output llm.c model file (default gpt2_124M.bin when --safetensors is not given; an "
                              "existing one is replaced only when named with -o)")

@@ -427,3 +427,39 @@ def test_converted_hugging_face_weights_give_its_logits(tmp_path):
     assert ours.shape == ref.shape == (8, V)
     assert np.abs(ref).max() > 0.1   # not a vanishing signal that any layout would match
     np.testing.assert_allclose(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_a_sharded_checkpoint_converts_from_its_index(tmp_path, capsys):
+    # transformers' save_pretrained splits a model over max_shard_size (5 GB: GPT-2 XL in fp32) into
+    # model-0000N-of-0000M.safetensors and model.safetensors.index.json; the index was "cannot read
+    # safetensors file: ... header too large", a shard "missing tensor 'wte.weight': not a GPT-2 checkpoint"
+    t = hf_tensors()
+    names = sorted(t)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in shards.items():
+        save_file({k: t[k] for k in keys}, str(tmp_path / shard))
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": 0},
+                                 "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    out = tmp_path / "model.bin"
+    assert cv.main([str(index), "-o", str(out), "--num-heads", str(NH)]) == 0, capsys.readouterr().err
+    config, params = ck.read_model(out)
+    ref_config, ref = cv.hf_to_llmc(t, num_heads=NH)
+    assert config == ref_config and np.array_equal(params, ref)
+    capsys.readouterr()
+
+    def refused(src, expected):
+        assert cv.main([str(src), "-o", str(tmp_path / "x.bin"), "--num-heads", str(NH)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {expected}\n", err
+        assert not (tmp_path / "x.bin").exists()
+
+    shard = tmp_path / "model-00001-of-00002.safetensors"
+    refused(shard, f"{shard}: missing tensor 'wte.weight': not a GPT-2 checkpoint; it is one shard of a sharded "
+                   f"checkpoint: give its index, {index}")
+    shard.rename(tmp_path / "moved.safetensors")
+    refused(index, f"{index}: its shard model-00001-of-00002.safetensors is not beside it; download every shard "
+                   "the index names")
+    index.write_text(json.dumps({"metadata": {}}))
+    refused(index, f"{index}: not a safetensors index (model.safetensors.index.json): it has no weight_map")
