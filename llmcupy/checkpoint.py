@@ -167,6 +167,17 @@ def pytorch_checkpoint_error(path) -> CheckpointError:
                            "save_pretrained writes one)")
 
 
+def refuse_safetensors(path) -> None:
+    """Hugging Face weights given where an llm.c model file is read: their 8-byte header length
+    was read as the magic number ("bad magic number 2688"). The layout: that length, then its JSON."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+        size = file_size(f)
+    if len(head) == 9 and head[8:] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= min(size - 8, 100 << 20):
+        raise CheckpointError(f"{path}: it is a safetensors file (Hugging Face weights), not an llm.c model file; "
+                              f"convert it first: python -m llmcupy.convert {path} -o model.bin, then give model.bin")
+
+
 def refuse_legacy_pytorch_checkpoint(path) -> None:
     """A pickle-format torch.save file is otherwise "bad magic number" or an unreadable safetensors
     header; the zip format is recognised by :func:`load_training_state`."""
@@ -189,6 +200,7 @@ def read_model_any(path) -> tuple[GPT2Config, np.ndarray, str]:
     the CLIs' ``-e`` reads, so a model you trained can be sampled, gated and profiled."""
     check_readable_file(path, "an llm.c model .bin or a training state .npz")
     refuse_legacy_pytorch_checkpoint(path)
+    refuse_safetensors(path)
     if is_training_state(path):
         state = load_training_state(path)
         return state.config, state.params, f"{path} (training state at step {state.step})"

@@ -463,3 +463,19 @@ def test_a_sharded_checkpoint_converts_from_its_index(tmp_path, capsys):
                    "the index names")
     index.write_text(json.dumps({"metadata": {}}))
     refused(index, f"{index}: not a safetensors index (model.safetensors.index.json): it has no weight_map")
+
+
+def test_a_safetensors_file_given_as_a_model_says_to_convert_it(tmp_path, capsys):
+    # sample/train -e model.safetensors said "bad magic number 2688 (expected 20240326): not an llm.c
+    # model file": the header length of the safetensors file read as llm.c's magic number
+    from llmcupy import sample
+
+    src = tmp_path / "model.safetensors"
+    save_file(hf_tensors(), str(src))
+    expected = (f"{src}: it is a safetensors file (Hugging Face weights), not an llm.c model file; convert it first: "
+                f"python -m llmcupy.convert {src} -o model.bin, then give model.bin")
+    with pytest.raises(ck.CheckpointError) as exc:
+        ck.read_model_any(src)
+    assert str(exc.value) == expected
+    assert sample.main(["-e", str(src), "-n", "1"]) == 2
+    assert capsys.readouterr().err == f"error: {expected}\n"
