@@ -403,6 +403,28 @@ def test_sample_refuses_a_prompt_that_is_not_utf8(capsys):
                                          "(a terminal or file in another encoding sends other bytes)"), err
 
 
+def test_sample_stops_at_endoftext_when_asked(capsysbinary, monkeypatch, tmp_path):
+    # after <|endoftext|> the model starts an unrelated document; -n tokens were always generated,
+    # so text out of a model ran on into the next one. --stop-at-eot ends the sample there; without
+    # it the sampler keeps llm.c's rule (print the marker, go on). No tokenizer: token ids are printed.
+    from llmcupy import sample
+    from llmcupy import tokenizer as tk
+
+    def offline(bpe_path=None):
+        raise tk.TokenizerError("offline")
+
+    monkeypatch.setattr(sample, "get_encoding", offline)
+    monkeypatch.chdir(tmp_path)   # no gpt2_tokenizer.bin
+    draws = iter([11, 50256, 13, 14])
+    monkeypatch.setattr(sample, "sample_mult", lambda logits, coin: next(draws))
+    assert sample.main(["--init", "d1", "-n", "4", "-t", "8", "--stop-at-eot"]) == 0
+    out, err = capsysbinary.readouterr()
+    assert out == b"11 \n" and b"note: <|endoftext|> after 1 token; stopped (--stop-at-eot)" in err, (out, err)
+    draws = iter([11, 50256, 13, 14])
+    assert sample.main(["--init", "d1", "-n", "4", "-t", "8"]) == 0
+    assert capsysbinary.readouterr()[0] == b"11 50256 13 14 \n"
+
+
 def test_sample_runs_offline_without_a_prompt(capsysbinary, tmp_path, monkeypatch):
     # Without a prompt nothing needs tiktoken's encoder, yet offline without --bpe the run stopped
     # with exit 2. Now it decodes with gpt2_tokenizer.bin if present (as the trainer does), else prints
