@@ -20,7 +20,8 @@ What changes on the way (as llm.c's exporter does it):
 
 Keys may carry the ``transformer.`` prefix of ``GPT2LMHeadModel`` checkpoints; the causal-mask
 buffers (``attn.bias``, ``attn.masked_bias``) are ignored and an ``lm_head.weight`` must equal wte
-(the LM head is tied). The number of heads is not in the weights: ``--num-heads``, else
+(the LM head is tied; a file holding only ``lm_head.weight``, as ``safetensors.torch.save_model``
+writes one, gives wte from it). The number of heads is not in the weights: ``--num-heads``, else
 ``n_head`` from a ``config.json`` beside the weights, else C / 64 (GPT-2's head size; the CLI says
 so). Without ``-o`` the CLI writes ``gpt2_124M.bin`` unless that file exists (``-o gpt2_124M.bin``
 replaces it).
@@ -73,6 +74,9 @@ def _strip(tensors: dict) -> dict:
 def hf_to_llmc(tensors: dict, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray]:
     """Converts Hugging Face GPT-2 tensors (name -> array) into (config, flat fp32 parameters)."""
     t = _strip(tensors)
+    if "wte.weight" not in t and "lm_head.weight" in t:
+        # tied, so one name was saved: safetensors.torch.save_model keeps the first in sorted order
+        t["wte.weight"] = t.pop("lm_head.weight")
     for key in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
         if key not in t:
             raise ConvertError(f"missing tensor {key!r}: not a GPT-2 checkpoint")

@@ -93,6 +93,17 @@ def test_prefixed_keys_and_tied_lm_head(tmp_path):
         cv.hf_to_llmc(t, num_heads=NH)
 
 
+def test_a_tied_lm_head_saved_in_place_of_wte(tmp_path):
+    # safetensors.torch.save_model keeps one name of tied tensors, the first in sorted order:
+    # "lm_head.weight" before "transformer.wte.weight". That file was "missing tensor 'wte.weight':
+    # not a GPT-2 checkpoint"
+    t = hf_tensors(prefix="transformer.")
+    t["lm_head.weight"] = t.pop("transformer.wte.weight")
+    config, params = cv.hf_to_llmc(t, num_heads=NH)
+    t["transformer.wte.weight"] = t["lm_head.weight"]
+    check_placement(params, config, t, prefix="transformer.")
+
+
 def test_num_heads_from_config_json(tmp_path):
     src = tmp_path / "model.safetensors"
     save_file(hf_tensors(), str(src))
