@@ -157,6 +157,35 @@ def is_training_state(path) -> bool:
         return f.read(4) == b"PK\x03\x04"
 
 
+# torch.save's legacy (pre-zip) format opens with pickle protocol 2 and its magic number 0x1950a86a20f9469cfc6c
+_LEGACY_TORCH_PREFIX = bytes.fromhex("80028a0a6cfc9c46f9206aa85019")
+
+
+def pytorch_checkpoint_error(path) -> CheckpointError:
+    return CheckpointError(f"{path}: it is a PyTorch checkpoint (torch.save, like Hugging Face's pytorch_model.bin), "
+                           "which llmcupy does not read; convert the model's model.safetensors instead (transformers' "
+                           "save_pretrained writes one)")
+
+
+def refuse_safetensors(path) -> None:
+    """Hugging Face weights given where an llm.c model file is read: their 8-byte header length
+    was read as the magic number ("bad magic number 2688"). The layout: that length, then its JSON."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+        size = file_size(f)
+    if len(head) == 9 and head[8:] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= min(size - 8, 100 << 20):
+        raise CheckpointError(f"{path}: it is a safetensors file (Hugging Face weights), not an llm.c model file; "
+                              f"convert it first: python -m llmcupy.convert {path} -o model.bin, then give model.bin")
+
+
+def refuse_legacy_pytorch_checkpoint(path) -> None:
+    """A pickle-format torch.save file is otherwise "bad magic number" or an unreadable safetensors
+    header; the zip format is recognised by :func:`load_training_state`."""
+    with open(path, "rb") as f:
+        if f.read(len(_LEGACY_TORCH_PREFIX)) == _LEGACY_TORCH_PREFIX:
+            raise pytorch_checkpoint_error(path)
+
+
 def check_readable_file(path, what: str) -> None:
     """A missing path or a folder given where a file is expected: one clear error naming it."""
     if not os.path.exists(path):
@@ -170,6 +199,8 @@ def read_model_any(path) -> tuple[GPT2Config, np.ndarray, str]:
     (``--save-every``): returns (config, flat fp32 parameters, a short description). This is what
     the CLIs' ``-e`` reads, so a model you trained can be sampled, gated and profiled."""
     check_readable_file(path, "an llm.c model .bin or a training state .npz")
+    refuse_legacy_pytorch_checkpoint(path)
+    refuse_safetensors(path)
     if is_training_state(path):
         state = load_training_state(path)
         return state.config, state.params, f"{path} (training state at step {state.step})"
@@ -370,6 +401,7 @@ def load_training_state(path) -> TrainingState:
     what = "llmcupy training-state file"
     check_readable_file(path, f"an {what} (.npz, written by the trainer's --save-every)")
     if not is_training_state(path):
+        refuse_legacy_pytorch_checkpoint(path)
         # np.load would try a .npy or even a pickle here; say what the file is not instead
         with open(path, "rb") as f:
             head = f.read(6)
@@ -391,6 +423,8 @@ def load_training_state(path) -> TrainingState:
         try:
             with archive:
                 if "meta" not in archive.files:
+                    if any(name.endswith("/data.pkl") for name in archive.files):   # torch.save's zip format
+                        raise pytorch_checkpoint_error(path)
                     raise CheckpointError(f"{path}: not an {what}: no 'meta' member")
                 arrays = {name: archive[name] for name in archive.files}
         except CheckpointError:

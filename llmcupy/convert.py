@@ -8,7 +8,8 @@ CLI::
 The input may also be a model you trained: the trainer's training state (``.npz``) or an llm.c
 model ``.bin``; ``-o`` writes llm.c's model file and ``--safetensors`` a Hugging Face GPT-2
 export (``GPT2Model`` tensor names, Conv1D layout, unpadded wte, plus ``config.json`` beside it),
-which ``GPT2LMHeadModel.from_pretrained(folder)`` loads.
+which ``GPT2LMHeadModel.from_pretrained(folder)`` loads. A checkpoint that transformers saved in
+shards (``model-00001-of-00002.safetensors``, ...) converts from its ``model.safetensors.index.json``.
 
 What changes on the way (as llm.c's exporter does it):
 
@@ -19,7 +20,8 @@ What changes on the way (as llm.c's exporter does it):
 
 Keys may carry the ``transformer.`` prefix of ``GPT2LMHeadModel`` checkpoints; the causal-mask
 buffers (``attn.bias``, ``attn.masked_bias``) are ignored and an ``lm_head.weight`` must equal wte
-(the LM head is tied). The number of heads is not in the weights: ``--num-heads``, else
+(the LM head is tied; a file holding only ``lm_head.weight``, as ``safetensors.torch.save_model``
+writes one, gives wte from it). The number of heads is not in the weights: ``--num-heads``, else
 ``n_head`` from a ``config.json`` beside the weights, else C / 64 (GPT-2's head size; the CLI says
 so). Without ``-o`` the CLI writes ``gpt2_124M.bin`` unless that file exists (``-o gpt2_124M.bin``
 replaces it).
@@ -43,6 +45,8 @@ from .fileio import KNOWN_MAGICS, FileFormatError
 from ._cli import one_line_warnings
 
 DEFAULT_OUT = "gpt2_124M.bin"
+SHARD_INDEX = "model.safetensors.index.json"
+_SHARD_NAME = re.compile(r"-\d+-of-\d+\.safetensors$")
 HEAD_SIZE = 64
 _IGNORED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 # llm.c tensor -> (Hugging Face per-layer key, transposed?)
@@ -70,10 +74,13 @@ def _strip(tensors: dict) -> dict:
 def hf_to_llmc(tensors: dict, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray]:
     """Converts Hugging Face GPT-2 tensors (name -> array) into (config, flat fp32 parameters)."""
     t = _strip(tensors)
+    if "wte.weight" not in t and "lm_head.weight" in t:
+        # tied, so one name was saved: safetensors.torch.save_model keeps the first in sorted order
+        t["wte.weight"] = t.pop("lm_head.weight")
     for key in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
         if key not in t:
             raise ConvertError(f"missing tensor {key!r}: not a GPT-2 checkpoint")
-    wte, wpe = np.asarray(t["wte.weight"]), np.asarray(t["wpe.weight"])
+    wte, wpe = (_floating(key, np.asarray(t[key])) for key in ("wte.weight", "wpe.weight"))
     if wte.ndim != 2 or wpe.ndim != 2 or wte.shape[1] != wpe.shape[1]:
         raise ConvertError(f"wte {wte.shape} and wpe {wpe.shape} must be 2-D with the same width")
     V, C = wte.shape
@@ -153,12 +160,16 @@ def write_safetensors(path, config: GPT2Config, flat) -> None:
         f.write(json.dumps(hf_config(config), indent=2).encode())
 
 
+def _floating(key: str, a: np.ndarray) -> np.ndarray:
+    if not np.issubdtype(a.dtype, np.floating):   # a cast would turn it into weights without a word
+        raise ConvertError(f"tensor {key!r} holds {a.dtype} values; GPT-2 weights are floating point")
+    return a
+
+
 def _get(t: dict, key: str, shape) -> np.ndarray:
     if key not in t:
         raise ConvertError(f"missing tensor {key!r}")
-    a = np.asarray(t[key])
-    if not np.issubdtype(a.dtype, np.floating):   # a cast would turn it into weights without a word
-        raise ConvertError(f"tensor {key!r} holds {a.dtype} values; GPT-2 weights are floating point")
+    a = _floating(key, np.asarray(t[key]))
     if a.shape != tuple(shape):
         raise ConvertError(f"tensor {key!r} has shape {a.shape}, expected {tuple(shape)} (Hugging Face layout)")
     return a.astype(np.float32, copy=False)
@@ -196,13 +207,20 @@ def _safetensors_sizes(path) -> tuple[int | None, int]:
     return 8 + n + max(ends, default=0), actual
 
 
+# safetensors' dtype names that NumPy holds; BF16 is read as its 16 raw bits and widened
+_SAFETENSORS_DTYPES = {"BF16": "<u2", "F16": "<f2", "F32": "<f4", "F64": "<f8", "BOOL": "?", "U8": "u1", "I8": "i1",
+                       "U16": "<u2", "I16": "<i2", "U32": "<u4", "I32": "<i4", "U64": "<u8", "I64": "<i8"}
+
+
 def _load_bf16_safetensors(path) -> dict:
-    """A safetensors file holding BF16 (and F32/F16) tensors, read from its documented layout (an
-    8-byte little-endian header length, a JSON header of dtype, shape and data_offsets, the data);
-    BF16 is widened to fp32 exactly, as a version-5 model file is."""
+    """A safetensors file holding BF16 tensors, read from its documented layout (an 8-byte
+    little-endian header length, a JSON header of dtype, shape and data_offsets, the data); BF16 is
+    widened to fp32 exactly, as a version-5 model file is. Other dtypes keep theirs, as
+    safetensors.numpy gives them: the causal-mask buffers transformers saves as BOOL or U8 are
+    ignored later, and an integer weight is refused by name (:func:`_get`)."""
     from .checkpoint import bf16_to_fp32
 
-    dtypes = {"BF16": np.dtype("<u2"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4")}
+    dtypes = {name: np.dtype(code) for name, code in _SAFETENSORS_DTYPES.items()}
     raw = Path(path).read_bytes()
     try:
         n = int.from_bytes(raw[:8], "little")
@@ -215,7 +233,8 @@ def _load_bf16_safetensors(path) -> dict:
             if dtype is None:
                 raise ConvertError(f"{path}: tensor {name!r} is {info['dtype']}; GPT-2 weights must be F32, F16 or BF16")
             a = np.frombuffer(raw, dtype=dtype, count=(end - start) // dtype.itemsize, offset=base + start)
-            a = bf16_to_fp32(a) if info["dtype"] == "BF16" else a.astype(np.float32)
+            if info["dtype"] == "BF16":
+                a = bf16_to_fp32(a)
             out[name] = a.reshape(shape)
     except ConvertError:
         raise
@@ -255,19 +274,45 @@ def convert(safetensors_path, out_path, *, num_heads: int | None = None, dtype: 
 
 
 def _convert_file(path, num_heads: int | None) -> tuple[GPT2Config, np.ndarray]:
-    """:func:`hf_to_llmc` of a safetensors file, its errors naming the file."""
-    tensors = load_safetensors(path)
+    """:func:`hf_to_llmc` of a safetensors file or of a sharded checkpoint's index, its errors naming
+    the file."""
+    path = Path(path)
+    tensors = load_sharded_safetensors(path) if path.name.endswith(".json") else load_safetensors(path)
     try:
         return hf_to_llmc(tensors, num_heads=num_heads)
     except ConvertError as e:
-        raise ConvertError(f"{path}: {e}") from e
+        index = path.with_name(SHARD_INDEX)
+        hint = (f"; it is one shard of a sharded checkpoint: give its index, {index}"
+                if _SHARD_NAME.search(path.name) and index.is_file() else "")
+        raise ConvertError(f"{path}: {e}{hint}") from e
+
+
+def load_sharded_safetensors(index_path) -> dict:
+    """The tensors of a checkpoint that transformers' save_pretrained split into shards
+    (``model-0000N-of-0000M.safetensors``), read from each shard its index names
+    (``model.safetensors.index.json``: ``{"weight_map": {tensor: shard file}}``) beside it."""
+    index_path = Path(index_path)
+    try:
+        weight_map = json.loads(index_path.read_text()).get("weight_map")
+    except (ValueError, AttributeError, UnicodeDecodeError) as e:
+        raise ConvertError(f"{index_path}: not a safetensors index ({SHARD_INDEX}): {e}") from e
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ConvertError(f"{index_path}: not a safetensors index ({SHARD_INDEX}): it has no weight_map")
+    tensors = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = index_path.parent / shard
+        if not shard_path.is_file():
+            raise ConvertError(f"{index_path}: its shard {shard} is not beside it; download every shard the index names")
+        tensors.update(load_safetensors(shard_path))   # its own errors name the shard
+    return tensors
 
 
 def read_any(path, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray]:
     """(config, flat fp32 parameters) of a safetensors file, a training state or an llm.c .bin."""
-    from .checkpoint import check_readable_file, read_model_any
+    from .checkpoint import check_readable_file, read_model_any, refuse_legacy_pytorch_checkpoint
 
     check_readable_file(path, "a model.safetensors, a training state .npz or an llm.c model .bin")
+    refuse_legacy_pytorch_checkpoint(path)
     with open(path, "rb") as f:
         head = f.read(4)
     magic = int(np.frombuffer(head, "<i4")[0]) if len(head) == 4 else None
@@ -292,8 +337,9 @@ def _heads_were_guessed(path: Path) -> bool:
 
 def _output_problem(args) -> str | None:
     """Why an output cannot be written, checked before the input is read: a folder or a path under
-    a file was reported naming a temporary file (or "File exists"), and ``-o`` naming the input
-    replaced it (a training state's AdamW moments and data position lost to a model file)."""
+    a file was reported naming a temporary file (or "File exists"), ``-o`` naming the input
+    replaced it (a training state's AdamW moments and data position lost to a model file), and an
+    output named config.json beside ``--safetensors`` was replaced by the export's config.json."""
     from .fileio import output_path_problem
 
     outputs = [(flag, path) for flag, path in (("-o", args.out), ("--safetensors", args.safetensors)) if path]
@@ -310,6 +356,16 @@ def _output_problem(args) -> str | None:
         if same:
             return (f"{flag} {path} is the input file; writing there would replace {args.weights}. Give "
                     f"{flag} another file")
+    if args.safetensors:   # write_safetensors also writes config.json beside the export
+        config_json = Path(args.safetensors).with_name("config.json")
+        if Path(args.safetensors).name == config_json.name:
+            return (f"--safetensors {args.safetensors}: convert writes the export's config.json under that name beside "
+                    "it; name the weights e.g. model.safetensors")
+        if args.out and os.path.abspath(args.out) == os.path.abspath(config_json):
+            return f"-o {args.out} is the config.json written beside --safetensors; give -o another file"
+        problem = output_path_problem(config_json, makes_folders=True)
+        if problem:
+            return f"--safetensors {args.safetensors}: the config.json beside it: {problem}"
     return None
 
 
@@ -322,7 +378,8 @@ def main(argv=None) -> int:
         description="Convert GPT-2 weights between Hugging Face safetensors, llm.c's model file and the trainer's "
                     "training state.")
     parser.add_argument("weights", help="model.safetensors (F32, F16 or BF16; e.g. data/gpt2/model.safetensors from python -m "
-                        "llmcupy.download gpt2), a training state .npz, or an llm.c model .bin")
+                        "llmcupy.download gpt2) or a sharded one's model.safetensors.index.json, a training state "
+                        ".npz, or an llm.c model .bin")
     parser.add_argument("-o", "--out", default=None,
                         help="output llm.c model file (default gpt2_124M.bin when --safetensors is not given; an "
                              "existing one is replaced only when named with -o)")

@@ -5,7 +5,8 @@
     python -m llmcupy.sample --init d2 -n 16 --backend sim      # a random tiny model
 
 Each new token runs a full forward pass over a (1, T) window and samples the last position's logits
-with llm.c's rule (temperature 1, no top-k, xorshift RNG seeded 1337 by default). The prompt is
+with llm.c's rule (temperature 1, no top-k, xorshift RNG seeded 1337 by default); ``--stop-at-eot`` ends
+the sample where the model emits <|endoftext|> (llm.c prints it and goes on). The prompt is
 encoded with tiktoken's GPT-2 encoding (``--bpe FILE`` or ``LLMCUPY_GPT2_BPE`` offline); without a
 prompt, generation starts from <|endoftext|> as in the trainer. Tokens are decoded as the trainer does:
 ``--tokenizer FILE`` (llm.c's gpt2_tokenizer.bin), else gpt2_tokenizer.bin in the working directory if
@@ -45,6 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("-n", "--num-tokens", type=int, default=64, help="tokens to generate")
     ap.add_argument("-t", "--seq-len", type=int, default=None, help="context window (default: the model's)")
     ap.add_argument("--seed", type=int, default=1337, help="xorshift RNG seed (llm.c: 1337)")
+    ap.add_argument("--stop-at-eot", action="store_true", help="end the sample at <|endoftext|> (not printed), where the "
+                    "model would start another document (llm.c prints it and goes on)")
     ap.add_argument("--bpe", default=None, help="gpt2.tiktoken file for offline tokenisation")
     ap.add_argument("--tokenizer", default=None, help="llm.c tokenizer .bin to decode with (default "
                     "gpt2_tokenizer.bin if present, else tiktoken's GPT-2 encoding; a prompt still needs tiktoken)")
@@ -57,6 +60,11 @@ def main(argv=None) -> int:
                  "vocabulary's first; give a nonzero seed")
     if args.seq_len is not None and args.seq_len < 1:
         ap.error(f"-t/--seq-len must be positive (got {args.seq_len})")
+    # bytes of argv that are not UTF-8 reach Python as surrogate escapes; tiktoken would encode each as U+FFFD
+    bad = next((i for i, ch in enumerate(args.prompt) if "\udc80" <= ch <= "\udcff"), None)
+    if bad is not None:
+        ap.error(f"--prompt: byte {ord(args.prompt[bad]) - 0xdc00:#04x} at character {bad} is not UTF-8; give the "
+                 "text in UTF-8 (a terminal or file in another encoding sends other bytes)")
     try:
         if args.backend:
             _backend.set_backend(args.backend)
@@ -82,7 +90,8 @@ def main(argv=None) -> int:
         if tokenizer is not None and len(tokenizer) < cfg.vocab_size:
             raise TokenizerError(f"{args.tokenizer or 'the tokenizer'} has {len(tokenizer)} tokens, fewer than "
                                  f"the model's vocabulary of {cfg.vocab_size}: give the model's tokenizer")
-        generate(cfg, params, [EOT] + prompt, args.num_tokens, args.seq_len, args.seed, tokenizer)
+        generate(cfg, params, [EOT] + prompt, args.num_tokens, args.seq_len, args.seed, tokenizer,
+                 stop_at_eot=args.stop_at_eot)
         return 0
     except (ModelError, FileFormatError, OSError, TokenizerError, _backend.BackendError, CompilerNotFound) as exc:
         return fail(exc)   # bad or missing model file, tokenizer, shape: 2
@@ -107,7 +116,7 @@ def decoding_tokenizer(args, enc) -> Tokenizer | None:
 
 
 def generate(cfg: GPT2Config, params: np.ndarray, context: list[int], n: int, T: int | None, seed: int,
-             tokenizer: Tokenizer | None) -> list[int]:
+             tokenizer: Tokenizer | None, stop_at_eot: bool = False) -> list[int]:
     T = T or cfg.max_seq_len
     if T > cfg.max_seq_len:
         raise ModelError(f"-t {T} is larger than the model's context (max_seq_len = {cfg.max_seq_len})")
@@ -116,6 +125,9 @@ def generate(cfg: GPT2Config, params: np.ndarray, context: list[int], n: int, T:
     if T != asked:   # said, not done silently: the user chose the window
         print(f"note: -t {asked} is not a multiple of 4 (the default attention kernel needs one); the "
               f"context window is {T}", file=sys.stderr)
+    if len(context) > T:   # the window slides over it as over the generated tokens: said, not done silently
+        print(f"note: the prompt is {len(context)} tokens (with the leading <|endoftext|>), more than the context "
+              f"window of {T}; the model sees only its last {T}", file=sys.stderr)
     model = GPT2(cfg, params)
     rng = XorShiftRNG(seed)
     tokens = list(context)
@@ -129,6 +141,12 @@ def generate(cfg: GPT2Config, params: np.ndarray, context: list[int], n: int, T:
         model.forward(batch)
         logits = _backend.to_numpy(model.logits()[0, len(window) - 1]).astype(np.float32)
         nxt = sample_mult(logits, rng.random_f32())
+        if stop_at_eot and nxt == EOT:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            print(f"note: <|endoftext|> after {len(out)} token{'s' * (len(out) != 1)}; stopped (--stop-at-eot)",
+                  file=sys.stderr)
+            return out
         tokens.append(nxt)
         out.append(nxt)
         write_sample_piece(nxt, tokenizer)

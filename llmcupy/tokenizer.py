@@ -11,8 +11,10 @@ Encoding (text -> ids) uses tiktoken. :func:`get_encoding` finds GPT-2's BPE ran
 An encoding built from a file uses GPT-2's split pattern, the special token
 ``<|endoftext|>`` = 50256 and 50,257 ids in all, i.e. the same ids as tiktoken's own "gpt2".
 
-CLI: ``python -m llmcupy.tokenizer [--bpe FILE] [-o gpt2_tokenizer.bin]`` writes the decoder table
-the trainer reads from its working folder.
+CLI: ``python -m llmcupy.tokenizer [--bpe FILE] [-o gpt2_tokenizer.bin] [--bpe-out gpt2.tiktoken]``
+writes the decoder table the trainer reads from its working folder and, with ``--bpe-out``, GPT-2's
+rank file for ``--bpe`` on a machine without internet access (tiktoken itself builds the encoding
+from OpenAI's vocab.bpe and encoder.json, so there is no such file to download).
 
 Decoding (ids -> bytes) in the trainer uses llm.c's tokenizer file ``gpt2_tokenizer.bin``
 (:class:`Tokenizer`): a 1024-byte header of 256 unsigned little-endian 32-bit integers
@@ -107,8 +109,17 @@ def get_encoding(bpe_path=None) -> tiktoken.Encoding:
     except Exception as e:  # network, proxy, cache or missing-package errors all end up here
         raise TokenizerError(
             f"cannot load tiktoken's GPT-2 encoding ({type(e).__name__}: {e}). tiktoken downloads it "
-            f"on first use; without internet access pass --bpe FILE (a gpt2.tiktoken rank file) or "
+            f"on first use; without internet access pass --bpe FILE (a gpt2.tiktoken rank file; "
+            f"python -m llmcupy.tokenizer --bpe-out gpt2.tiktoken writes one where tiktoken can download) or "
             f"set {BPE_ENV}=FILE") from e
+
+
+def write_bpe_ranks(path, enc: tiktoken.Encoding) -> None:
+    """Writes ``enc``'s BPE ranks as a tiktoken rank file (``base64(token) rank`` a line, by rank),
+    atomically: what :func:`encoding_from_file` reads. In tiktoken a mergeable token's id is its rank."""
+    with atomic_write(path) as f:
+        f.write(b"".join(base64.b64encode(enc.decode_single_token_bytes(rank)) + b" %d\n" % rank
+                         for rank in range(EOT_ID)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,25 +262,38 @@ def main(argv=None) -> int:
     parser.add_argument("-o", "--out", default="gpt2_tokenizer.bin", help="output file (default gpt2_tokenizer.bin)")
     parser.add_argument("--bpe", metavar="FILE",
                         help=f"gpt2.tiktoken BPE rank file (default: ${BPE_ENV}, else tiktoken's download)")
+    parser.add_argument("--bpe-out", metavar="FILE",
+                        help="also write GPT-2's BPE rank file here (gpt2.tiktoken), for --bpe on a machine offline")
     args = parser.parse_args(argv)
     from .fileio import output_path_problem
 
     # checked first: a folder was reported naming a hidden temporary file, and -o on the BPE file
     # itself replaced it (the only GPT-2 rank file of an offline machine)
-    problem = output_path_problem(args.out, makes_folders=True)
     bpe = args.bpe or os.environ.get(BPE_ENV)
-    if problem is None and bpe and os.path.exists(args.out) and os.path.exists(bpe) and os.path.samefile(args.out, bpe):
-        problem = "it is the BPE file this reads; give another file"
-    if problem:
-        print(f"error: -o {args.out}: {problem}", file=sys.stderr)
-        return 2
+    for flag, out in (("-o", args.out), ("--bpe-out", args.bpe_out)):
+        if out is None:
+            continue
+        problem = output_path_problem(out, makes_folders=True)
+        if problem is None and bpe and os.path.exists(out) and os.path.exists(bpe) and os.path.samefile(out, bpe):
+            problem = "it is the BPE file this reads; give another file"
+        if problem is None and flag == "--bpe-out" and os.path.abspath(out) == os.path.abspath(args.out):
+            problem = "-o names it too; give another file"
+        if problem:
+            print(f"error: {flag} {out}: {problem}", file=sys.stderr)
+            return 2
     try:
-        tok = write_tokenizer(args.out, get_encoding(args.bpe))
+        enc = get_encoding(args.bpe)
+        tok = write_tokenizer(args.out, enc)
+        if args.bpe_out:
+            write_bpe_ranks(args.bpe_out, enc)
     except (TokenizerError, OSError, ValueError) as e:
         from ._cli import fail
 
         return fail(e)   # a missing or bad BPE file, an unwritable output: 2
     print(f"wrote {args.out}: {len(tok)} tokens, EOT {tok.eot_id}")
+    if args.bpe_out:
+        print(f"wrote {args.bpe_out}: GPT-2's {EOT_ID} BPE ranks (give it with --bpe, or {BPE_ENV}, where tiktoken "
+              "cannot download)")
     return 0
 
 

@@ -56,6 +56,27 @@ def test_cli_writes_a_tokenizer_file_from_a_generated_bpe(tiny_bpe, tmp_path, ca
     assert t.decode(e.encode(text)) == text and t.decode_token(50256) == b"<|endoftext|>"
 
 
+def test_cli_writes_the_bpe_rank_file_an_offline_machine_needs(tiny_bpe, tmp_path, capsys, monkeypatch):
+    # offline, every CLI said "pass --bpe FILE (a gpt2.tiktoken rank file)", but nothing said where one
+    # comes from: tiktoken builds GPT-2's encoding from vocab.bpe and encoder.json, not from such a file
+    out, ranks = tmp_path / "gpt2_tokenizer.bin", tmp_path / "copy" / "gpt2.tiktoken"
+    assert tk.main(["--bpe", str(tiny_bpe), "-o", str(out), "--bpe-out", str(ranks)]) == 0
+    assert f"wrote {ranks}: GPT-2's 50256 BPE ranks" in capsys.readouterr().out
+    assert ranks.read_bytes() == Path(tiny_bpe).read_bytes()   # the generated file is in the same format
+    assert out.is_file()
+    for argv, message in ((["--bpe", tiny_bpe, "--bpe-out", tiny_bpe], f"--bpe-out {tiny_bpe}: it is the BPE file "
+                                                                       "this reads"),
+                          (["--bpe", tiny_bpe, "--bpe-out", out, "-o", out], f"--bpe-out {out}: -o names it too"),
+                          (["--bpe", tiny_bpe, "--bpe-out", tmp_path], f"--bpe-out {tmp_path}: it is a folder")):
+        assert tk.main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.delenv(tk.BPE_ENV, raising=False)
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: (_ for _ in ()).throw(ConnectionError("offline")))
+    with pytest.raises(tk.TokenizerError, match="python -m llmcupy.tokenizer --bpe-out gpt2.tiktoken writes one"):
+        tk.get_encoding()
+
+
 @pytest.fixture
 def no_env(monkeypatch):
     monkeypatch.delenv(tk.BPE_ENV, raising=False)

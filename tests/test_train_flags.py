@@ -376,6 +376,55 @@ def test_sample_says_when_it_changes_the_context_window(capsys, tmp_path):
     assert "note" not in capsys.readouterr().err
 
 
+def test_sample_says_when_the_prompt_is_longer_than_the_context_window(capsys, tmp_path):
+    # a prompt of more tokens than the window was cut to its last T tokens without a word
+    import gen_inputs
+    from llmcupy import sample
+
+    bpe = gen_inputs.write_tiny_bpe(tmp_path / "tiny.tiktoken")
+    argv = ["--init", "d1", "-n", "0", "-t", "8", "--bpe", str(bpe)]
+    assert sample.main(argv + ["--prompt", " ROMEO" * 7]) == 0   # 8 tokens with the leading <|endoftext|>
+    assert "note" not in capsys.readouterr().err
+    assert sample.main(argv + ["--prompt", " ROMEO" * 9]) == 0
+    assert capsys.readouterr().err == ("note: the prompt is 10 tokens (with the leading <|endoftext|>), more than the "
+                                       "context window of 8; the model sees only its last 8\n")
+
+
+def test_sample_refuses_a_prompt_that_is_not_utf8(capsys):
+    # a Latin-1 "café" from the shell reaches Python as a surrogate escape, and tiktoken turned it
+    # into U+FFFD: the model continued "caf\ufffd" without a word
+    from llmcupy import sample
+
+    with pytest.raises(SystemExit) as exc:
+        sample.main(["--init", "d1", "-n", "1", "--prompt", b"caf\xe9 au lait".decode("utf-8", "surrogateescape")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].endswith("--prompt: byte 0xe9 at character 3 is not UTF-8; give the text in UTF-8 "
+                                         "(a terminal or file in another encoding sends other bytes)"), err
+
+
+def test_sample_stops_at_endoftext_when_asked(capsysbinary, monkeypatch, tmp_path):
+    # after <|endoftext|> the model starts an unrelated document; -n tokens were always generated,
+    # so text out of a model ran on into the next one. --stop-at-eot ends the sample there; without
+    # it the sampler keeps llm.c's rule (print the marker, go on). No tokenizer: token ids are printed.
+    from llmcupy import sample
+    from llmcupy import tokenizer as tk
+
+    def offline(bpe_path=None):
+        raise tk.TokenizerError("offline")
+
+    monkeypatch.setattr(sample, "get_encoding", offline)
+    monkeypatch.chdir(tmp_path)   # no gpt2_tokenizer.bin
+    draws = iter([11, 50256, 13, 14])
+    monkeypatch.setattr(sample, "sample_mult", lambda logits, coin: next(draws))
+    assert sample.main(["--init", "d1", "-n", "4", "-t", "8", "--stop-at-eot"]) == 0
+    out, err = capsysbinary.readouterr()
+    assert out == b"11 \n" and b"note: <|endoftext|> after 1 token; stopped (--stop-at-eot)" in err, (out, err)
+    draws = iter([11, 50256, 13, 14])
+    assert sample.main(["--init", "d1", "-n", "4", "-t", "8"]) == 0
+    assert capsysbinary.readouterr()[0] == b"11 50256 13 14 \n"
+
+
 def test_sample_runs_offline_without_a_prompt(capsysbinary, tmp_path, monkeypatch):
     # Without a prompt nothing needs tiktoken's encoder, yet offline without --bpe the run stopped
     # with exit 2. Now it decodes with gpt2_tokenizer.bin if present (as the trainer does), else prints
