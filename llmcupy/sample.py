@@ -4,7 +4,8 @@
     python -m llmcupy.sample -e llmcupy_train_state.npz -n 64   # a model you trained (its training state)
     python -m llmcupy.sample --init d2 -n 16 --backend sim      # a random tiny model
 
-Each new token runs a full forward pass over a (1, T) window and samples the last position's logits
+Each new token runs a full forward pass over a (1, T) window (by default as long as the prompt and the
+tokens to generate need, up to the model's context) and samples the last position's logits
 with llm.c's rule (temperature 1, no top-k, xorshift RNG seeded 1337 by default); ``--stop-at-eot`` ends
 the sample where the model emits <|endoftext|> (llm.c prints it and goes on). The prompt is
 encoded with tiktoken's GPT-2 encoding (``--bpe FILE`` or ``LLMCUPY_GPT2_BPE`` offline); without a
@@ -44,7 +45,8 @@ def main(argv=None) -> int:
     src.add_argument("--init", choices=sorted(PRESETS), help="a random-init model of this shape")
     ap.add_argument("--prompt", default="", help="text to continue")
     ap.add_argument("-n", "--num-tokens", type=int, default=64, help="tokens to generate")
-    ap.add_argument("-t", "--seq-len", type=int, default=None, help="context window (default: the model's)")
+    ap.add_argument("-t", "--seq-len", type=int, default=None, help="context window (default: what the prompt and -n "
+                    "tokens need, up to the model's context; the same tokens as a longer window, sooner)")
     ap.add_argument("--seed", type=int, default=1337, help="xorshift RNG seed (llm.c: 1337)")
     ap.add_argument("--stop-at-eot", action="store_true", help="end the sample at <|endoftext|> (not printed), where the "
                     "model would start another document (llm.c prints it and goes on)")
@@ -117,7 +119,13 @@ def decoding_tokenizer(args, enc) -> Tokenizer | None:
 
 def generate(cfg: GPT2Config, params: np.ndarray, context: list[int], n: int, T: int | None, seed: int,
              tokenizer: Tokenizer | None, stop_at_eot: bool = False) -> list[int]:
-    T = T or cfg.max_seq_len
+    if T is None:
+        # the longest window the run reads (the prompt and every token but the last), up to the model's
+        # context: a forward pass costs T positions, and a causal model's logits at one position do not
+        # depend on what fills the positions after it, so a shorter window samples the same tokens (GPT-2
+        # 124M in the emulator: seconds a token for a short sample where the full 1024 took about 45)
+        needed = len(context) + max(n, 1) - 1
+        T = min(cfg.max_seq_len, -(-needed // 4) * 4)
     if T > cfg.max_seq_len:
         raise ModelError(f"-t {T} is larger than the model's context (max_seq_len = {cfg.max_seq_len})")
     # the forward pass needs T % 4 == 0 for the attention softmax; keep the window a multiple of 4

@@ -376,6 +376,32 @@ def test_sample_says_when_it_changes_the_context_window(capsys, tmp_path):
     assert "note" not in capsys.readouterr().err
 
 
+def test_sample_runs_the_window_its_tokens_need_and_samples_the_same_tokens(monkeypatch, capsys):
+    # every token ran a forward pass over the model's whole context (1024 positions for GPT-2: about
+    # 45 s a token in the emulator) though a short sample reads a few; causal attention makes the
+    # positions after the last real token irrelevant, so the short window gives the same tokens
+    from llmcupy import sample
+    from llmcupy.config import GPT2Config, init_params
+    from llmcupy.model import GPT2
+
+    cfg = GPT2Config.preset("d1")
+    params = init_params(cfg, seed=3)
+    widths = []
+    real_forward = GPT2.forward
+    monkeypatch.setattr(GPT2, "forward", lambda self, batch, *a, **k: widths.append(batch.shape[1]) or
+                        real_forward(self, batch, *a, **k))
+    context = [sample.EOT, 464, 3290, 11]   # 4 tokens, then 6 more: the last pass reads 9
+    short = sample.generate(cfg, params, context, 6, None, 1337, None)
+    assert set(widths) == {12}   # 9, up to a multiple of 4 (the attention softmax's need)
+    widths.clear()
+    assert sample.generate(cfg, params, context, 6, cfg.max_seq_len, 1337, None) == short
+    assert set(widths) == {cfg.max_seq_len}
+    widths.clear()
+    sample.generate(cfg, params, [sample.EOT] * 250, 10, None, 1337, None)   # past the context: the model's
+    assert set(widths) == {cfg.max_seq_len}
+    capsys.readouterr()
+
+
 def test_sample_says_when_the_prompt_is_longer_than_the_context_window(capsys, tmp_path):
     # a prompt of more tokens than the window was cut to its last T tokens without a word
     import gen_inputs
