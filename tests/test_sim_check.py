@@ -257,6 +257,47 @@ def test_last_block_reduction_is_ordered_by_its_fence_and_racy_without(order, wo
     assert {(r.prev_line, r.line) for r in reports} == {(line_of(code, "PARTIAL"), line_of(code, "GATHER"))}
 
 
+# CUDA's threadFenceReduction sample counts the blocks in a `__device__ unsigned int`, not in an
+# argument, and the last block resets it for the next launch: the atomic on the library's own
+# variable orders the partials just as one on a launch buffer does.
+LAST_BLOCK_DEVICE_COUNTER = r"""
+__device__ unsigned int retired = 0;
+extern "C" __global__ void last_block(const float* x, float* partial, float* out, int fence) {
+    __shared__ bool is_last;
+    if (threadIdx.x == 0) {
+        partial[blockIdx.x] = x[blockIdx.x];                          // PARTIAL
+        if (fence) __threadfence();
+        is_last = atomicInc(&retired, gridDim.x) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (is_last && threadIdx.x == 0) {
+        float a = 0.0f;
+        for (int b = 0; b < gridDim.x; b++) a += partial[b];          // GATHER
+        out[0] = a;
+        retired = 0;
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_last_block_reduction_counting_in_a_device_variable_is_ordered_by_its_fence(order, no_hazards):
+    k, code = kernel(LAST_BLOCK_DEVICE_COUNTER, "last_block")
+    x = np.arange(8, dtype=np.float32)
+
+    def run(fence):
+        out = np.zeros(1, np.float32)
+        with sim.settings(workers=2):
+            reports = run_checked(k, (8,), (32,), (x, np.zeros(8, np.float32), out, np.int32(fence)), order,
+                                  check="race")
+        assert out[0] == x.sum()
+        return reports
+
+    assert run(fence=1) == [], [r.describe() for r in run(fence=1)]
+    reports = run(fence=0)
+    assert {(r.prev_line, r.line) for r in reports} == {(line_of(code, "PARTIAL"), line_of(code, "GATHER"))}
+
+
 # Data handed from block 0 to block 1 through a volatile flag instead of an atomic: PTX's volatile
 # accesses are strong, so "write; fence; volatile store" releases and a volatile load that sees the
 # flag acquires. Block 1 reads the data only once it has seen the flag.
