@@ -410,6 +410,52 @@ def test_a_view_may_touch_its_neighbours_in_the_same_allocation(no_hazards):
     assert full[35] == 7.0
 
 
+# A vector load through reinterpret_cast (the float4 idiom of every bandwidth tutorial) on a view
+# that starts one float into its array: a GPU stops the launch with "misaligned address"; x86 loads
+# a float2 from any address, so without memcheck the emulator would give the GPU-less answer.
+MISALIGNED = r"""
+extern "C" __global__ void copy2(float* out, const float* in) {
+    int i = threadIdx.x;
+    float2 v = reinterpret_cast<const float2*>(in)[i];        // LOAD2
+    reinterpret_cast<float2*>(out)[i] = v;
+}
+extern "C" __global__ void copy4(float* out, const float* in) {
+    int i = threadIdx.x;
+    float4 v = reinterpret_cast<const float4*>(in)[i];        // LOAD4
+    reinterpret_cast<float4*>(out)[i] = v;
+}
+"""
+
+
+@pytest.mark.parametrize("name, size, marker", [("copy2", 8, "LOAD2"), ("copy4", 16, "LOAD4")])
+def test_a_misaligned_vector_access_is_reported_by_memcheck(name, size, marker, no_hazards):
+    k, code = kernel(MISALIGNED, name)
+    x, y = np.arange(4 * 32 + 4, dtype=np.float32), np.zeros(4 * 32 + 4, np.float32)
+    assert run_checked(k, (1,), (32,), (y, x), "forward", check="memory") == []
+    copied = 32 * size // 4
+    assert np.array_equal(y[:copied], x[:copied])
+    y[:] = 0
+    reports = run_checked(k, (1,), (32,), (y[1:], x[1:]), "forward", check="memory")
+    assert len(reports) == 1, [r.describe() for r in reports]
+    r = reports[0]
+    assert r.kind == "OOB" and not r.write and r.size == size and r.line == line_of(code, marker)
+    assert r.address == x.ctypes.data + 4
+    assert f"misaligned: not a multiple of {size}" in r.where and "misaligned address" in r.where, r.where
+    assert not y.any(), "the launch stops before the access"
+
+
+def test_a_plain_launch_faulting_on_a_misaligned_float4_says_misaligned():
+    # x86's aligned vector load faults with no address (a general-protection fault); the message
+    # must not call that an out-of-bounds access at address 0
+    k, _ = kernel(MISALIGNED, "copy4")
+    x, y = np.arange(4 * 32 + 4, dtype=np.float32), np.zeros(4 * 32 + 4, np.float32)
+    with pytest.raises(sim.SimMemoryFaultError) as info:
+        k((1,), (32,), (y[1:], x[1:]))
+    message = str(info.value)
+    assert "misaligned" in message and "out-of-bounds memory access at 0 " not in message, message
+    assert 'check="memory"' in message, message
+
+
 SHARED_OOB = r"""
 extern "C" __global__ void static_shared(float* out, int idx, int write) {
     __shared__ float s[32];

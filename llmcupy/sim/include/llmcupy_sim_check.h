@@ -612,6 +612,14 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
     if ((bits & CHECK_RACE) && bs.pending_acquire) between::acquire_pending(bs);
     if (p - uintptr_t(f->stack) < f->stack_size) return;  // the thread's own local memory
     char where[240];
+    if ((bits & CHECK_MEMORY) && (a.flags & ACCESS_MISALIGNED)) {
+        std::snprintf(where, sizeof where, "misaligned: not a multiple of %u, the access's size (a GPU stops "
+                      "the launch with 'misaligned address'; a vector type read through reinterpret_cast "
+                      "needs an offset that is a multiple of its size)", a.size);
+        add_report(w, "OOB", 2, 0, a.pc, nullptr, unsigned(f->linear), unsigned(f->linear), a.addr, a.size,
+                   a.flags & ACCESS_WRITE, where);
+        stop_launch(w);
+    }
     SharedArea areas[64];
     int na = shared_areas(w, areas, 64);
     for (int i = 0; i < na; ++i) {
