@@ -422,6 +422,41 @@ def test_half_bfloat16_and_vector_arguments_are_checked(no_hazards):
         ones((1,), (2,), (np.zeros(8, np.float32),))
 
 
+def test_a_struct_passed_by_value_takes_a_structured_scalar_of_its_size(no_hazards):
+    # before: any NumPy scalar was taken for a struct parameter and the kernel read the struct's size
+    # from it: np.float32(2) for a 12-byte struct read 8 bytes past it (a wrong n, then a fault), and
+    # a dtype without align=True (5 bytes for {char; float}) gave the float from the wrong bytes;
+    # the signature showed the struct as '?'
+    mod = module(r"""
+    struct Params { float a; int n; float b; };
+    struct Mixed { char c; float f; };
+    __global__ void axpb(Params p, const float* x, float* y) {
+        int i = threadIdx.x;
+        if (i < p.n) y[i] = p.a * x[i] + p.b;
+    }
+    __global__ void take(Mixed m, float* out) { out[0] = m.f; out[1] = m.c; }
+    """)
+    axpb, take = mod.get_function("axpb"), mod.get_function("take")
+    assert axpb.signature == "axpb(Params p, const float* x, float* y)"
+    params = np.dtype([("a", np.float32), ("n", np.int32), ("b", np.float32)], align=True)
+    x, y = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+    axpb((1,), (32,), (np.array([(2.0, 6, 1.0)], params)[0], x, y))
+    assert y.tolist() == [1, 3, 5, 7, 9, 11, 0, 0]
+    with pytest.raises(llmcupy.KernelArgumentError,
+                       match=r"axpb: argument 0 \(Params p\): the kernel takes 12 bytes here, got 4 \(np.float32\); "
+                             r"pass a NumPy structured scalar"):
+        axpb((1,), (32,), (np.float32(2), x, y))
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"argument 0 \(Params p\): cannot pass int for C type "
+                                                          r"Params; pass a NumPy scalar of that type"):
+        axpb((1,), (32,), (2, x, y))
+    out = np.zeros(2, np.float32)
+    packed = np.dtype([("c", np.int8), ("f", np.float32)])
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"takes 8 bytes here, got 5 .*align=True"):
+        take((1,), (1,), (np.array([(3, 2.5)], packed)[0], out))
+    take((1,), (1,), (np.array([(3, 2.5)], np.dtype(packed.descr, align=True))[0], out))
+    assert out.tolist() == [2.5, 3.0]
+
+
 STATIC_SHARED = r"""
 __global__ void big(float* y) {
     __shared__ float s[N];

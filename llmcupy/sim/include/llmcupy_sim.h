@@ -2294,8 +2294,10 @@ inline std::string param_spelling() {
         std::string s = base ? base : "?";
         return (std::is_const_v<P> ? "const " : "") + s + "*";
     } else {
+        // a type without a name here (a struct passed by value) is "?" and its size, which Python
+        // checks the argument's bytes against
         const char* base = type_name<std::remove_cv_t<T>>::get();
-        return base ? base : "?";
+        return base ? std::string(base) : "?" + std::to_string(sizeof(T));
     }
 }
 
