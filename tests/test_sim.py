@@ -508,6 +508,33 @@ def test_compile_error_is_reported_with_the_line():
                           filename="broken.cu")
 
 
+@pytest.mark.parametrize("code, line", [
+    # dynamic parallelism, as in CUDA's samples
+    ("__global__ void child(int* x) { x[threadIdx.x] = 1; }\n"
+     "__global__ void parent(int* x) { if (threadIdx.x == 0) child<<<1, 32>>>(x); }\n", 2),
+    # a whole .cu program pasted in: host code launching the kernel
+    ("__global__ void child(int* x) { x[threadIdx.x] = 1; }\n\n"
+     "int main() { int* d; cudaMalloc(&d, 128); child<<<1, 32>>>(d); return 0; }\n", 3),
+])
+def test_a_kernel_launch_in_the_source_is_named_as_such(code, line):
+    # before: only g++'s "expected primary-expression before '<' token"
+    with pytest.raises(sim.SimCompileError, match=rf"line {line} launches a kernel with <<<\.\.\.>>>: a RawModule "
+                                                  r"source is device code.*from Python"):
+        llmcupy.RawModule(code=code, target="sim")
+
+
+def test_builtin_align_is_defined_as_in_cudas_headers(no_hazards):
+    # before: `struct __builtin_align__(8) W` (CUDA's host_defines.h spelling) did not compile
+    k = module(r"""
+    struct __builtin_align__(8) Pair { float a, b; };
+    struct __align__(16) Quad { float a, b, c, d; };
+    __global__ void sizes(int* out) { out[0] = alignof(Pair); out[1] = alignof(Quad); }
+    """).get_function("sizes")
+    out = np.zeros(2, np.int32)
+    k((1,), (1,), (out,))
+    assert out.tolist() == [8, 16]
+
+
 def test_a_name_expression_that_names_no_kernel_says_so():
     # before: only g++'s errors in the emulator's generated entry points ("llmcupy_sim_entries:4:163:
     # error: expected primary-expression before 'int'"), nothing about the name given

@@ -816,6 +816,12 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, vo
                     hint = (f"\n({filename} ends inside a block: a '}}' is missing (the outermost '{{' left open is on "
                             f"line {unclosed}); the errors in llmcupy_sim_entries, the emulator's code appended after "
                             "the source, follow from it)")
+                elif _launch_line(code):
+                    # g++ reads `k<<<1, 32>>>(x)` as shifts and comparisons: "expected primary-expression"
+                    hint = (f"\n(line {_launch_line(code)} launches a kernel with <<<...>>>: a RawModule source is "
+                            "device code, as NVRTC compiles it, without host code or launches from a kernel "
+                            "(dynamic parallelism); launch each kernel from Python: "
+                            "mod.get_function(name)(grid, block, args))")
                 elif errors and all(line.startswith("llmcupy_sim_entries:") for line in errors):
                     # the source compiled; only the emulator's entry points naming each kernel did not
                     hint = (f"\n(the source compiles, but a kernel name or name expression ({', '.join(kernels)}) "
@@ -832,6 +838,13 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, vo
 
 
 _LITERAL = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
+
+
+def _launch_line(code: str) -> int:
+    """The line of the first `<<<` launch in the source outside comments and literals (0: none)."""
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
+    found = re.search(r"<<<", text)
+    return text.count("\n", 0, found.start()) + 1 if found else 0
 
 
 def _unclosed_brace_line(code: str) -> int:

@@ -85,6 +85,7 @@
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
+#define __builtin_align__(n) alignas(n)
 // Not `static`: RawModule.get_global finds __constant__ and __device__ variables by address.
 #define __constant__
 // The Python side rewrites every `__shared__` declaration it recognises (see sim/compiler.py) so
