@@ -523,6 +523,18 @@ def test_a_kernel_launch_in_the_source_is_named_as_such(code, line):
         llmcupy.RawModule(code=code, target="sim")
 
 
+@pytest.mark.parametrize("declaration", ["__shared__ int s = 5;", "__shared__ float s[2] = {1.0f, 2.0f};",
+                                         "static __shared__ int s = 5;"])
+def test_a_shared_variable_with_an_initializer_is_refused_as_nvrtc_refuses_it(declaration):
+    # before: it compiled, initialised once per emulator thread (block 1 saw what block 0 left), while
+    # NVRTC refuses it ("initializer not allowed for __shared__ variable")
+    code = f"__global__ void k(int* out) {{\n    {declaration}\n    out[threadIdx.x] = 0;\n}}\n"
+    with pytest.raises(sim.SimCompileError, match=r"shared.cu:2:.*a __shared__ variable cannot have an initializer"):
+        llmcupy.RawModule(code=code, target="sim", filename="shared.cu")
+    # a comparison inside the array bound is no initializer
+    module("#define N 4\n__global__ void k(int* out) { __shared__ int s[N == 4 ? 32 : 64]; s[0] = 1; }\n")
+
+
 def test_builtin_align_is_defined_as_in_cudas_headers(no_hazards):
     # before: `struct __builtin_align__(8) W` (CUDA's host_defines.h spelling) did not compile
     k = module(r"""

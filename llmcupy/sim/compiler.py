@@ -68,6 +68,13 @@ _GLOBAL_FN = re.compile(
 )
 _INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)', re.M)
 _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b(?P<rest>[^;{}]*?)\b(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
+# Shared memory is uninitialised on a GPU, and NVRTC refuses an initializer; the `static thread_local`
+# fallback would initialise it once per emulator thread, so such a kernel would run here.
+_SHARED_BRACED_INITIALIZER = re.compile(r"(?:\bstatic\s+)?(?<![\w])__shared__\b[^;{}]*=\s*\{[^;]*\}\s*;")
+_SHARED_INITIALIZER_REFUSED = (
+    'static_assert(llmcupy_sim::always_false<__LINE__>, "a __shared__ variable cannot have an initializer (NVRTC '
+    'refuses it too: initializer not allowed for __shared__ variable); assign it in the kernel: '
+    'if (threadIdx.x == 0) s = value; __syncthreads();");')
 _SHARED = re.compile(r"(?P<static>\bstatic\s+)?(?<![\w])__shared__\b(?P<rest>[^;{}]*);")
 _ALIGN = re.compile(r"\b(?:__align__|alignas|__attribute__)\s*\(")
 _MORE_DECLARATOR = re.compile(r"^\s*(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\]]+\]\s*)*)$")
@@ -213,18 +220,21 @@ def rewrite_shared(code: str) -> str:
         return f"{ctype}* {m['name']} = llmcupy_sim::dynamic_shared<{ctype}>();"
 
     code, blanked = _edit(code, blanked, _EXTERN_SHARED, dynamic)
+    code, blanked = _edit(code, blanked, _SHARED_BRACED_INITIALIZER, lambda m: _SHARED_INITIALIZER_REFUSED)
     scopes = _Scopes(blanked)
     counter = iter(range(1_000_000))
     newlines = [m.start() for m in re.finditer("\n", blanked)]
 
     def static(m: re.Match) -> str:
         decl = " ".join(_strip_attributes(m["rest"]).split())
+        if re.search(r"(?<![=!<>])=(?!=)", re.sub(r"\[[^\]]*\]", "", decl)):
+            return _SHARED_INITIALIZER_REFUSED
         # `__shared__ float a[32], b[32];` declares one array per declarator, each with its own storage
         parts = _split_declarators(decl)
         d = _DECLARATOR.match(parts[0].strip())
         more = [_MORE_DECLARATOR.match(p) for p in parts[1:]]
-        # initialisers, extern, pointer declarators: left to the `static thread_local` fallback
-        if not d or not all(more) or "=" in decl or d["type"].strip() in ("", "extern"):
+        # extern, pointer declarators: left to the `static thread_local` fallback
+        if not d or not all(more) or d["type"].strip() in ("", "extern"):
             return None
         line = bisect.bisect_left(newlines, m.start()) + 1
         out = []
