@@ -523,6 +523,19 @@ def test_a_kernel_launch_in_the_source_is_named_as_such(code, line):
         llmcupy.RawModule(code=code, target="sim")
 
 
+@pytest.mark.parametrize("code, said", [
+    ("__global__ void k(cudaTextureObject_t t, float* out) { out[threadIdx.x] = tex1Dfetch<float>(t, threadIdx.x); }",
+     r"'cudaTextureObject_t': texture objects are not emulated: pass the data as a const pointer"),
+    ("__global__ void k(int* x) { int* p; cudaMalloc(&p, 4); x[0] = 1; }",
+     r"'cudaMalloc': the CUDA runtime API is host code, which a RawModule source does not hold"),
+])
+def test_a_cuda_feature_the_emulator_lacks_is_named(code, said):
+    # before: only g++'s "'cudaTextureObject_t' was not declared in this scope", which reads like a
+    # missing #include
+    with pytest.raises(sim.SimCompileError, match=said):
+        llmcupy.RawModule(code=code, target="sim")
+
+
 @pytest.mark.parametrize("declaration", ["__shared__ int s = 5;", "__shared__ float s[2] = {1.0f, 2.0f};",
                                          "static __shared__ int s = 5;"])
 def test_a_shared_variable_with_an_initializer_is_refused_as_nvrtc_refuses_it(declaration):

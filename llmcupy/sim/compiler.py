@@ -826,12 +826,15 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, vo
                     hint = (f"\n({filename} ends inside a block: a '}}' is missing (the outermost '{{' left open is on "
                             f"line {unclosed}); the errors in llmcupy_sim_entries, the emulator's code appended after "
                             "the source, follow from it)")
-                elif _launch_line(code):
-                    # g++ reads `k<<<1, 32>>>(x)` as shifts and comparisons: "expected primary-expression"
-                    hint = (f"\n(line {_launch_line(code)} launches a kernel with <<<...>>>: a RawModule source is "
-                            "device code, as NVRTC compiles it, without host code or launches from a kernel "
-                            "(dynamic parallelism); launch each kernel from Python: "
-                            "mod.get_function(name)(grid, block, args))")
+                elif _launch_line(code) or _unsupported_features(proc.stderr):
+                    if _launch_line(code):
+                        # g++ reads `k<<<1, 32>>>(x)` as shifts and comparisons: "expected primary-expression"
+                        hint = (f"\n(line {_launch_line(code)} launches a kernel with <<<...>>>: a RawModule source "
+                                "is device code, as NVRTC compiles it, without host code or launches from a kernel "
+                                "(dynamic parallelism); launch each kernel from Python: "
+                                "mod.get_function(name)(grid, block, args))")
+                    if _unsupported_features(proc.stderr):
+                        hint += f"\n({_unsupported_features(proc.stderr)})"
                 elif errors and all(line.startswith("llmcupy_sim_entries:") for line in errors):
                     # the source compiled; only the emulator's entry points naming each kernel did not
                     hint = (f"\n(the source compiles, but a kernel name or name expression ({', '.join(kernels)}) "
@@ -848,6 +851,35 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, vo
 
 
 _LITERAL = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
+
+
+# CUDA names the emulator does not define, by the feature they belong to: g++ only says "'X' was not
+# declared in this scope", which reads like a missing #include.
+_UNSUPPORTED = {
+    **dict.fromkeys(("cudaTextureObject_t", "tex1Dfetch", "tex1D", "tex2D", "tex3D", "tex1DLayered",
+                     "tex2DLayered", "texCubemap", "tex2Dgather", "tex2DLod", "texture"),
+                    "texture objects are not emulated: pass the data as a const pointer (read with __ldg if "
+                    "you like), which runs on both backends"),
+    **dict.fromkeys(("cudaSurfaceObject_t", "surf1Dread", "surf1Dwrite", "surf2Dread", "surf2Dwrite", "surf3Dread",
+                     "surf3Dwrite"),
+                    "surface objects are not emulated: pass the data as a pointer"),
+    **dict.fromkeys(("cudaMalloc", "cudaFree", "cudaMemcpy", "cudaMemcpyAsync", "cudaMemset", "cudaDeviceSynchronize",
+                     "cudaGetLastError", "cudaStreamCreate", "cudaEventRecord", "cudaMallocManaged"),
+                    "the CUDA runtime API is host code, which a RawModule source does not hold (NVRTC compiles "
+                    "device code only): allocate and copy with NumPy/CuPy arrays and launch from Python; "
+                    "device-side runtime calls (dynamic parallelism) are not emulated"),
+}
+
+
+def _unsupported_features(stderr: str) -> str:
+    """What the emulator does not offer, for the CUDA names g++ reports as undeclared ('' for none)."""
+    said = []
+    for name in re.findall(r"error: .(\w+). (?:was not declared|has not been declared|does not name a type)",
+                           stderr):
+        what = _UNSUPPORTED.get(name)
+        if what and f"{what}" not in " ".join(said):
+            said.append(f"'{name}': {what}")
+    return "; ".join(said)
 
 
 def _launch_line(code: str) -> int:
