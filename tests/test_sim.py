@@ -444,7 +444,7 @@ def test_a_struct_passed_by_value_takes_a_structured_scalar_of_its_size(no_hazar
     assert y.tolist() == [1, 3, 5, 7, 9, 11, 0, 0]
     with pytest.raises(llmcupy.KernelArgumentError,
                        match=r"axpb: argument 0 \(Params p\): the kernel takes 12 bytes here, got 4 \(np.float32\); "
-                             r"pass a NumPy structured scalar"):
+                             r"pass a NumPy scalar of that type and size \(for a struct, a NumPy structured scalar"):
         axpb((1,), (32,), (np.float32(2), x, y))
     with pytest.raises(llmcupy.KernelArgumentError, match=r"argument 0 \(Params p\): cannot pass int for C type "
                                                           r"Params; pass a NumPy scalar of that type"):

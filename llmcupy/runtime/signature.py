@@ -281,7 +281,8 @@ def _check_scalar(where: str, p: Param, a):
         if isinstance(a, np.generic) or isinstance(a, np.ndarray):
             if p.size and a.nbytes != p.size:
                 raise KernelArgumentError(f"{where}: the kernel takes {p.size} bytes here, got {a.nbytes} "
-                                          f"(np.{a.dtype}); pass {layout}")
+                                          f"(np.{a.dtype}); pass a NumPy scalar of that type and size (for a "
+                                          f"struct, {layout})")
             return a
         raise KernelArgumentError(f"{where}: cannot pass {type(a).__name__} for C type {p.spelling}; pass a NumPy "
                                   f"scalar of that type (for a struct, {layout})")
