@@ -422,6 +422,41 @@ def test_half_bfloat16_and_vector_arguments_are_checked(no_hazards):
         ones((1,), (2,), (np.zeros(8, np.float32),))
 
 
+def test_a_struct_passed_by_value_takes_a_structured_scalar_of_its_size(no_hazards):
+    # before: any NumPy scalar was taken for a struct parameter and the kernel read the struct's size
+    # from it: np.float32(2) for a 12-byte struct read 8 bytes past it (a wrong n, then a fault), and
+    # a dtype without align=True (5 bytes for {char; float}) gave the float from the wrong bytes;
+    # the signature showed the struct as '?'
+    mod = module(r"""
+    struct Params { float a; int n; float b; };
+    struct Mixed { char c; float f; };
+    __global__ void axpb(Params p, const float* x, float* y) {
+        int i = threadIdx.x;
+        if (i < p.n) y[i] = p.a * x[i] + p.b;
+    }
+    __global__ void take(Mixed m, float* out) { out[0] = m.f; out[1] = m.c; }
+    """)
+    axpb, take = mod.get_function("axpb"), mod.get_function("take")
+    assert axpb.signature == "axpb(Params p, const float* x, float* y)"
+    params = np.dtype([("a", np.float32), ("n", np.int32), ("b", np.float32)], align=True)
+    x, y = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+    axpb((1,), (32,), (np.array([(2.0, 6, 1.0)], params)[0], x, y))
+    assert y.tolist() == [1, 3, 5, 7, 9, 11, 0, 0]
+    with pytest.raises(llmcupy.KernelArgumentError,
+                       match=r"axpb: argument 0 \(Params p\): the kernel takes 12 bytes here, got 4 \(np.float32\); "
+                             r"pass a NumPy scalar of that type and size \(for a struct, a NumPy structured scalar"):
+        axpb((1,), (32,), (np.float32(2), x, y))
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"argument 0 \(Params p\): cannot pass int for C type "
+                                                          r"Params; pass a NumPy scalar of that type"):
+        axpb((1,), (32,), (2, x, y))
+    out = np.zeros(2, np.float32)
+    packed = np.dtype([("c", np.int8), ("f", np.float32)])
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"takes 8 bytes here, got 5 .*align=True"):
+        take((1,), (1,), (np.array([(3, 2.5)], packed)[0], out))
+    take((1,), (1,), (np.array([(3, 2.5)], np.dtype(packed.descr, align=True))[0], out))
+    assert out.tolist() == [2.5, 3.0]
+
+
 STATIC_SHARED = r"""
 __global__ void big(float* y) {
     __shared__ float s[N];
@@ -471,6 +506,58 @@ def test_compile_error_is_reported_with_the_line():
     with pytest.raises(sim.SimCompileError, match=r"broken.cu:3"):
         llmcupy.RawModule(code="__global__ void k(float* x) {\n\n  x[0] = undefined_name;\n}\n", target="sim",
                           filename="broken.cu")
+
+
+@pytest.mark.parametrize("code, line", [
+    # dynamic parallelism, as in CUDA's samples
+    ("__global__ void child(int* x) { x[threadIdx.x] = 1; }\n"
+     "__global__ void parent(int* x) { if (threadIdx.x == 0) child<<<1, 32>>>(x); }\n", 2),
+    # a whole .cu program pasted in: host code launching the kernel
+    ("__global__ void child(int* x) { x[threadIdx.x] = 1; }\n\n"
+     "int main() { int* d; cudaMalloc(&d, 128); child<<<1, 32>>>(d); return 0; }\n", 3),
+])
+def test_a_kernel_launch_in_the_source_is_named_as_such(code, line):
+    # before: only g++'s "expected primary-expression before '<' token"
+    with pytest.raises(sim.SimCompileError, match=rf"line {line} launches a kernel with <<<\.\.\.>>>: a RawModule "
+                                                  r"source is device code.*from Python"):
+        llmcupy.RawModule(code=code, target="sim")
+
+
+@pytest.mark.parametrize("code, said", [
+    ("__global__ void k(cudaTextureObject_t t, float* out) { out[threadIdx.x] = tex1Dfetch<float>(t, threadIdx.x); }",
+     r"'cudaTextureObject_t': texture objects are not emulated: pass the data as a const pointer"),
+    ("__global__ void k(int* x) { int* p; cudaMalloc(&p, 4); x[0] = 1; }",
+     r"'cudaMalloc': the CUDA runtime API is host code, which a RawModule source does not hold"),
+])
+def test_a_cuda_feature_the_emulator_lacks_is_named(code, said):
+    # before: only g++'s "'cudaTextureObject_t' was not declared in this scope", which reads like a
+    # missing #include
+    with pytest.raises(sim.SimCompileError, match=said):
+        llmcupy.RawModule(code=code, target="sim")
+
+
+@pytest.mark.parametrize("declaration", ["__shared__ int s = 5;", "__shared__ float s[2] = {1.0f, 2.0f};",
+                                         "static __shared__ int s = 5;"])
+def test_a_shared_variable_with_an_initializer_is_refused_as_nvrtc_refuses_it(declaration):
+    # before: it compiled, initialised once per emulator thread (block 1 saw what block 0 left), while
+    # NVRTC refuses it ("initializer not allowed for __shared__ variable")
+    code = f"__global__ void k(int* out) {{\n    {declaration}\n    out[threadIdx.x] = 0;\n}}\n"
+    with pytest.raises(sim.SimCompileError, match=r"shared.cu:2:.*a __shared__ variable cannot have an initializer"):
+        llmcupy.RawModule(code=code, target="sim", filename="shared.cu")
+    # a comparison inside the array bound is no initializer
+    module("#define N 4\n__global__ void k(int* out) { __shared__ int s[N == 4 ? 32 : 64]; s[0] = 1; }\n")
+
+
+def test_builtin_align_is_defined_as_in_cudas_headers(no_hazards):
+    # before: `struct __builtin_align__(8) W` (CUDA's host_defines.h spelling) did not compile
+    k = module(r"""
+    struct __builtin_align__(8) Pair { float a, b; };
+    struct __align__(16) Quad { float a, b, c, d; };
+    __global__ void sizes(int* out) { out[0] = alignof(Pair); out[1] = alignof(Quad); }
+    """).get_function("sizes")
+    out = np.zeros(2, np.int32)
+    k((1,), (1,), (out,))
+    assert out.tolist() == [8, 16]
 
 
 def test_a_name_expression_that_names_no_kernel_says_so():

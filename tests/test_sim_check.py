@@ -257,6 +257,47 @@ def test_last_block_reduction_is_ordered_by_its_fence_and_racy_without(order, wo
     assert {(r.prev_line, r.line) for r in reports} == {(line_of(code, "PARTIAL"), line_of(code, "GATHER"))}
 
 
+# CUDA's threadFenceReduction sample counts the blocks in a `__device__ unsigned int`, not in an
+# argument, and the last block resets it for the next launch: the atomic on the library's own
+# variable orders the partials just as one on a launch buffer does.
+LAST_BLOCK_DEVICE_COUNTER = r"""
+__device__ unsigned int retired = 0;
+extern "C" __global__ void last_block(const float* x, float* partial, float* out, int fence) {
+    __shared__ bool is_last;
+    if (threadIdx.x == 0) {
+        partial[blockIdx.x] = x[blockIdx.x];                          // PARTIAL
+        if (fence) __threadfence();
+        is_last = atomicInc(&retired, gridDim.x) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (is_last && threadIdx.x == 0) {
+        float a = 0.0f;
+        for (int b = 0; b < gridDim.x; b++) a += partial[b];          // GATHER
+        out[0] = a;
+        retired = 0;
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_last_block_reduction_counting_in_a_device_variable_is_ordered_by_its_fence(order, no_hazards):
+    k, code = kernel(LAST_BLOCK_DEVICE_COUNTER, "last_block")
+    x = np.arange(8, dtype=np.float32)
+
+    def run(fence):
+        out = np.zeros(1, np.float32)
+        with sim.settings(workers=2):
+            reports = run_checked(k, (8,), (32,), (x, np.zeros(8, np.float32), out, np.int32(fence)), order,
+                                  check="race")
+        assert out[0] == x.sum()
+        return reports
+
+    assert run(fence=1) == [], [r.describe() for r in run(fence=1)]
+    reports = run(fence=0)
+    assert {(r.prev_line, r.line) for r in reports} == {(line_of(code, "PARTIAL"), line_of(code, "GATHER"))}
+
+
 # Data handed from block 0 to block 1 through a volatile flag instead of an atomic: PTX's volatile
 # accesses are strong, so "write; fence; volatile store" releases and a volatile load that sees the
 # flag acquires. Block 1 reads the data only once it has seen the flag.
@@ -367,6 +408,52 @@ def test_a_view_may_touch_its_neighbours_in_the_same_allocation(no_hazards):
     out = full[:32]  # .base is `full`: out[35] is inside the allocation, as on a GPU
     assert run_checked(k, (1,), (32,), (out, np.int32(32)), "forward") == []
     assert full[35] == 7.0
+
+
+# A vector load through reinterpret_cast (the float4 idiom of every bandwidth tutorial) on a view
+# that starts one float into its array: a GPU stops the launch with "misaligned address"; x86 loads
+# a float2 from any address, so without memcheck the emulator would give the GPU-less answer.
+MISALIGNED = r"""
+extern "C" __global__ void copy2(float* out, const float* in) {
+    int i = threadIdx.x;
+    float2 v = reinterpret_cast<const float2*>(in)[i];        // LOAD2
+    reinterpret_cast<float2*>(out)[i] = v;
+}
+extern "C" __global__ void copy4(float* out, const float* in) {
+    int i = threadIdx.x;
+    float4 v = reinterpret_cast<const float4*>(in)[i];        // LOAD4
+    reinterpret_cast<float4*>(out)[i] = v;
+}
+"""
+
+
+@pytest.mark.parametrize("name, size, marker", [("copy2", 8, "LOAD2"), ("copy4", 16, "LOAD4")])
+def test_a_misaligned_vector_access_is_reported_by_memcheck(name, size, marker, no_hazards):
+    k, code = kernel(MISALIGNED, name)
+    x, y = np.arange(4 * 32 + 4, dtype=np.float32), np.zeros(4 * 32 + 4, np.float32)
+    assert run_checked(k, (1,), (32,), (y, x), "forward", check="memory") == []
+    copied = 32 * size // 4
+    assert np.array_equal(y[:copied], x[:copied])
+    y[:] = 0
+    reports = run_checked(k, (1,), (32,), (y[1:], x[1:]), "forward", check="memory")
+    assert len(reports) == 1, [r.describe() for r in reports]
+    r = reports[0]
+    assert r.kind == "OOB" and not r.write and r.size == size and r.line == line_of(code, marker)
+    assert r.address == x.ctypes.data + 4
+    assert f"misaligned: not a multiple of {size}" in r.where and "misaligned address" in r.where, r.where
+    assert not y.any(), "the launch stops before the access"
+
+
+def test_a_plain_launch_faulting_on_a_misaligned_float4_says_misaligned():
+    # x86's aligned vector load faults with no address (a general-protection fault); the message
+    # must not call that an out-of-bounds access at address 0
+    k, _ = kernel(MISALIGNED, "copy4")
+    x, y = np.arange(4 * 32 + 4, dtype=np.float32), np.zeros(4 * 32 + 4, np.float32)
+    with pytest.raises(sim.SimMemoryFaultError) as info:
+        k((1,), (32,), (y[1:], x[1:]))
+    message = str(info.value)
+    assert "misaligned" in message and "out-of-bounds memory access at 0 " not in message, message
+    assert 'check="memory"' in message, message
 
 
 SHARED_OOB = r"""

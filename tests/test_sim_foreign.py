@@ -334,6 +334,49 @@ def test_spin_wait_between_warps_makes_progress(order):
     assert in_child(_spin_lock, order) == ("ok", [128])
 
 
+# CUDA by Example's Lock (appendix A): one thread per block takes a mutex with atomicCAS, adds its
+# block's sum to a global total, and releases it with atomicExch. The book's version has no fence
+# before the release, so nothing orders one holder's update before the next holder's read (PTX
+# atomics are relaxed): racecheck reports it between blocks; with __threadfence() it is clean.
+BOOK_LOCK = r"""
+__global__ void dot(const float* a, const float* b, float* c, int* mutex, int n, int fence) {
+    __shared__ float cache[128];
+    int t = threadIdx.x;
+    float tmp = 0;
+    for (int i = blockIdx.x * blockDim.x + t; i < n; i += blockDim.x * gridDim.x) tmp += a[i] * b[i];
+    cache[t] = tmp;
+    __syncthreads();
+    for (int i = blockDim.x / 2; i; i /= 2) {
+        if (t < i) cache[t] += cache[t + i];
+        __syncthreads();
+    }
+    if (t == 0) {
+        while (atomicCAS(mutex, 0, 1) != 0) {}
+        *c += cache[0];
+        if (fence) __threadfence();
+        atomicExch(mutex, 0);
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_mutex_between_blocks_works_and_racecheck_wants_its_fence(order, no_hazards):
+    k = module(BOOK_LOCK).get_function("dot")
+    a, b = np.ones(3000, np.float32), np.full(3000, 2.0, np.float32)
+
+    def run(fence, check=""):
+        c = np.zeros(1, np.float32)
+        with sim.settings(order=order, workers=2, check=check):
+            k((8,), (128,), (a, b, c, np.zeros(1, np.int32), np.int32(3000), np.int32(fence)))
+        return c[0]
+
+    assert run(fence=0) == run(fence=1) == 6000.0
+    assert run(fence=1, check="race") == 6000.0
+    with pytest.raises(sim.SimSanitizerError, match=r"between blocks"):
+        run(fence=0, check="race")
+
+
 def _never_set(order):
     # four blocks on two workers: the stuck thread may run on the caller's thread or a pool thread
     with sim.settings(order=order, timeout=1.5, workers=2):

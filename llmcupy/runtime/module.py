@@ -242,7 +242,7 @@ class RawKernel:
         else:
             self._entry = module._sim_library.launcher(name)
             parsed = parse_signature(module.code, name) or []
-            compiled = parse_compiled_signature(module._sim_library.signature(name), [p.name for p in parsed] or None)
+            compiled = parse_compiled_signature(module._sim_library.signature(name), parsed)
             self.params = compiled
 
     @property

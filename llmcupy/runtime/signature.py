@@ -124,6 +124,7 @@ class DeviceLimitError(KernelArgumentError):
 class Param:
     spelling: str  # e.g. "const float*", "int"
     name: str = ""
+    size: int = 0  # bytes of a by-value parameter of a type the checks have no dtype for (a struct), if known
 
     @property
     def is_pointer(self) -> bool:
@@ -221,11 +222,21 @@ def parse_signature(code: str, name_expression: str) -> list[Param] | None:
     return [parse_param(p, subs) for p in _split_params(found["params"])]
 
 
-def parse_compiled_signature(text: str, names: list[str] | None = None) -> list[Param]:
-    """The emulator's exported spelling ('const float*;int;') -> parameters."""
+def parse_compiled_signature(text: str, source: list[Param] | None = None) -> list[Param]:
+    """The emulator's exported spelling ('const float*;int;?12;') -> parameters, named as in ``source``
+    (the parameters parsed from the source). A by-value type the emulator has no name for ('?' and
+    its size: a struct) takes the source's spelling and keeps its size."""
     spellings = [s for s in text.split(";") if s]
-    names = names or [""] * len(spellings)
-    return [Param(s, n) for s, n in zip(spellings, names)]
+    if not source or len(source) != len(spellings):
+        source = [Param("")] * len(spellings)
+    params = []
+    for spelling, written in zip(spellings, source):
+        unnamed = re.fullmatch(r"\?(\d+)", spelling)
+        if unnamed:
+            params.append(Param(written.spelling or "?", written.name, int(unnamed[1])))
+        else:
+            params.append(Param(spelling, written.name))
+    return params
 
 
 def _is_device_array(a) -> bool:
@@ -263,9 +274,18 @@ def check_arguments(kernel: str, params: list[Param], args, backend: str) -> lis
 def _check_scalar(where: str, p: Param, a):
     want = SCALAR_TYPES.get(p.spelling)
     if want is None:
+        # a struct passed by value: its bytes are taken as they are, so only their count can be checked
+        layout = ("a NumPy structured scalar with the struct's fields, e.g. np.array([(2.0, 10)], "
+                  "dtype=np.dtype([('a', np.float32), ('n', np.int32)], align=True))[0] (align=True pads "
+                  "the fields as C does)")
         if isinstance(a, np.generic) or isinstance(a, np.ndarray):
-            return a  # a struct passed by value: trust its bytes
-        raise KernelArgumentError(f"{where}: cannot pass {type(a).__name__} for C type {p.spelling}")
+            if p.size and a.nbytes != p.size:
+                raise KernelArgumentError(f"{where}: the kernel takes {p.size} bytes here, got {a.nbytes} "
+                                          f"(np.{a.dtype}); pass a NumPy scalar of that type and size (for a "
+                                          f"struct, {layout})")
+            return a
+        raise KernelArgumentError(f"{where}: cannot pass {type(a).__name__} for C type {p.spelling}; pass a NumPy "
+                                  f"scalar of that type (for a struct, {layout})")
     if isinstance(a, (bool, int, float)) and not isinstance(a, np.generic):
         raise KernelArgumentError(
             f"{where}: got a Python {type(a).__name__}; pass np.{np.dtype(want).name}({a!r}). "

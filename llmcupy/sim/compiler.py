@@ -68,6 +68,13 @@ _GLOBAL_FN = re.compile(
 )
 _INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)', re.M)
 _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b(?P<rest>[^;{}]*?)\b(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
+# Shared memory is uninitialised on a GPU, and NVRTC refuses an initializer; the `static thread_local`
+# fallback would initialise it once per emulator thread, so such a kernel would run here.
+_SHARED_BRACED_INITIALIZER = re.compile(r"(?:\bstatic\s+)?(?<![\w])__shared__\b[^;{}]*=\s*\{[^;]*\}\s*;")
+_SHARED_INITIALIZER_REFUSED = (
+    'static_assert(llmcupy_sim::always_false<__LINE__>, "a __shared__ variable cannot have an initializer (NVRTC '
+    'refuses it too: initializer not allowed for __shared__ variable); assign it in the kernel: '
+    'if (threadIdx.x == 0) s = value; __syncthreads();");')
 _SHARED = re.compile(r"(?P<static>\bstatic\s+)?(?<![\w])__shared__\b(?P<rest>[^;{}]*);")
 _ALIGN = re.compile(r"\b(?:__align__|alignas|__attribute__)\s*\(")
 _MORE_DECLARATOR = re.compile(r"^\s*(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\]]+\]\s*)*)$")
@@ -213,18 +220,21 @@ def rewrite_shared(code: str) -> str:
         return f"{ctype}* {m['name']} = llmcupy_sim::dynamic_shared<{ctype}>();"
 
     code, blanked = _edit(code, blanked, _EXTERN_SHARED, dynamic)
+    code, blanked = _edit(code, blanked, _SHARED_BRACED_INITIALIZER, lambda m: _SHARED_INITIALIZER_REFUSED)
     scopes = _Scopes(blanked)
     counter = iter(range(1_000_000))
     newlines = [m.start() for m in re.finditer("\n", blanked)]
 
     def static(m: re.Match) -> str:
         decl = " ".join(_strip_attributes(m["rest"]).split())
+        if re.search(r"(?<![=!<>])=(?!=)", re.sub(r"\[[^\]]*\]", "", decl)):
+            return _SHARED_INITIALIZER_REFUSED
         # `__shared__ float a[32], b[32];` declares one array per declarator, each with its own storage
         parts = _split_declarators(decl)
         d = _DECLARATOR.match(parts[0].strip())
         more = [_MORE_DECLARATOR.match(p) for p in parts[1:]]
-        # initialisers, extern, pointer declarators: left to the `static thread_local` fallback
-        if not d or not all(more) or "=" in decl or d["type"].strip() in ("", "extern"):
+        # extern, pointer declarators: left to the `static thread_local` fallback
+        if not d or not all(more) or d["type"].strip() in ("", "extern"):
             return None
         line = bisect.bisect_left(newlines, m.start()) + 1
         out = []
@@ -725,7 +735,9 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         base_flags += ["-fsanitize=address", "-fno-omit-frame-pointer"]
     if instrument:
         # line tables for sim/symbols.py; the hooks' pc is a return address inside the kernel
-        base_flags = [f for f in base_flags if f != "-g0"] + ["-g1", "-DLLMCUPY_SIM_ACCESS_HOOKS=1"]
+        # -fno-tree-sra: a vector value (float4 v = reinterpret_cast<const float4*>(p)[i]) stays one
+        # access of its size and alignment, not one per field, so memcheck sees a misaligned one
+        base_flags = [f for f in base_flags if f != "-g0"] + ["-g1", "-DLLMCUPY_SIM_ACCESS_HOOKS=1", "-fno-tree-sra"]
 
     safe_name = re.sub(r"[^\w.-]", "_", filename)
     # The key hashes the source as written plus this file (which holds the rewrite rules), so a
@@ -814,6 +826,15 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, vo
                     hint = (f"\n({filename} ends inside a block: a '}}' is missing (the outermost '{{' left open is on "
                             f"line {unclosed}); the errors in llmcupy_sim_entries, the emulator's code appended after "
                             "the source, follow from it)")
+                elif _launch_line(code) or _unsupported_features(proc.stderr):
+                    if _launch_line(code):
+                        # g++ reads `k<<<1, 32>>>(x)` as shifts and comparisons: "expected primary-expression"
+                        hint = (f"\n(line {_launch_line(code)} launches a kernel with <<<...>>>: a RawModule source "
+                                "is device code, as NVRTC compiles it, without host code or launches from a kernel "
+                                "(dynamic parallelism); launch each kernel from Python: "
+                                "mod.get_function(name)(grid, block, args))")
+                    if _unsupported_features(proc.stderr):
+                        hint += f"\n({_unsupported_features(proc.stderr)})"
                 elif errors and all(line.startswith("llmcupy_sim_entries:") for line in errors):
                     # the source compiled; only the emulator's entry points naming each kernel did not
                     hint = (f"\n(the source compiles, but a kernel name or name expression ({', '.join(kernels)}) "
@@ -830,6 +851,42 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, vo
 
 
 _LITERAL = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
+
+
+# CUDA names the emulator does not define, by the feature they belong to: g++ only says "'X' was not
+# declared in this scope", which reads like a missing #include.
+_UNSUPPORTED = {
+    **dict.fromkeys(("cudaTextureObject_t", "tex1Dfetch", "tex1D", "tex2D", "tex3D", "tex1DLayered",
+                     "tex2DLayered", "texCubemap", "tex2Dgather", "tex2DLod", "texture"),
+                    "texture objects are not emulated: pass the data as a const pointer (read with __ldg if "
+                    "you like), which runs on both backends"),
+    **dict.fromkeys(("cudaSurfaceObject_t", "surf1Dread", "surf1Dwrite", "surf2Dread", "surf2Dwrite", "surf3Dread",
+                     "surf3Dwrite"),
+                    "surface objects are not emulated: pass the data as a pointer"),
+    **dict.fromkeys(("cudaMalloc", "cudaFree", "cudaMemcpy", "cudaMemcpyAsync", "cudaMemset", "cudaDeviceSynchronize",
+                     "cudaGetLastError", "cudaStreamCreate", "cudaEventRecord", "cudaMallocManaged"),
+                    "the CUDA runtime API is host code, which a RawModule source does not hold (NVRTC compiles "
+                    "device code only): allocate and copy with NumPy/CuPy arrays and launch from Python; "
+                    "device-side runtime calls (dynamic parallelism) are not emulated"),
+}
+
+
+def _unsupported_features(stderr: str) -> str:
+    """What the emulator does not offer, for the CUDA names g++ reports as undeclared ('' for none)."""
+    said = []
+    for name in re.findall(r"error: .(\w+). (?:was not declared|has not been declared|does not name a type)",
+                           stderr):
+        what = _UNSUPPORTED.get(name)
+        if what and f"{what}" not in " ".join(said):
+            said.append(f"'{name}': {what}")
+    return "; ".join(said)
+
+
+def _launch_line(code: str) -> int:
+    """The line of the first `<<<` launch in the source outside comments and literals (0: none)."""
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
+    found = re.search(r"<<<", text)
+    return text.count("\n", 0, found.start()) + 1 if found else 0
 
 
 def _unclosed_brace_line(code: str) -> int:

@@ -85,6 +85,7 @@
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
+#define __builtin_align__(n) alignas(n)
 // Not `static`: RawModule.get_global finds __constant__ and __device__ variables by address.
 #define __constant__
 // The Python side rewrites every `__shared__` declaration it recognises (see sim/compiler.py) so
@@ -416,7 +417,10 @@ enum CheckBits : unsigned { CHECK_RACE = 1, CHECK_MEMORY = 2, CHECK_INIT = 4, CH
 // ACCESS_VOLATILE: a volatile load or store. PTX treats those as relaxed, "morally strong" accesses
 // that do not race with atomics or each other (between blocks); within a block racecheck keeps
 // treating them as plain (warp-synchronous code that relied on volatile is a hazard since Volta).
-enum AccessFlags : unsigned { ACCESS_WRITE = 1, ACCESS_ATOMIC = 2, ACCESS_VOLATILE = 4 };
+// ACCESS_MISALIGNED: the compiler took the access as aligned to its size (the type's alignment: a
+// float4 loaded through reinterpret_cast) but the address is not; a GPU stops with "misaligned
+// address", x86 mostly does not notice.
+enum AccessFlags : unsigned { ACCESS_WRITE = 1, ACCESS_ATOMIC = 2, ACCESS_VOLATILE = 4, ACCESS_MISALIGNED = 8 };
 struct Access { const void* addr; unsigned size; unsigned flags; const void* pc; };
 struct AccessObserver {
     void (*on_launch_begin)(const LaunchConfig*);
@@ -1736,7 +1740,10 @@ inline void run_block(Worker* w, const LaunchConfig* cfg, dim3 bidx) {
 // kernel, say) lives on, as a CUDA program gets cudaErrorIllegalAddress instead of dying. A fault
 // anywhere else (the emulator itself) is reported on stderr and kills the process.
 inline thread_local Worker* tls_fault_worker = nullptr;
-inline void describe_fault(Worker* w, int sig, uintptr_t a, char* out, size_t n) {
+// `no_address`: a general-protection fault (SIGSEGV with SI_KERNEL), which carries no address. In
+// kernel code that is an aligned SSE access (a float4, int4 or double2) at an address that is not a
+// multiple of 16, where a GPU stops with "misaligned address", or a pointer outside the address space.
+inline void describe_fault(Worker* w, int sig, uintptr_t a, char* out, size_t n, bool no_address = false) {
     char what[360];
     const size_t page = size_t(sysconf(_SC_PAGESIZE));
     uintptr_t stack = uintptr_t(w->cur->stack);
@@ -1746,6 +1753,11 @@ inline void describe_fault(Worker* w, int sig, uintptr_t a, char* out, size_t n)
         std::snprintf(what, sizeof what, "a shared memory access %s", place);
     } else if (stack && a < stack && a + page >= stack) {
         std::snprintf(what, sizeof what, "a fiber stack overflow (LLMCUPY_SIM_STACK_KB raises the fiber stack)");
+    } else if (no_address) {
+        std::snprintf(what, sizeof what, "a misaligned 16-byte access (a float4, int4 or double2 at an address "
+                      "that is not a multiple of 16; a GPU stops with 'misaligned address') or a wild pointer "
+                      "(the launch again inside `with llmcupy.sim.settings(check=\"memory\"):`, or with "
+                      "LLMCUPY_SIM_CHECK=memory, names the line)");
     } else {
         std::snprintf(what, sizeof what, "an out-of-bounds memory access at %#llx (the launch again inside "
                       "`with llmcupy.sim.settings(check=\"memory\"):`, or with LLMCUPY_SIM_CHECK=memory, names the "
@@ -1764,7 +1776,8 @@ inline void fault_handler(int sig, siginfo_t* info, void* uctx) {
     Worker* w = tls_fault_worker;
     char msg[640];
     if (w && w->cur) {
-        describe_fault(w, sig, info ? uintptr_t(info->si_addr) : 0, msg, sizeof msg);
+        describe_fault(w, sig, info ? uintptr_t(info->si_addr) : 0, msg, sizeof msg,
+                       info && sig == SIGSEGV && info->si_code == SI_KERNEL);
 #if defined(__x86_64__) && defined(__linux__)
         uintptr_t sp = uintptr_t(static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_RSP]);
         uintptr_t a = info ? uintptr_t(info->si_addr) : 0, stack = uintptr_t(w->cur->stack);
@@ -2282,8 +2295,10 @@ inline std::string param_spelling() {
         std::string s = base ? base : "?";
         return (std::is_const_v<P> ? "const " : "") + s + "*";
     } else {
+        // a type without a name here (a struct passed by value) is "?" and its size, which Python
+        // checks the argument's bytes against
         const char* base = type_name<std::remove_cv_t<T>>::get();
-        return base ? base : "?";
+        return base ? std::string(base) : "?" + std::to_string(sizeof(T));
     }
 }
 
@@ -2399,7 +2414,7 @@ struct AtomicScope {
 // volatile accesses are strong, and a volatile flag can hand data from one block to another.
 #define LLMCUPY_SIM_VOLATILE_HOOK(KIND, N)                                                         \
     LLMCUPY_SIM_NOSAN void __tsan_volatile_##KIND##N(void* p) {                                     \
-        LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND | 4u);                                       \
+        LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND | 4u | LLMCUPY_SIM_MISALIGNED(p, N));        \
         llmcupy_sim::yield_fiber(0, "a volatile " #KIND);                                           \
         LLMCUPY_SIM_ATOMIC_SCOPE(p, LLMCUPY_SIM_FLAGS_##KIND | 4u);                                 \
     }                                                                                               \
@@ -2408,13 +2423,17 @@ struct AtomicScope {
         llmcupy_sim::yield_fiber(0, "a volatile " #KIND);                                           \
         LLMCUPY_SIM_ATOMIC_SCOPE(p, LLMCUPY_SIM_FLAGS_##KIND | 4u);                                 \
     }
+// The hooks without `unaligned` are those of accesses the compiler took as aligned to their size.
+#define LLMCUPY_SIM_MISALIGNED(P, N) ((uintptr_t(P) & ((N) - 1)) ? 8u : 0u)
 #define LLMCUPY_SIM_FLAGS_read 0u
 #define LLMCUPY_SIM_FLAGS_write 1u
 #define LLMCUPY_SIM_SIZES(M, KIND) M(KIND, 1) M(KIND, 2) M(KIND, 4) M(KIND, 8) M(KIND, 16)
 LLMCUPY_SIM_SIZES(LLMCUPY_SIM_VOLATILE_HOOK, read)
 LLMCUPY_SIM_SIZES(LLMCUPY_SIM_VOLATILE_HOOK, write)
 #define LLMCUPY_SIM_PLAIN(KIND, N)                                                                  \
-    LLMCUPY_SIM_NOSAN void __tsan_##KIND##N(void* p) { LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND); } \
+    LLMCUPY_SIM_NOSAN void __tsan_##KIND##N(void* p) {                                              \
+        LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND | LLMCUPY_SIM_MISALIGNED(p, N));             \
+    }                                                                                               \
     LLMCUPY_SIM_NOSAN void __tsan_unaligned_##KIND##N(void* p) { LLMCUPY_SIM_SEE(p, N, LLMCUPY_SIM_FLAGS_##KIND); }
 LLMCUPY_SIM_SIZES(LLMCUPY_SIM_PLAIN, read)
 LLMCUPY_SIM_SIZES(LLMCUPY_SIM_PLAIN, write)

@@ -504,9 +504,14 @@ __attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f
     }
 }
 
-__attribute__((no_sanitize_thread)) inline bool in_buffers(uintptr_t a) {
+// An address whose atomics (and volatile accesses) order blocks: a launch buffer, or one of the
+// library's __device__ variables (CUDA's threadFenceReduction sample counts its blocks in a
+// `__device__ unsigned int`, not in an argument).
+__attribute__((no_sanitize_thread)) inline bool is_sync_address(uintptr_t a) {
     for (const auto& b : g_buffers)
         if (a >= b.lo && a < b.hi) return true;
+    for (int i = 0; i < g_nimage; ++i)
+        if (a >= g_image_lo[i] && a < g_image_hi[i]) return true;
     return false;
 }
 
@@ -538,7 +543,7 @@ __attribute__((no_sanitize_thread)) inline void acquire_pending(BlockState& bs) 
 // acquires nothing (a relaxed store); a volatile load acquires later (acquire_pending).
 __attribute__((no_sanitize_thread)) inline void on_atomic_begin(Worker*, const void* addr, unsigned flags) {
     uintptr_t a = uintptr_t(addr);
-    if (!(g_check & CHECK_RACE) || !in_buffers(a)) return;
+    if (!(g_check & CHECK_RACE) || !is_sync_address(a)) return;
     if ((flags & ACCESS_VOLATILE) && !(flags & ACCESS_WRITE)) {
         tls_block->pending_acquire = a;
         return;
@@ -550,7 +555,7 @@ __attribute__((no_sanitize_thread)) inline void on_atomic_begin(Worker*, const v
 
 __attribute__((no_sanitize_thread)) inline void on_atomic_end(Worker*, const void* addr, unsigned flags) {
     uintptr_t a = uintptr_t(addr);
-    if (!(g_check & CHECK_RACE) || !in_buffers(a)) return;
+    if (!(g_check & CHECK_RACE) || !is_sync_address(a)) return;
     if ((flags & ACCESS_VOLATILE) && !(flags & ACCESS_WRITE)) return;
     size_t s = stripe(a);
     BlockState& bs = *tls_block;
@@ -607,6 +612,14 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
     if ((bits & CHECK_RACE) && bs.pending_acquire) between::acquire_pending(bs);
     if (p - uintptr_t(f->stack) < f->stack_size) return;  // the thread's own local memory
     char where[240];
+    if ((bits & CHECK_MEMORY) && (a.flags & ACCESS_MISALIGNED)) {
+        std::snprintf(where, sizeof where, "misaligned: not a multiple of %u, the access's size (a GPU stops "
+                      "the launch with 'misaligned address'; a vector type read through reinterpret_cast "
+                      "needs an offset that is a multiple of its size)", a.size);
+        add_report(w, "OOB", 2, 0, a.pc, nullptr, unsigned(f->linear), unsigned(f->linear), a.addr, a.size,
+                   a.flags & ACCESS_WRITE, where);
+        stop_launch(w);
+    }
     SharedArea areas[64];
     int na = shared_areas(w, areas, 64);
     for (int i = 0; i < na; ++i) {
