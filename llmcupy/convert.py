@@ -327,6 +327,21 @@ def read_any(path, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray
     return _convert_file(path, num_heads)
 
 
+def heads_note(c: GPT2Config) -> str:
+    """What the CLI says of a head count taken as C / 64: a fact for the shapes OpenAI released (the
+    README's `download gpt2` fetches no config.json, and a worry there would be a false alarm), a guess
+    to check for any other."""
+    from .config import PRESETS
+
+    for name in ("d12", "d24", "d36", "d48"):
+        p = PRESETS[name]
+        if (p.num_layers, p.channels, p.num_heads) == (c.num_layers, c.channels, c.num_heads):
+            return (f"NH = {c.num_heads}, as GPT-2's release of L = {c.num_layers}, C = {c.channels} ({name}) "
+                    "has it")
+    return (f"guessed NH = C/{HEAD_SIZE} = {c.num_heads} (GPT-2's head size); pass --num-heads N if it "
+            "differs")
+
+
 def _heads_were_guessed(path: Path) -> bool:
     """True for a safetensors input without a config.json naming n_head: hf_to_llmc took C / 64."""
     with open(path, "rb") as f:
@@ -406,8 +421,7 @@ def main(argv=None) -> int:
             raise ConvertError(f"--num-heads {args.num_heads}: {args.weights} holds a model with NH = "
                                f"{c.num_heads} (--num-heads applies to safetensors input only)")
         if args.num_heads is None and _heads_were_guessed(Path(args.weights)):
-            print(f"note: no config.json beside {args.weights} gives the number of heads; guessed "
-                  f"NH = C/{HEAD_SIZE} = {c.num_heads} (GPT-2's head size); pass --num-heads N if it differs")
+            print(f"note: no config.json beside {args.weights} gives the number of heads; {heads_note(c)}")
         if args.safetensors:
             write_safetensors(args.safetensors, c, flat)
             print(f"wrote {args.safetensors} (and config.json beside it): Hugging Face GPT-2 tensors")

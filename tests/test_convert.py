@@ -140,6 +140,19 @@ def test_cli(tmp_path, capsys):
     assert ck.read_model_header(out16)[1] == 5
 
 
+def test_the_head_count_of_a_released_gpt2_shape_is_stated_not_guessed():
+    # the README's path (download gpt2, then convert) has no config.json, and every GPT-2 release has
+    # 64-wide heads: "guessed ... pass --num-heads N if it differs" there was a false alarm
+    from llmcupy.config import GPT2Config
+
+    for name, nh in (("d12", 12), ("d24", 16), ("d36", 20), ("d48", 25)):
+        c = GPT2Config.preset(name)
+        assert cv.heads_note(c) == (f"NH = {nh}, as GPT-2's release of L = {c.num_layers}, C = {c.channels} "
+                                    f"({name}) has it")
+    other = GPT2Config(num_layers=2, num_heads=12, channels=768)   # not a released shape: still a guess
+    assert cv.heads_note(other).startswith("guessed NH = C/64 = 12")
+
+
 def test_cli_names_a_guessed_head_count_and_keeps_an_existing_default_output(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     src = tmp_path / "model.safetensors"
