@@ -313,6 +313,16 @@ def test_failing_device_assert_is_an_exception_and_the_process_lives(order):
     assert (y == x).all()
 
 
+def test_the_same_source_under_another_filename_names_that_file():
+    # the emulator's in-process library cache keyed on the source, not the file name: a second
+    # RawModule of the same code as other.cu ran the first one's library, whose asserts and faults
+    # said first.cu (and the test above failed whenever a test compiling FAILING as kernel.cu ran first)
+    code = "#include <assert.h>\n__global__ void positive(const int* x) { assert(x[threadIdx.x] > 0); }\n"
+    for name in ("first.cu", "other.cu"):
+        with pytest.raises(sim.SimDeviceAssertError, match=rf"at {re.escape(name)}:2, "):
+            module(code, filename=name).get_function("positive")((1,), (1,), (np.zeros(1, np.int32),))
+
+
 def _flag_wait(order):
     out = np.zeros(2, np.int32)
     with sim.settings(order=order, timeout=60):
