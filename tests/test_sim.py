@@ -548,6 +548,28 @@ def test_a_shared_variable_with_an_initializer_is_refused_as_nvrtc_refuses_it(de
     module("#define N 4\n__global__ void k(int* out) { __shared__ int s[N == 4 ? 32 : 64]; s[0] = 1; }\n")
 
 
+def test_an_initializer_after_a_shared_macro_or_in_a_string_is_no_shared_initializer(no_hazards):
+    # the refusal of `__shared__ int s = 5;` took the text after a `#define SHARED __shared__` line, up
+    # to the next `;` (a constant's initializer on the following line), and a string literal holding
+    # "__shared__ ... = ...;" for declarations, and refused kernels NVRTC compiles
+    k = module(r"""
+    #define SHARED __shared__
+    static const int BLOCK = 32;
+    __device__ const char note[] = "__shared__ int s = 5;";
+    __global__ void reverse(float* out, char* text) {
+        SHARED float s[BLOCK];
+        s[threadIdx.x] = threadIdx.x;
+        __syncthreads();
+        out[threadIdx.x] = s[BLOCK - 1 - threadIdx.x];
+        text[threadIdx.x] = note[threadIdx.x];
+    }
+    """).get_function("reverse")
+    out, text = np.zeros(32, np.float32), np.zeros(32, np.uint8)
+    k((1,), (32,), (out, text))
+    assert out.tolist() == list(range(31, -1, -1))
+    assert bytes(text[:21]) == b"__shared__ int s = 5;"
+
+
 def test_builtin_align_is_defined_as_in_cudas_headers(no_hazards):
     # before: `struct __builtin_align__(8) W` (CUDA's host_defines.h spelling) did not compile
     k = module(r"""

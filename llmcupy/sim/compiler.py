@@ -76,6 +76,11 @@ _SHARED_INITIALIZER_REFUSED = (
     'refuses it too: initializer not allowed for __shared__ variable); assign it in the kernel: '
     'if (threadIdx.x == 0) s = value; __syncthreads();");')
 _SHARED = re.compile(r"(?P<static>\bstatic\s+)?(?<![\w])__shared__\b(?P<rest>[^;{}]*);")
+# Where a `__shared__` match is no declaration: a string literal (a char literal is matched only so that
+# '"' opens none; one after a word character is a digit separator, 1'000), or a preprocessor directive
+# line (`#define SHARED __shared__`) the match runs past, into the code after it.
+_NOT_DECLARATION = re.compile(r""""(?:\\.|[^"\\\n])*"|(?<![\w'])'(?:\\[^'\n]+|[^'\\\n])'"""
+                              r"|^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", re.M)
 _ALIGN = re.compile(r"\b(?:__align__|alignas|__attribute__)\s*\(")
 _MORE_DECLARATOR = re.compile(r"^\s*(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\]]+\]\s*)*)$")
 _DECLARATOR = re.compile(r"^(?P<type>.*?[\w>*&])\s*\b(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\]]+\]\s*)*)$", re.S)
@@ -174,6 +179,22 @@ def strip_comments(code: str) -> str:
     return _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n") or " ", code)
 
 
+def _declarations(blanked: str):
+    """A test ``is_declaration(match)`` for a ``__shared__`` match in the comment-blanked text: false
+    when it starts inside a string literal, or inside a preprocessor directive and ends past it."""
+    spans = [(m.start(), m.end(), m.group(0).lstrip().startswith("#")) for m in _NOT_DECLARATION.finditer(blanked)]
+    starts = [s[0] for s in spans]
+
+    def is_declaration(m: re.Match) -> bool:
+        i = bisect.bisect_right(starts, m.start()) - 1
+        if i < 0 or m.start() >= spans[i][1]:
+            return True
+        start, end, directive = spans[i]
+        return directive and m.end() <= end
+
+    return is_declaration
+
+
 def _edit(code: str, blanked: str, pattern: re.Pattern, fn) -> tuple[str, str]:
     """Applies ``fn(match) -> replacement or None`` to the matches of ``pattern`` in the blanked
     text, editing the original and the blanked text at the same positions."""
@@ -220,12 +241,17 @@ def rewrite_shared(code: str) -> str:
         return f"{ctype}* {m['name']} = llmcupy_sim::dynamic_shared<{ctype}>();"
 
     code, blanked = _edit(code, blanked, _EXTERN_SHARED, dynamic)
-    code, blanked = _edit(code, blanked, _SHARED_BRACED_INITIALIZER, lambda m: _SHARED_INITIALIZER_REFUSED)
+    is_declaration = _declarations(blanked)
+    code, blanked = _edit(code, blanked, _SHARED_BRACED_INITIALIZER,
+                          lambda m: _SHARED_INITIALIZER_REFUSED if is_declaration(m) else None)
     scopes = _Scopes(blanked)
     counter = iter(range(1_000_000))
     newlines = [m.start() for m in re.finditer("\n", blanked)]
+    is_declaration = _declarations(blanked)
 
     def static(m: re.Match) -> str:
+        if not is_declaration(m):
+            return None
         decl = " ".join(_strip_attributes(m["rest"]).split())
         if re.search(r"(?<![=!<>])=(?!=)", re.sub(r"\[[^\]]*\]", "", decl)):
             return _SHARED_INITIALIZER_REFUSED
