@@ -49,22 +49,29 @@ def repo_dir() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+def checkout_bench() -> Path:
+    """``bench/`` of this checkout, or of the working folder for a package installed without its
+    checkout. A checkout is told by its ``pyproject.toml`` beside ``bench/``: a ``bench`` folder alone
+    beside an installed package may be another distribution's (site-packages holds whatever top-level
+    names its packages install)."""
+    root = repo_dir()
+    if (root / "pyproject.toml").is_file() and (root / "bench").is_dir():
+        return root / "bench"
+    return Path("bench")
+
+
 def default_path() -> Path:
-    """``bench/defaults.json`` of this checkout (``LLMCUPY_DEFAULTS`` names another file)."""
-    return Path(os.environ.get("LLMCUPY_DEFAULTS") or repo_dir() / "bench" / "defaults.json")
+    """``bench/defaults.json`` of this checkout (:func:`checkout_bench`; ``LLMCUPY_DEFAULTS`` names
+    another file)."""
+    return Path(os.environ.get("LLMCUPY_DEFAULTS") or checkout_bench() / "defaults.json")
 
 
 def results_dir() -> Path:
     """``bench/results`` of this checkout, wherever a command runs from: where ``bench`` and ``startup``
     record their runs by default, which ``bench defaults`` (beside the ``bench/defaults.json`` it writes),
     ``bench --list-results`` and the kernel CLI's rank correlation read. A package installed without its
-    checkout has none: there it is ``bench/results`` of the working folder. A checkout is told by its
-    ``pyproject.toml`` beside ``bench/``: a ``bench`` folder alone beside an installed package may be
-    another distribution's (site-packages holds whatever top-level names its packages install)."""
-    root = repo_dir()
-    if (root / "pyproject.toml").is_file() and (root / "bench").is_dir():
-        return root / "bench" / "results"
-    return Path("bench", "results")
+    checkout has none: there it is ``bench/results`` of the working folder (:func:`checkout_bench`)."""
+    return checkout_bench() / "results"
 
 
 def display_path(path=None) -> str:

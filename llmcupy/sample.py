@@ -46,7 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", default="", help="text to continue")
     ap.add_argument("-n", "--num-tokens", type=int, default=64, help="tokens to generate")
     ap.add_argument("-t", "--seq-len", type=int, default=None, help="context window (default: what the prompt and -n "
-                    "tokens need, up to the model's context; the same tokens as a longer window, sooner)")
+                    "tokens need, up to the model's context; the same logits as a longer window up to rounding, "
+                    "sooner)")
     ap.add_argument("--seed", type=int, default=1337, help="xorshift RNG seed (llm.c: 1337)")
     ap.add_argument("--stop-at-eot", action="store_true", help="end the sample at <|endoftext|> (not printed), where the "
                     "model would start another document (llm.c prints it and goes on)")
@@ -123,7 +124,9 @@ def generate(cfg: GPT2Config, params: np.ndarray, context: list[int], n: int, T:
         # the longest window the run reads (the prompt and every token but the last), up to the model's
         # context: a forward pass costs T positions, and a causal model's logits at one position do not
         # depend on what fills the positions after it, so a shorter window samples the same tokens (GPT-2
-        # 124M in the emulator: seconds a token for a short sample where the full 1024 took about 45)
+        # 124M in the emulator: seconds a token for a short sample where the full 1024 took about 45).
+        # Up to rounding: a GEMM library may pick another algorithm for another row count, and a logit's
+        # last bit then differs, which changes a token only where the draw falls on that boundary
         needed = len(context) + max(n, 1) - 1
         T = min(cfg.max_seq_len, -(-needed // 4) * 4)
     if T > cfg.max_seq_len:

@@ -196,6 +196,8 @@ def test_an_install_without_its_checkout_records_runs_under_the_working_folder(t
     (site / "bench").mkdir(parents=True)
     (site / "bench" / "__init__.py").write_text("")
     assert defaults.results_dir() == Path("bench", "results")
+    monkeypatch.delenv("LLMCUPY_DEFAULTS", raising=False)
+    assert defaults.default_path() == Path("bench", "defaults.json")   # what `bench defaults` writes, beside them
     assert bench.results_folder("sim") == Path("bench", "results", "sim")
     monkeypatch.chdir(tmp_path)
     assert bench.shown_path(bench.results_folder("sim")) == os.path.join("bench", "results", "sim")
