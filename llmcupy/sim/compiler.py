@@ -846,21 +846,22 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, vo
                 errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
                 hint = ""
                 unclosed = _unclosed_brace_line(code)
+                launch, unsupported = _launch_line(code), _unsupported_features(proc.stderr)
                 if unclosed:
                     # the entry points appended after the source land inside the unclosed block, and g++
                     # blames them: say where the block opened instead
                     hint = (f"\n({filename} ends inside a block: a '}}' is missing (the outermost '{{' left open is on "
                             f"line {unclosed}); the errors in llmcupy_sim_entries, the emulator's code appended after "
                             "the source, follow from it)")
-                elif _launch_line(code) or _unsupported_features(proc.stderr):
-                    if _launch_line(code):
+                elif launch or unsupported:
+                    if launch:
                         # g++ reads `k<<<1, 32>>>(x)` as shifts and comparisons: "expected primary-expression"
-                        hint = (f"\n(line {_launch_line(code)} launches a kernel with <<<...>>>: a RawModule source "
+                        hint = (f"\n(line {launch} launches a kernel with <<<...>>>: a RawModule source "
                                 "is device code, as NVRTC compiles it, without host code or launches from a kernel "
                                 "(dynamic parallelism); launch each kernel from Python: "
                                 "mod.get_function(name)(grid, block, args))")
-                    if _unsupported_features(proc.stderr):
-                        hint += f"\n({_unsupported_features(proc.stderr)})"
+                    if unsupported:
+                        hint += f"\n({unsupported})"
                 elif errors and all(line.startswith("llmcupy_sim_entries:") for line in errors):
                     # the source compiled; only the emulator's entry points naming each kernel did not
                     hint = (f"\n(the source compiles, but a kernel name or name expression ({', '.join(kernels)}) "
