@@ -23,8 +23,9 @@ buffers (``attn.bias``, ``attn.masked_bias``) are ignored and an ``lm_head.weigh
 (the LM head is tied; a file holding only ``lm_head.weight``, as ``safetensors.torch.save_model``
 writes one, gives wte from it). The number of heads is not in the weights: ``--num-heads``, else
 ``n_head`` from a ``config.json`` beside the weights, else C / 64 (GPT-2's head size; the CLI says
-so). Without ``-o`` the CLI writes ``gpt2_124M.bin`` unless that file exists (``-o gpt2_124M.bin``
-replaces it).
+so). Without ``-o`` the CLI names the model file by its size as llm.c does (``gpt2_124M.bin`` for
+GPT-2 124M, the trainer's default ``-e``; ``gpt2_350M.bin``, ...), and refuses to replace an existing
+one unless named with ``-o``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ from .config import GPT2Config, num_parameters, split_params
 from .fileio import KNOWN_MAGICS, FileFormatError
 from ._cli import one_line_warnings
 
-DEFAULT_OUT = "gpt2_124M.bin"
+# llm.c's names for the released GPT-2 sizes (d24 has 355M parameters but is called 350M)
+RELEASED_MODEL_FILES = {"d12": "gpt2_124M.bin", "d24": "gpt2_350M.bin", "d36": "gpt2_774M.bin",
+                        "d48": "gpt2_1558M.bin"}
 SHARD_INDEX = "model.safetensors.index.json"
 _SHARD_NAME = re.compile(r"-\d+-of-\d+\.safetensors$")
 HEAD_SIZE = 64
@@ -327,6 +330,19 @@ def read_any(path, num_heads: int | None = None) -> tuple[GPT2Config, np.ndarray
     return _convert_file(path, num_heads)
 
 
+def default_model_file(c: GPT2Config) -> str:
+    """The CLI's output without ``-o``: llm.c's file name for a released size, else the parameter count
+    in millions in the same pattern. Before, every size was written as gpt2_124M.bin, the trainer's
+    default ``-e``, so a converted GPT-2 medium was trained or sampled as if it were the 124M model."""
+    from .config import PRESETS
+
+    for name, file_name in RELEASED_MODEL_FILES.items():
+        if PRESETS[name] == c:
+            return file_name
+    millions = num_parameters(c) / 1e6
+    return f"gpt2_{millions:.0f}M.bin" if millions >= 100 else f"gpt2_{millions:.3g}M.bin"   # 7.3M, 0.14M
+
+
 def heads_note(c: GPT2Config) -> str:
     """What the CLI says of a head count taken as C / 64: a fact for the shapes OpenAI released (the
     README's `download gpt2` fetches no config.json, and a worry there would be a false alarm), a guess
@@ -396,26 +412,32 @@ def main(argv=None) -> int:
                         "llmcupy.download gpt2) or a sharded one's model.safetensors.index.json, a training state "
                         ".npz, or an llm.c model .bin")
     parser.add_argument("-o", "--out", default=None,
-                        help="output llm.c model file (default gpt2_124M.bin when --safetensors is not given; an "
-                             "existing one is replaced only when named with -o)")
+                        help="output llm.c model file (default, when --safetensors is not given: named by the "
+                             "model's size as llm.c does, gpt2_124M.bin for GPT-2 124M; an existing one is "
+                             "replaced only when named with -o)")
     parser.add_argument("--safetensors", default=None, metavar="OUT",
                         help="also (or only) write a Hugging Face GPT-2 export here, with config.json beside it")
     parser.add_argument("--num-heads", type=int, help="attention heads (default: config.json beside the weights, else C/64)")
     parser.add_argument("--bf16", action="store_true", help="write bf16 parameters (version 5) instead of fp32 (version 3)")
     args = parser.parse_args(argv)
-    if args.out is None and args.safetensors is None:
-        args.out = DEFAULT_OUT
-        # an existing model is replaced only when the user names it: -o says "this file"
-        if os.path.exists(args.out):
-            print(f"error: {args.out} exists; pass -o {args.out} to replace it, or -o another file",
-                  file=sys.stderr)
-            return 2
+    named_by_size = args.out is None and args.safetensors is None   # the name needs the model's shape
     problem = _output_problem(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         c, flat = read_any(args.weights, args.num_heads)
+        if named_by_size:
+            args.out = default_model_file(c)
+            # an existing model is replaced only when the user names it: -o says "this file"
+            if os.path.exists(args.out):
+                print(f"error: {args.out} exists; pass -o {args.out} to replace it, or -o another file",
+                      file=sys.stderr)
+                return 2
+            problem = _output_problem(args)
+            if problem:
+                print(f"error: {problem}", file=sys.stderr)
+                return 2
         check_finite_params(args.weights, c, flat)   # the output would be refused by train and sample
         if args.num_heads is not None and args.num_heads != c.num_heads:   # a .bin or .npz names its own
             raise ConvertError(f"--num-heads {args.num_heads}: {args.weights} holds a model with NH = "

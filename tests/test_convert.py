@@ -8,6 +8,7 @@ from safetensors.numpy import save_file
 
 from llmcupy import checkpoint as ck
 from llmcupy import convert as cv
+from llmcupy.config import PRESETS, GPT2Config, num_parameters
 from llmcupy.convert import ConvertError
 
 L, C, NH, V, MAXT = 2, 64, 4, 300, 32  # Vp = 384
@@ -161,15 +162,29 @@ def test_cli_names_a_guessed_head_count_and_keeps_an_existing_default_output(tmp
     assert cv.main([str(src)]) == 0
     printed = capsys.readouterr().out
     assert f"guessed NH = C/64 = {C // 64}" in printed and "--num-heads N" in printed, printed
-    made = (tmp_path / "gpt2_124M.bin").read_bytes()
+    # not a released size: named by its parameter count, in llm.c's pattern
+    (default,) = [p.name for p in tmp_path.glob("gpt2_*M.bin")]
+    assert printed.startswith("note: ") and f"wrote {default}: " in printed, printed
+    made = (tmp_path / default).read_bytes()
     # the default output exists: refused (nothing written) unless named with -o
     assert cv.main([str(src), "--num-heads", str(NH)]) == 2
     err = capsys.readouterr().err
-    assert "gpt2_124M.bin exists; pass -o gpt2_124M.bin to replace it" in err, err
-    assert (tmp_path / "gpt2_124M.bin").read_bytes() == made
-    assert cv.main([str(src), "-o", "gpt2_124M.bin", "--num-heads", str(NH)]) == 0
+    assert f"{default} exists; pass -o {default} to replace it" in err, err
+    assert (tmp_path / default).read_bytes() == made
+    assert cv.main([str(src), "-o", default, "--num-heads", str(NH)]) == 0
     assert "guessed" not in capsys.readouterr().out
-    assert ck.read_model_header(tmp_path / "gpt2_124M.bin")[0].num_heads == NH
+    assert ck.read_model_header(tmp_path / default)[0].num_heads == NH
+
+
+def test_default_output_is_named_by_the_models_size():
+    """llm.c's names for the released sizes; before, every size was written as gpt2_124M.bin, which
+    the trainer and sample then read by default as if it were the 124M model."""
+    assert [cv.default_model_file(PRESETS[n]) for n in ("d12", "d24", "d36", "d48")] == [
+        "gpt2_124M.bin", "gpt2_350M.bin", "gpt2_774M.bin", "gpt2_1558M.bin"]
+    assert num_parameters(PRESETS["d2"]) == 6_868_480 and cv.default_model_file(PRESETS["d2"]) == "gpt2_6.87M.bin"
+    # the 124M shape with a longer context is not the released model: named by its own count
+    longer = GPT2Config(max_seq_len=2048)
+    assert num_parameters(longer) == 125_262_336 and cv.default_model_file(longer) == "gpt2_125M.bin"
 
 
 def test_errors(tmp_path, capsys):
