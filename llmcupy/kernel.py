@@ -329,7 +329,9 @@ def _main(argv=None) -> int:
                               "(the model then predicts the time on --gpu)")
         if not args.op and not args.all:
             _parser().print_usage(sys.stderr)
-            print("give an op and a version, --all, or --list", file=sys.stderr)
+            # the ops, as an unknown op lists them: a learner's first command needs a name to try
+            print(f"give an op and a version, --all, or --list; ops: {', '.join(ops_registry.names())}",
+                  file=sys.stderr)
             return 2
         if args.arch and not args.compile_report:
             archs = " ".join(f"sm_{a}" for a in args.arch)

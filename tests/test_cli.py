@@ -118,6 +118,7 @@ def test_all_versions_of_one_op():
     (("softmax_forward", "2", "--B", "0"), "--B needs a positive integer"),
     (("softmax_forward", "2", "--block-size", "48"), "block size 48 is not"),
     (("softmax_forward",), "give a version of softmax_forward"),
+    ((), "give an op and a version, --all, or --list; ops: adamw, adamw_capturable, "),
     (("softmax_forward", "--all", "--block-size", "48"), "--block-size 48 is in no version's sweep"),
     (("softmax_forward", "5", "--all"), "give a version of softmax_forward or --all, not both"),
     (("--all", "--Q", "3"), "unknown option '--Q'; the ops' sizes are --B, "),
