@@ -1,8 +1,10 @@
 """A rank under mpirun/mpiexec that fails before it joined MPI: ending the job instead of hanging it.
 
 The other ranks wait in MPI_Init for every rank (MPICH's launcher does not end the job when a
-process exits without joining), forever and spinning, past any ``--dist-timeout``. A rank that
-cannot start therefore joins MPI itself and calls MPI_Abort, which ends every rank.
+process exits without joining), spinning, past any ``--dist-timeout``. A rank that cannot start
+therefore joins MPI itself and calls MPI_Abort, which ends every rank. A rank that cannot even do
+that (llmcupy or mpi4py missing on its node) is caught by the others' watchdog of MPI_Init
+(:func:`watch_mpi_init`), which ends them after their start-up limit.
 
 Standard library only: this module must work when importing numpy, or llmcupy itself, is what
 failed (a broken install on one node). ``llmcupy/__init__.py`` imports it first.
@@ -10,12 +12,18 @@ failed (a broken install on one node). ``llmcupy/__init__.py`` imports it first.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
 
 # the rank first (MPICH/Hydra, Open MPI, PMIx), then the only variable some launchers set
 MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
 TRAINER = "llmcupy.train"   # the one CLI whose ranks all join MPI (llmcupy.distributed.init)
+# Until the first step is through, ranks can be far apart for reasons that are not faults: one
+# compiles the kernels while another finds them cached, token files are scanned, a tokenizer loads.
+# A short --dist-timeout (set to catch hung ranks quickly) must not fire then (llmcupy.distributed).
+STARTUP_TIMEOUT = 300.0
 # the exception abort_unjoined_after reported (traceback and cause) without ending the job: the
 # trainer's main() reports before it re-raises, and the excepthook then sees the same exception
 _REPORTED: list = [None]
@@ -60,6 +68,47 @@ def _join():
     return MPI
 
 
+# The watchdog of MPI_Init: a separate process, because MPI_Init holds the GIL while it waits (no
+# Python thread, signal handler or timer of this process runs until it returns). It waits for its
+# stdin to close (MPI_Init returned, or this process died) or for the time limit.
+_INIT_WATCHDOG = """
+import os, select, signal, sys
+pid, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+ready, _, _ = select.select([sys.stdin], [], [], seconds)
+if not ready:
+    sys.stderr.write(message + "\\n")
+    sys.stderr.flush()
+    try:
+        os.kill(pid, signal.SIGKILL)   # stuck in C: no handler would run for a gentler signal
+    except ProcessLookupError:
+        pass
+"""
+
+
+@contextlib.contextmanager
+def watch_mpi_init(seconds: float):
+    """Around this rank's MPI_Init (the import of mpi4py.MPI): a rank that never joins (its node lacks
+    llmcupy or mpi4py, so Python stopped before any of this code ran, or the launcher never started
+    it) leaves every other rank in MPI_Init, spinning, past any --dist-timeout. After ``seconds``
+    the watchdog says so and ends this rank, and the launcher then ends the job."""
+    message = (f"error: {_rank_text()}: MPI did not start within {seconds:.0f} s. MPI_Init waits for every "
+               "rank of the job, and at least one never joined: a rank whose Python stopped before llmcupy "
+               "ran (llmcupy or mpi4py not installed on its node: see that rank's error above) or that the "
+               "launcher did not start. Ending this rank so that the launcher ends the job.")
+    try:
+        # -I: the user's PYTHONPATH and site packages have no say in a few lines of the standard library
+        watchdog = subprocess.Popen([sys.executable, "-I", "-c", _INIT_WATCHDOG, str(os.getpid()), str(seconds),
+                                     message], stdin=subprocess.PIPE)
+    except OSError:   # no watchdog: MPI_Init as before, without a limit
+        watchdog = None
+    try:
+        yield
+    finally:
+        if watchdog is not None:
+            watchdog.stdin.close()   # MPI_Init returned (or raised): the watchdog exits
+            watchdog.wait()
+
+
 def _rank_text() -> str:
     for name in MPI_ENV[:3]:
         if os.environ.get(name, "").isdigit():
@@ -102,7 +151,9 @@ def abort_unjoined_after(exc: BaseException, traceback_shown: bool = False) -> N
     why = mpi if isinstance(mpi, ImportError) else _join_and_abort(1)
     if why is not None:   # nothing else can tell the launcher: say so rather than leave a silent hang
         print(f"error: {who} cannot end the job: mpi4py does not import here ({why}); the other ranks wait "
-              "for it in MPI_Init: stop them (Ctrl-C, or cancel the job)", file=sys.stderr)
+              f"for it in MPI_Init until their start-up limit ends them (--dist-timeout, at least "
+              f"{STARTUP_TIMEOUT:.0f} s), or "
+              "stop them (Ctrl-C, or cancel the job)", file=sys.stderr)
 
 
 def _running_as_trainer() -> bool:

@@ -36,14 +36,12 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from ._mpi_launch import launched_by_mpi
+from ._mpi_launch import STARTUP_TIMEOUT, launched_by_mpi, watch_mpi_init
 from .runtime import backend as _backend
 
 DEFAULT_TIMEOUT = 600.0      # seconds; the emulator's first step compiles every kernel, minutes on a busy CPU
-# Until the first step is through, ranks can be far apart for reasons that are not faults: one
-# compiles the kernels while another finds them cached, token files are scanned, a tokenizer loads.
-# A short --dist-timeout (set to catch hung ranks quickly) must not fire then.
-STARTUP_TIMEOUT = 300.0
+# STARTUP_TIMEOUT (from _mpi_launch, which needs it without numpy): the floor of every wait until the
+# first step is through, the rendezvous and MPI_Init included
 _DIAG_TAG = 7301             # MPI tag of the exchange that names missing ranks
 
 
@@ -524,7 +522,9 @@ def init(args):
             raise DistError("launched by MPI: the world size, rank and rendezvous come from MPI; drop "
                             "--world-size/--rank/--rendezvous (and LLMCUPY_WORLD_SIZE/RANK/RENDEZVOUS)")
         try:
-            from mpi4py import MPI
+            # ranks start minutes apart without a fault (a queue, a slow file system): the start-up floor
+            with watch_mpi_init(max(timeout, STARTUP_TIMEOUT)):
+                from mpi4py import MPI
         except ImportError as exc:
             raise DistError(f"launched by MPI but mpi4py is not importable ({exc}); "
                             "pip install 'llmcupy[mpi]'") from exc

@@ -11,6 +11,7 @@ these tests run ``mpiexec -n 2 python -m llmcupy.train --backend sim ...`` on on
   bit: the same losses and a byte-identical model file as an uninterrupted run;
 * a killed rank (SIGKILL) ends the job at once (MPI's launcher tears it down), and so does a rank
   that fails before it joined MPI (a bad flag, a broken import on its node), naming itself and why;
+  one whose Python never ran llmcupy ends the others after their start-up limit (MPI_Init's watchdog);
 * mismatched flags across ranks, a world size that does not divide the total batch, resuming
   with another world size under ZeRO-1, and ambiguous ``-o`` uses are refused with clear errors.
 
@@ -593,7 +594,8 @@ def test_a_rank_that_cannot_import_mpi4py_either_says_it_cannot_end_the_job(data
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=err,
                                 start_new_session=True)
     said = ("error: rank 1 cannot end the job: mpi4py does not import here (mpi4py is broken here); the other "
-            "ranks wait for it in MPI_Init: stop them (Ctrl-C, or cancel the job)")
+            "ranks wait for it in MPI_Init until their start-up limit ends them (--dist-timeout, at least 300 s), "
+            "or stop them (Ctrl-C, or cancel the job)")
     try:
         assert _wait_for(lambda: said in errf.read_text(), proc, limit=120), errf.read_text()
         assert ("error: rank 1 failed while starting (ImportError: numpy is broken here); ending every rank of the "
@@ -601,6 +603,46 @@ def test_a_rank_that_cannot_import_mpi4py_either_says_it_cannot_end_the_job(data
     finally:
         os.killpg(proc.pid, signal.SIGKILL)   # mpiexec and the ranks it started
         proc.wait()
+
+
+def _watched(seconds: float, body: str) -> subprocess.CompletedProcess:
+    code = f"import time\nfrom llmcupy import _mpi_launch\nwith _mpi_launch.watch_mpi_init({seconds}):\n    {body}\n" \
+           "print('through')"
+    return subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_the_watchdog_of_mpi_init_ends_a_rank_still_waiting():
+    # MPI_Init holds the GIL while it waits: a stand-in that does not return (time.sleep) is ended
+    # from outside, after the limit, with the reason
+    start = time.monotonic()
+    p = _watched(1.0, "time.sleep(60)")
+    assert p.returncode == -signal.SIGKILL and "through" not in p.stdout, (p.returncode, p.stdout, p.stderr)
+    assert time.monotonic() - start < 30
+    assert p.stderr.startswith("error: a rank: MPI did not start within 1 s. MPI_Init waits for every rank of the "
+                               "job, and at least one never joined"), p.stderr
+
+
+def test_the_watchdog_of_mpi_init_leaves_a_quick_start_alone():
+    start = time.monotonic()
+    p = _watched(60.0, "pass")
+    assert p.returncode == 0 and p.stdout == "through\n" and p.stderr == "", (p.stdout, p.stderr)
+    assert time.monotonic() - start < 30   # the watchdog ended when MPI_Init returned, not after 60 s
+
+
+@needs_mpi
+def test_a_rank_whose_python_never_ran_llmcupy_does_not_hang_the_job(tmp_path):
+    # llmcupy missing on a node: that rank's Python stops at `-m llmcupy.train` before any of our
+    # code runs, and the others waited in MPI_Init forever, spinning. Now distributed.init's watchdog
+    # ends them after the start-up limit (here 2 s instead of 300) and the launcher ends the job
+    init = ("import types\nfrom llmcupy import distributed\ndistributed.STARTUP_TIMEOUT = 2.0\n"
+            "distributed.init(types.SimpleNamespace(world_size=None, rank=None, rendezvous=None, dist_timeout=1.0, "
+            "gpus_per_node=None))\nprint('joined')")
+    cmd = ["mpiexec", "-n", "1", sys.executable, "-c", init,
+           ":", "-n", "1", sys.executable, "-c", "import llmcupy_is_not_installed_here"]
+    rc, out, err = _job(cmd, tmp_path, "the job hung after rank 1's Python stopped before llmcupy ran")
+    assert rc != 0 and "joined" not in out, out + err
+    assert "ModuleNotFoundError: No module named 'llmcupy_is_not_installed_here'" in err, err
+    assert "error: rank 0: MPI did not start within 2 s. MPI_Init waits for every rank" in err, err
 
 
 @needs_mpi
