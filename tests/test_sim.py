@@ -570,6 +570,59 @@ def test_an_initializer_after_a_shared_macro_or_in_a_string_is_no_shared_initial
     assert bytes(text[:21]) == b"__shared__ int s = 5;"
 
 
+# warpSize where C++ needs a constant: NVRTC refuses each ("expression must have a constant value")
+WARP_SIZE_AS_A_CONSTANT = [
+    "__shared__ float s[32][warpSize + 1];\n    s[0][threadIdx.x] = 1.0f;",
+    "out[0] = Fixed<warpSize / 2>::value;",
+    "static_assert(warpSize == 32, \"one warp\");",
+]
+WARP_SIZE_PREAMBLE = "template <int N> struct Fixed { static constexpr int value = N; };\n"
+
+
+@pytest.mark.parametrize("use", WARP_SIZE_AS_A_CONSTANT)
+def test_warp_size_where_a_constant_is_needed_is_refused_as_nvrtc_refuses_it(use):
+    # before: warpSize was a constexpr in the emulator, so `__shared__ float s[warpSize]` compiled and ran
+    # here and failed on the GPU
+    code = f"{WARP_SIZE_PREAMBLE}__global__ void k(float* out) {{\n    {use}\n}}\n"
+    with pytest.raises(sim.SimCompileError, match=r"(?s)warp.cu:3:.*warpSize is no compile-time constant in CUDA: "
+                                                  r"NVRTC refuses it too.*write 32 there"):
+        llmcupy.RawModule(code=code, target="sim", filename="warp.cu")
+
+
+WARP_SIZE_AT_RUN_TIME = r"""
+namespace tuning { constexpr int warpSize = 32; }   // a constant of one's own may take the name
+__global__ void lanes(int* out) {
+    __shared__ int per_warp[tuning::warpSize];
+    extern __shared__ int scratch[];
+    const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
+    if (lane == 0) per_warp[warp] = warp;
+    scratch[threadIdx.x] = lane;
+    __syncthreads();
+    out[threadIdx.x] = per_warp[warp] * 1000 + scratch[threadIdx.x] + (sizeof(warpSize) == 4 ? warpSize * 100 : 0);
+}
+"""
+
+
+def test_warp_size_reads_32_wherever_cuda_allows_it(no_hazards):
+    out = np.zeros(64, np.int32)
+    with sim.metrics.collect() as launches:   # the instrumented build
+        module(WARP_SIZE_AT_RUN_TIME).get_function("lanes")((1,), (64,), (out,), shared_mem=64 * 4)
+    assert out.tolist() == [(t // 32) * 1000 + t % 32 + 3200 for t in range(64)]
+    # a special register on a GPU: reading the emulator's stand-in variable is no global memory access
+    assert launches[0]["totals"]["untracked_global"] == 0
+
+
+def test_the_emulators_warp_size_verdicts_agree_with_nvrtc(have_nvrtc):
+    from llmcupy import nvrtc
+
+    for use in WARP_SIZE_AS_A_CONSTANT:
+        code = f"{WARP_SIZE_PREAMBLE}__global__ void k(float* out) {{\n    {use}\n}}\n"
+        result = nvrtc.compile_source(code, 80)
+        assert not result.ok and "expression must have a constant value" in result.log, (use, result.log)
+    result = nvrtc.compile_source(textwrap.dedent(WARP_SIZE_AT_RUN_TIME), 80)
+    assert result.ok, result.log
+
+
 def test_builtin_align_is_defined_as_in_cudas_headers(no_hazards):
     # before: `struct __builtin_align__(8) W` (CUDA's host_defines.h spelling) did not compile
     k = module(r"""

@@ -898,14 +898,26 @@ _UNSUPPORTED = {
 }
 
 
+# g++ refuses warpSize where a constant is needed (the header gives it a run-time initializer), in its own
+# words: "the value of 'warpSize' is not usable in a constant expression", or for an array type it builds
+# (a __shared__ array's, as the emulator declares it) "'float [warpSize]' is a variably modified type".
+_WARP_SIZE_NOT_CONSTANT = re.compile(r"error: (?:the value of .warpSize. is not usable in a constant expression"
+                                     r"|.[^\n]*\bwarpSize\b[^\n]*. is a variably modified type)")
+
+
 def _unsupported_features(stderr: str) -> str:
-    """What the emulator does not offer, for the CUDA names g++ reports as undeclared ('' for none)."""
+    """What the emulator does not offer, for the CUDA names g++ reports as undeclared, and what CUDA does not
+    offer either, in NVRTC's words ('' for none)."""
     said = []
     for name in re.findall(r"error: .(\w+). (?:was not declared|has not been declared|does not name a type)",
                            stderr):
         what = _UNSUPPORTED.get(name)
         if what and f"{what}" not in " ".join(said):
             said.append(f"'{name}': {what}")
+    if _WARP_SIZE_NOT_CONSTANT.search(stderr):
+        said.append("warpSize is no compile-time constant in CUDA: NVRTC refuses it too in an array size, a template "
+                    "argument, constexpr, static_assert or a case label ('expression must have a constant value'); "
+                    "write 32 there, or a constant of your own: constexpr int WARP_SIZE = 32;")
     return "; ".join(said)
 
 

@@ -486,7 +486,13 @@ LLMCUPY_SIM_NOSAN_FN inline dim3 grid_dim() { return g_grid_dim; }
 #define blockDim (llmcupy_sim::g_block_dim)
 #define gridDim (llmcupy_sim::g_grid_dim)
 #endif
-static constexpr int warpSize = 32;
+// warpSize is a built-in variable on a GPU, not a compile-time constant: NVRTC refuses it in an array
+// size, a template argument, constexpr, static_assert or a case label ("expression must have a
+// constant value"). A run-time initializer makes g++ refuse the same uses; every other use reads 32.
+namespace llmcupy_sim {
+inline int warp_size_read_at_run_time() { return 32; }
+}  // namespace llmcupy_sim
+static const int warpSize = llmcupy_sim::warp_size_read_at_run_time();
 
 // ---------------------------------------------------------------------------------------------
 // Context switch. x86-64: a small hand-written switch that saves the callee-saved registers and
@@ -2365,6 +2371,7 @@ __attribute__((no_sanitize_thread)) inline void dispatch_access(const void* addr
     if (a - uintptr_t(w) < sizeof(Worker)) return;
     if (a - uintptr_t(w->fibers.data()) < w->fibers.size() * sizeof(Fiber)) return;
     if (addr == &tls_worker || addr == &tls_epoch || addr == &tls_poison) return;
+    if (addr == &warpSize) return;  // a register on a GPU (the header's stand-in variable), no memory
     Access acc{addr, size, flags, pc};
     ++tls_quiet;
     for (int i = 0; i < g_nobservers; ++i)
