@@ -446,6 +446,19 @@ inline unsigned g_check = 0;   // the running launch's LaunchConfig::check
 inline thread_local int tls_quiet = 0;
 #define LLMCUPY_SIM_QUIET_BEGIN ++::llmcupy_sim::tls_quiet
 #define LLMCUPY_SIM_QUIET_END --::llmcupy_sim::tls_quiet
+// The kernel's own atomicCAS tells racecheck its address and compare value just before its
+// compare-exchange (the emulator's CAS loops behind float atomics do not): a plain read whose value
+// the same thread then passes as `compare` is validated by that CAS (see llmcupy_sim_check.h).
+inline thread_local const void* tls_cas_addr = nullptr;
+inline thread_local unsigned long long tls_cas_compare = 0;
+template <typename T>
+LLMCUPY_SIM_NOSAN_FN inline void note_cas(const T* a, T compare) {
+    if (!(g_check & CHECK_RACE)) return;
+    unsigned long long bits = 0;
+    std::memcpy(&bits, &compare, sizeof(T) < 8 ? sizeof(T) : 8);
+    tls_cas_addr = a;
+    tls_cas_compare = bits;
+}
 LLMCUPY_SIM_NOSAN_FN inline void add_observer(const AccessObserver* o) {
     for (int i = 0; i < g_nobservers; ++i)
         if (g_observers[i] == o) return;
@@ -1022,6 +1035,9 @@ inline unsigned int atomicDec(unsigned int* a, unsigned int limit, int line = __
 }
 template <typename T>
 inline T atomicCAS(T* a, llmcupy_sim::nondeduced<T> compare, llmcupy_sim::nondeduced<T> val, int line = __builtin_LINE()) {
+#ifdef LLMCUPY_SIM_ACCESS_HOOKS
+    llmcupy_sim::note_cas<T>(a, compare);
+#endif
     if (!__atomic_compare_exchange(a, &compare, &val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
         llmcupy_sim::note_atomic(a, llmcupy_sim::poll_bits(compare), line, "atomicCAS");  // a failed CAS may be a spin
     return compare;
