@@ -61,10 +61,12 @@ from pathlib import Path
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+# __launch_bounds__'s arguments may hold parentheses, two deep: ((BM * BN) / (TM * TN), 1)
+_BOUNDS_ARGS = r"(?:[^()]|\((?:[^()]|\([^()]*\))*\))*"
 _GLOBAL_FN = re.compile(
     r"(?P<template>template\s*<[^{};]*?>\s*)?"
-    r"(?:extern\s+\"C\"\s+)?(?:static\s+)?__global__\s+(?:__launch_bounds__\s*\((?P<bounds>[^)]*)\)\s*)?void\s+"
-    r"(?:__launch_bounds__\s*\((?P<bounds_after>[^)]*)\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\("
+    rf"(?:extern\s+\"C\"\s+)?(?:static\s+)?__global__\s+(?:__launch_bounds__\s*\((?P<bounds>{_BOUNDS_ARGS})\)\s*)?void\s+"
+    rf"(?:__launch_bounds__\s*\((?P<bounds_after>{_BOUNDS_ARGS})\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\("
 )
 _INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)', re.M)
 _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b(?P<rest>[^;{}]*?)\b(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
@@ -302,17 +304,19 @@ def global_function_names(code: str) -> list[str]:
     return names
 
 
-def launch_bounds(code: str) -> dict[str, str]:
-    """The maximum block size each non-template kernel declares with ``__launch_bounds__``, as the
-    C expression written there (``256``, ``16 * 16``, a macro), by unqualified name. A GPU refuses a
-    launch with more threads; the entry points built here evaluate the expression with the source's
-    own macros so the emulator refuses it too. (A template's bound may depend on its parameters; it
-    is not enforced.)"""
+def launch_bounds(code: str) -> dict[str, tuple[str, str]]:
+    """The maximum block size each kernel declares with ``__launch_bounds__``, as the C expression
+    written there (``256``, ``16 * 16``, a macro, ``BM * BN / (TM * TN)``), by unqualified name, with
+    a template kernel's ``template <...>`` header ('' for a plain kernel). A GPU refuses a launch with
+    more threads; the entry points built here evaluate the expression with the source's own macros
+    (a template's with the instance's arguments) so the emulator refuses it too."""
     found = {}
     for m in _GLOBAL_FN.finditer(blank_comments(code)):
         text = m["bounds"] if m["bounds"] is not None else m["bounds_after"]
-        if text is not None and not m["template"]:
-            found[m["name"]] = _split_top(text, ",")[0].strip()
+        header = " ".join((m["template"] or "").split())
+        # a header the lazy match cut short (a '>' inside a default argument) cannot be reused
+        if text is not None and m["name"] not in found and header.count("<") == header.count(">"):
+            found[m["name"]] = (header, _split_top(text, ",")[0].strip())
     return found
 
 
@@ -787,15 +791,19 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     entries = []
     bounds = launch_bounds(code)
     for i, name in enumerate(kernels):
-        namespace, _, base = name.lstrip(":").rpartition("::")
-        bound = bounds.get(base) if "<" not in name else None
-        if bound is None:
+        qualified = name.lstrip(":")
+        head = qualified.split("<", 1)[0].strip()   # "ops::k" of "ops::k<float, ns::Tag>"
+        namespace, _, base = head.rpartition("::")
+        template_args = qualified[len(head):].strip()
+        header, bound = bounds.get(base, ("", None))
+        if bound is None or bool(header) != bool(template_args):
             bound_fn = "0"   # no bound declared: only CUDA's 1024 threads limit the launch
         else:
-            # evaluated where the kernel is declared, so a namespace's constants resolve as in the bound
-            fn = f"static int llmcupy_sim_bound_{i}() {{ return (int)({bound}); }}"
+            # evaluated where the kernel is declared, so a namespace's constants resolve as in the bound,
+            # and a template's with the instance's arguments
+            fn = f"{header} static int llmcupy_sim_bound_{i}() {{ return (int)({bound}); }}"
             entries.append(f"namespace {namespace} {{ {fn} }}\n" if namespace else fn + "\n")
-            bound_fn = f"{namespace}::llmcupy_sim_bound_{i}()" if namespace else f"llmcupy_sim_bound_{i}()"
+            bound_fn = f"{namespace + '::' if namespace else ''}llmcupy_sim_bound_{i}{template_args}()"
         entries.append(
             f'extern "C" LLMCUPY_SIM_EXPORT int llmcupy_sim_entry_{i}(const llmcupy_sim::LaunchConfig* c, void** a, '
             f"llmcupy_sim::LaunchResult* r) {{ return llmcupy_sim::launch(&{name}, \"{name}\", c, a, r); }}\n"
