@@ -486,6 +486,32 @@ def test_the_static_shared_memory_limit_is_ptxas_limit(have_nvrtc):
     assert not result.ok and "49156 bytes smem" in result.log and "NVRTC_ERROR_COMPILATION" in result.log
 
 
+CONSTANT_TABLES = r"""
+namespace tables { __constant__ char tag; }
+__constant__ float weights[N];
+__global__ void lookup(float* out) { out[threadIdx.x] = weights[threadIdx.x] + tables::tag; }
+"""
+
+
+def test_more_constant_memory_than_a_gpu_holds_is_refused(no_hazards):
+    # before: 80 KB of __constant__ tables ran in the emulator; NVRTC fails the compile past the 64 KiB
+    # constant bank
+    out = np.zeros(32, np.float32)
+    module(CONSTANT_TABLES, options=("-DN=16383",)).get_function("lookup")((1,), (32,), (out,))   # 65533 bytes
+    with pytest.raises(sim.SimCompileError, match=r"tables.cu:2:.*the __constant__ variables \(tables::tag, weights\) "
+                                                  r"hold more than the 64 KiB \(65536 bytes\) of a GPU's constant bank "
+                                                  r"\(NVRTC refuses it too.*pass it as a const pointer argument"):
+        module(CONSTANT_TABLES, options=("-DN=16384",), filename="tables.cu")
+
+
+def test_the_constant_memory_limit_is_ptxas_limit(have_nvrtc):
+    from llmcupy import nvrtc
+
+    assert nvrtc.compile_source(CONSTANT_TABLES.replace("[N]", "[16383]"), 80).ok
+    result = nvrtc.compile_source(CONSTANT_TABLES.replace("[N]", "[16384]"), 80)
+    assert not result.ok and "65537 bytes cmem[3]" in result.log and "NVRTC_ERROR_COMPILATION" in result.log
+
+
 def test_fast_math_intrinsics_and_ucontext_fallback(no_hazards):
     code = r"""
     __global__ void maths(float* out, const float* x) {

@@ -320,12 +320,12 @@ def launch_bounds(code: str) -> dict[str, tuple[str, str]]:
     return found
 
 
-def device_variables(code: str) -> list[str]:
-    """Qualified names of the file-scope ``__constant__`` / ``__device__`` variables."""
+def _device_variable_definitions(code: str):
+    """(qualified name, line, whether __constant__) of each file-scope ``__constant__`` / ``__device__``
+    variable definition, in source order."""
     blanked = blank_comments(code)
     matches = list(_DEVICE_VAR.finditer(blanked))
     scopes = _Scopes(blanked) if matches else None
-    names = []
     for m in matches:
         before = blanked[max(0, m.start() - 40):m.start()]
         if (not scopes.file_scope(m.start()) or re.search(r"\b(?:template|typedef|using|extern)\b", m["rest"])
@@ -333,10 +333,42 @@ def device_variables(code: str) -> list[str]:
             continue  # a declaration of a variable defined elsewhere has no storage here
 
         ns = scopes.namespace(m.start())
-        name = f"{ns}::{m['name']}" if ns else m["name"]
+        yield (f"{ns}::{m['name']}" if ns else m["name"], blanked.count("\n", 0, m.start()) + 1,
+               "__constant__" in m.group(0))
+
+
+def device_variables(code: str) -> list[str]:
+    """Qualified names of the file-scope ``__constant__`` / ``__device__`` variables."""
+    names = []
+    for name, _, _ in _device_variable_definitions(code):
         if name not in names:
             names.append(name)
     return names
+
+
+# A GPU holds a module's __constant__ variables in one 64 KiB bank (ptxas: "N bytes cmem[3]"); past it
+# NVRTC fails the compile, and the emulator, which keeps them in ordinary memory, refuses it as well.
+_CONSTANT_BANK_BYTES = 64 * 1024
+
+
+def _constant_bank_check(code: str, filename: str) -> str:
+    """A static_assert on the bytes of the source's __constant__ variables, placed (#line) at the first
+    one's declaration ('' for none). Their sizes without the padding ptxas may put between them: what
+    NVRTC compiles is never refused (its order of the variables is its own)."""
+    seen, first = [], 0
+    for name, line, constant in _device_variable_definitions(code):
+        if constant and name not in seen:
+            seen.append(name)
+            first = first or line
+    if not seen:
+        return ""
+    names = ", ".join(seen)
+    total = " + ".join(f"sizeof({name})" for name in seen)
+    return (f'#line {first} "{filename}"\n'
+            f'static_assert({total} <= {_CONSTANT_BANK_BYTES}ull, "the __constant__ variables ({names}) '
+            f'hold more than the 64 KiB (65536 bytes) of a GPU\'s constant bank (NVRTC refuses it too: ptxas reports '
+            f'the bytes as cmem[3] and the compile fails); keep a large table in global memory: pass it as a '
+            f'const pointer argument");\n')
 
 
 # --- inline PTX ---------------------------------------------------------------------------------
@@ -820,7 +852,8 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         + '#include "llmcupy_sim.h"\n'
         f'#line 1 "{safe_name}"\n'
         f"{body}\n"
-        '#line 1 "llmcupy_sim_entries"\n'
+        + _constant_bank_check(code, safe_name)
+        + '#line 1 "llmcupy_sim_entries"\n'
         + "".join(entries)
     )
     includes = [f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
