@@ -649,6 +649,43 @@ def test_the_emulators_warp_size_verdicts_agree_with_nvrtc(have_nvrtc):
     assert result.ok, result.log
 
 
+# A Welford warp reduction shuffling its (mean, m2, count) struct: CUDA's shuffle intrinsics take
+# arithmetic and 16-bit float values only, a cooperative_groups tile any trivially copyable type
+WELFORD_SHUFFLE = r"""
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+struct Welford { float mean, m2, count; };
+__global__ void merge(float* out) {
+    Welford w = {float(threadIdx.x), 0.0f, 1.0f};
+#ifdef RAW
+    Welford other = __shfl_down_sync(0xffffffffu, w, 16);
+#else
+    Welford other = cg::tiled_partition<32>(cg::this_thread_block()).shfl_down(w, 16);
+#endif
+    out[threadIdx.x] = other.mean;
+}
+"""
+
+
+def test_a_struct_goes_through_a_tiles_shfl_but_not_through_shfl_sync(no_hazards):
+    # before: __shfl_down_sync(mask, a_struct, 16) (and a float2, a float4, a pointer) ran in the emulator;
+    # NVRTC refuses it ("no instance of overloaded function "__shfl_down_sync" matches the argument list")
+    out = np.zeros(32, np.float32)
+    module(WELFORD_SHUFFLE).get_function("merge")((1,), (32,), (out,))
+    assert out.tolist() == [t + 16 if t < 16 else t for t in range(32)]
+    with pytest.raises(sim.SimCompileError, match=r"(?s)welford.cu:8:.*a warp shuffle \(__shfl_sync, .*\) takes an "
+                                                  r"int, unsigned, .* as CUDA declares it"):
+        module(WELFORD_SHUFFLE, options=("-DRAW",), filename="welford.cu")
+
+
+def test_the_emulators_shuffle_verdicts_agree_with_nvrtc(have_nvrtc):
+    from llmcupy import nvrtc
+
+    assert nvrtc.compile_source(textwrap.dedent(WELFORD_SHUFFLE), 80).ok
+    result = nvrtc.compile_source(textwrap.dedent(WELFORD_SHUFFLE), 80, options=nvrtc.compile_options(80) + ["-DRAW"])
+    assert not result.ok and "no instance of overloaded function" in result.log, result.log
+
+
 def test_builtin_align_is_defined_as_in_cudas_headers(no_hazards):
     # before: `struct __builtin_align__(8) W` (CUDA's host_defines.h spelling) did not compile
     k = module(r"""

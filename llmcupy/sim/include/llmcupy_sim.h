@@ -820,9 +820,25 @@ inline void __threadfence_system() { llmcupy_sim::device_fence(); }
 // (0 for up): segmask = 32 - width, the segment's last lane maxLane = (lane & segmask) | (~segmask
 // & 31), its first minLane = lane & segmask. A source past the allowed end returns the caller's own
 // value; an xor source in an *earlier* segment is read (the programming guide's note).
+// CUDA declares the shuffle intrinsics for these value types only (bool, char, short and enums
+// convert to int); cooperative_groups' tile.shfl() takes any trivially copyable type of up to 32
+// bytes, and calls them with kAnyType.
+namespace llmcupy_sim {
 template <typename T>
+struct shuffle_value : std::bool_constant<std::is_arithmetic_v<T> || std::is_enum_v<T>> {};
+}  // namespace llmcupy_sim
+#define LLMCUPY_SIM_SHUFFLE_TYPES(T, ANY)                                                                   \
+    static_assert(ANY || llmcupy_sim::shuffle_value<T>::value,                                                \
+                  "a warp shuffle (__shfl_sync, __shfl_up_sync, __shfl_down_sync, __shfl_xor_sync) takes an " \
+                  "int, unsigned, long long, float, double, __half, __nv_bfloat16 or their 2-vectors, as "    \
+                  "CUDA declares it (NVRTC refuses others too: no instance of overloaded function matches "   \
+                  "the argument list); shuffle a struct or a vector type (float2, float4) field by field, "   \
+                  "or with a cooperative_groups tile's shfl(), which takes any trivially copyable type");     \
+    static_assert(sizeof(T) <= llmcupy_sim::kPostBytes && std::is_trivially_copyable_v<T>,                    \
+                  "Cooperative groups collectives are limited to trivially copyable types of size <= 32 bytes")
+template <typename T, bool kAnyType = false>
 inline T __shfl_sync(unsigned mask, T v, int src, int width = 32, int line = __builtin_LINE()) {
-    static_assert(sizeof(T) <= llmcupy_sim::kPostBytes, "value too large for a warp shuffle");
+    LLMCUPY_SIM_SHUFFLE_TYPES(T, kAnyType);
     int lane = llmcupy_sim::current_lane();
     const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_sync", llmcupy_sim::COLL_SHFL);
     int segmask = (32 - width) & 31;
@@ -830,8 +846,9 @@ inline T __shfl_sync(unsigned mask, T v, int src, int width = 32, int line = __b
     if (j > ((lane & segmask) | (31 & ~segmask))) return v;
     return llmcupy_sim::read_lane(g, j, v);
 }
-template <typename T>
+template <typename T, bool kAnyType = false>
 inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, int line = __builtin_LINE()) {
+    LLMCUPY_SIM_SHUFFLE_TYPES(T, kAnyType);
     int lane = llmcupy_sim::current_lane();
     const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_up_sync", llmcupy_sim::COLL_SHFL);
     int segmask = (32 - width) & 31;
@@ -839,8 +856,9 @@ inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, int 
     if (j < (lane & segmask)) return v;
     return llmcupy_sim::read_lane(g, j, v);
 }
-template <typename T>
+template <typename T, bool kAnyType = false>
 inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32, int line = __builtin_LINE()) {
+    LLMCUPY_SIM_SHUFFLE_TYPES(T, kAnyType);
     int lane = llmcupy_sim::current_lane();
     const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_down_sync", llmcupy_sim::COLL_SHFL);
     int segmask = (32 - width) & 31;
@@ -848,8 +866,9 @@ inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32, in
     if (j > ((lane & segmask) | (31 & ~segmask))) return v;
     return llmcupy_sim::read_lane(g, j, v);
 }
-template <typename T>
+template <typename T, bool kAnyType = false>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32, int line = __builtin_LINE()) {
+    LLMCUPY_SIM_SHUFFLE_TYPES(T, kAnyType);
     int lane = llmcupy_sim::current_lane();
     const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_xor_sync", llmcupy_sim::COLL_SHFL);
     int segmask = (32 - width) & 31;
