@@ -554,6 +554,14 @@ def test_a_kernel_launch_in_the_source_is_named_as_such(code, line):
      r"'cudaTextureObject_t': texture objects are not emulated: pass the data as a const pointer"),
     ("__global__ void k(int* x) { int* p; cudaMalloc(&p, 4); x[0] = 1; }",
      r"'cudaMalloc': the CUDA runtime API is host code, which a RawModule source does not hold"),
+    # libcu++'s async copies, the last rung of SGEMM tutorials (before: "'barrier' is not a member of
+    # 'cuda'", "cuda/pipeline: No such file or directory")
+    ("#include <cuda/barrier>\n__global__ void k(float* x) {\n"
+     "    __shared__ cuda::barrier<cuda::thread_scope_block> bar;\n    init(&bar, blockDim.x);\n}",
+     r"'cuda::barrier': libcu\+\+'s cuda::barrier, cuda::pipeline and cuda::memcpy_async are not emulated: copy "
+     r"with cooperative_groups' cg::memcpy_async"),
+    ("#include <cuda/pipeline>\n__global__ void k(float* x) { auto pipe = cuda::make_pipeline(); }",
+     r"'cuda/pipeline': libcu\+\+'s cuda::barrier, .* or with __pipeline_memcpy_async"),
 ])
 def test_a_cuda_feature_the_emulator_lacks_is_named(code, said):
     # before: only g++'s "'cudaTextureObject_t' was not declared in this scope", which reads like a

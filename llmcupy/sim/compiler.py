@@ -936,6 +936,15 @@ _UNSUPPORTED = {
                     "the CUDA runtime API is host code, which a RawModule source does not hold (NVRTC compiles "
                     "device code only): allocate and copy with NumPy/CuPy arrays and launch from Python; "
                     "device-side runtime calls (dynamic parallelism) are not emulated"),
+    # libcu++'s asynchronous copies (the last rung of SGEMM tutorials); g++: "'barrier' is not a member of
+    # 'cuda'", or for the header "fatal error: cuda/pipeline: No such file or directory"
+    **dict.fromkeys(("cuda::barrier", "cuda::pipeline", "cuda::make_pipeline", "cuda::memcpy_async",
+                     "cuda::pipeline_shared_state", "cuda::thread_scope_block", "cuda::thread_scope",
+                     "cuda/pipeline", "cuda/annotated_ptr"),
+                    "libcu++'s cuda::barrier, cuda::pipeline and cuda::memcpy_async are not emulated: copy with "
+                    "cooperative_groups' cg::memcpy_async and cg::wait (<cooperative_groups/memcpy_async.h>), or "
+                    "with __pipeline_memcpy_async, __pipeline_commit and __pipeline_wait_prior (<cuda_pipeline.h>), "
+                    "which run on both backends"),
 }
 
 
@@ -950,8 +959,10 @@ def _unsupported_features(stderr: str) -> str:
     """What the emulator does not offer, for the CUDA names g++ reports as undeclared, and what CUDA does not
     offer either, in NVRTC's words ('' for none)."""
     said = []
-    for name in re.findall(r"error: .(\w+). (?:was not declared|has not been declared|does not name a type)",
-                           stderr):
+    names = re.findall(r"error: .(\w+). (?:was not declared|has not been declared|does not name a type)", stderr)
+    names += [f"cuda::{name}" for name in re.findall(r"error: .(\w+). is not a member of .cuda.", stderr)]
+    names += re.findall(r"fatal error: (cuda/\w+): No such file or directory", stderr)
+    for name in names:
         what = _UNSUPPORTED.get(name)
         if what and f"{what}" not in " ".join(said):
             said.append(f"'{name}': {what}")
