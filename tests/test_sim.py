@@ -694,6 +694,41 @@ def test_the_emulators_shuffle_verdicts_agree_with_nvrtc(have_nvrtc):
     assert not result.ok and "no instance of overloaded function" in result.log, result.log
 
 
+# Simon Boehm's SGEMM kernels, written for nvcc, index with `uint` (glibc's <sys/types.h>, which NVRTC lacks)
+BOEHM_UINT = r"""
+__global__ void scale(float* out) {
+    const uint row = blockIdx.x, col = threadIdx.x;
+    out[row * blockDim.x + col] = (ushort)col;
+}
+"""
+
+
+def test_host_typedefs_nvrtc_lacks_are_refused_unless_the_source_declares_them(no_hazards):
+    # before: they compiled here (the emulator's header includes glibc's <sys/types.h>) and the kernel
+    # failed to build on the GPU ('identifier "uint" is undefined')
+    with pytest.raises(sim.SimCompileError, match=r"(?s)boehm.cu:3:.*in expansion of macro .uint.*\n\('uint' is a host "
+                                                  r"typedef \(glibc's <sys/types.h>\) that NVRTC does not define: write "
+                                                  r"unsigned int, .*; 'ushort' is a host typedef"):
+        module(BOEHM_UINT, filename="boehm.cu")
+    out = np.zeros((2, 4), np.float32)
+    module("typedef unsigned int uint;\nusing ushort = unsigned short;\n" + BOEHM_UINT).get_function("scale")(
+        (2,), (4,), (out,))
+    assert out.tolist() == [[0, 1, 2, 3]] * 2
+    # or the options: before, -Duint=... also rewrote glibc's own typedef ("duplicate 'unsigned'")
+    module(BOEHM_UINT, options=("-Dushort=unsigned short", "-Duint=unsigned int")).get_function("scale")(
+        (2,), (4,), (out,))
+
+
+def test_the_emulators_host_typedef_verdicts_agree_with_nvrtc(have_nvrtc):
+    from llmcupy import nvrtc
+
+    result = nvrtc.compile_source(BOEHM_UINT, 80)
+    assert not result.ok and 'identifier "uint" is undefined' in result.log, result.log
+    assert nvrtc.compile_source("typedef unsigned int uint;\nusing ushort = unsigned short;\n" + BOEHM_UINT, 80).ok
+    defines = ["-Dushort=unsigned short", "-Duint=unsigned int"]
+    assert nvrtc.compile_source(BOEHM_UINT, 80, options=nvrtc.compile_options(80) + defines).ok
+
+
 def test_builtin_align_is_defined_as_in_cudas_headers(no_hazards):
     # before: `struct __builtin_align__(8) W` (CUDA's host_defines.h spelling) did not compile
     k = module(r"""

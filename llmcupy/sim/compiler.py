@@ -936,6 +936,9 @@ _UNSUPPORTED = {
                     "the CUDA runtime API is host code, which a RawModule source does not hold (NVRTC compiles "
                     "device code only): allocate and copy with NumPy/CuPy arrays and launch from Python; "
                     "device-side runtime calls (dynamic parallelism) are not emulated"),
+    **{f"llmcupy_sim_nvrtc_has_no_{name}": f"'{name}' is a host typedef (glibc's <sys/types.h>) that NVRTC does not "
+       f"define: write {c_type}, or declare it in the source (typedef {c_type} {name};), which compiles on both"
+       for name, c_type in (("uint", "unsigned int"), ("ushort", "unsigned short"), ("ulong", "unsigned long"))},
     # libcu++'s asynchronous copies (the last rung of SGEMM tutorials); g++: "'barrier' is not a member of
     # 'cuda'", or for the header "fatal error: cuda/pipeline: No such file or directory"
     **dict.fromkeys(("cuda::barrier", "cuda::pipeline", "cuda::make_pipeline", "cuda::memcpy_async",
@@ -965,7 +968,7 @@ def _unsupported_features(stderr: str) -> str:
     for name in names:
         what = _UNSUPPORTED.get(name)
         if what and f"{what}" not in " ".join(said):
-            said.append(f"'{name}': {what}")
+            said.append(what if name.startswith("llmcupy_sim_") else f"'{name}': {what}")
     if _WARP_SIZE_NOT_CONSTANT.search(stderr):
         said.append("warpSize is no compile-time constant in CUDA: NVRTC refuses it too in an array size, a template "
                     "argument, constexpr, static_assert or a case label ('expression must have a constant value'); "

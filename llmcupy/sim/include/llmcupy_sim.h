@@ -31,6 +31,13 @@
 // only exposed by changing the order); the instrumented build's racecheck names them (see "Access
 // hooks" below and llmcupy_sim_check.h), with memcheck and initcheck beside it.
 #pragma once
+// uint, ushort, ulong: a -D the source's options give them stays out of glibc's typedefs (see the end)
+#pragma push_macro("uint")
+#pragma push_macro("ushort")
+#pragma push_macro("ulong")
+#undef uint
+#undef ushort
+#undef ulong
 
 #include <algorithm>
 #include <atomic>
@@ -2531,4 +2538,21 @@ LLMCUPY_SIM_TSAN_ATOMIC(64, unsigned long long)
 #include "llmcupy_sim_check.h"
 #include "llmcupy_sim_metrics.h"
 #endif
+#endif
+
+// glibc's <sys/types.h>, which the emulator needs, also defines uint, ushort and ulong; NVRTC does not,
+// so a kernel using them (SGEMM tutorials written for nvcc do) fails to compile on a GPU. Renamed here
+// to a name nothing declares, they fail here too, unless the source declares them itself (a typedef,
+// a using, a #define or -D), which works under both compilers. sim/compiler.py names the error.
+#pragma pop_macro("uint")
+#pragma pop_macro("ushort")
+#pragma pop_macro("ulong")
+#ifndef uint
+#define uint llmcupy_sim_nvrtc_has_no_uint
+#endif
+#ifndef ushort
+#define ushort llmcupy_sim_nvrtc_has_no_ushort
+#endif
+#ifndef ulong
+#define ulong llmcupy_sim_nvrtc_has_no_ulong
 #endif
