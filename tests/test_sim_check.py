@@ -925,7 +925,7 @@ def test_plain_and_checked_builds_are_separate_libraries(no_hazards):
 
 
 SHARED_FORMS = r"""
-#include <cub/cub.cuh>
+#include <cub/block/block_reduce.cuh>
 extern "C" __global__ void forms(const float* in, float* out) {
     __shared__ float a[64], b[64];                     // two arrays in one declaration
     typedef cub::BlockReduce<float, 64> BlockReduce;

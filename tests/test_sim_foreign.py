@@ -1088,6 +1088,36 @@ def test_the_gpu_tests_cub_kernel_compiles_against_cupys_cccl(have_nvrtc):
     assert res.ok, res.log
 
 
+CUB_UMBRELLA = r"""
+#include <cub/cub.cuh>
+__global__ void total(const float* x, float* out) {
+    using BlockReduce = cub::BlockReduce<float, 64>;
+    __shared__ typename BlockReduce::TempStorage temp;
+    float sum = BlockReduce(temp).Sum(x[threadIdx.x]);
+    if (threadIdx.x == 0) out[0] = sum;
+}
+"""
+
+
+def test_cubs_umbrella_header_is_refused_as_nvrtc_refuses_it():
+    # before: <cub/cub.cuh> (the include of CUB's examples and of BlockReduce tutorials) compiled in the
+    # emulator and the kernel failed to build on the GPU, where it pulls in host code
+    with pytest.raises(sim.SimCompileError, match=r"<cub/cub.cuh> does not compile under NVRTC .*include what the "
+                                                  r"kernel uses, <cub/block/block_reduce.cuh>"):
+        module(CUB_UMBRELLA)
+    x, out = np.ones(64, np.float32), np.zeros(1, np.float32)
+    module(CUB_UMBRELLA.replace("cub/cub.cuh", "cub/block/block_reduce.cuh")).get_function("total")((1,), (64,), (x, out))
+    assert out[0] == 64
+
+
+def test_cubs_umbrella_header_fails_under_nvrtc(have_nvrtc):
+    from llmcupy import nvrtc
+
+    # (the block and warp headers compile: test_the_gpu_tests_cub_kernel_compiles_against_cupys_cccl)
+    res = nvrtc.compile_source(textwrap.dedent(CUB_UMBRELLA), 80)
+    assert not res.ok and "__host__ function is not allowed in JIT mode" in res.log
+
+
 @pytest.mark.gpu
 def test_curand_philox_matches_the_gpu():
     """Run on a GPU: the emulator's Philox draws equal cuRAND's for the same seed and ids."""
