@@ -38,6 +38,9 @@ template <int BLOCK> __global__ void __launch_bounds__(BLOCK) templated(float* o
 template <const int BM, const int BN, const int TM, const int TN>
 __global__ void __launch_bounds__((BM * BN) / (TM * TN), 1) tiled(float* out) { out[threadIdx.x] = 1.0f; }
 __global__ void __launch_bounds__((ROWS_PER_BLOCK * 32) / (2), 1) halved(float* out) { out[threadIdx.x] = 1.0f; }
+__launch_bounds__(32) __global__ void bound_first(float* out) { out[threadIdx.x] = 1.0f; }
+extern "C" __launch_bounds__(64, 2) __global__ void c_bound_first(float* out) { out[threadIdx.x] = 1.0f; }
+template <typename T> __launch_bounds__(64) __global__ void typed_bound_first(T* out) { out[threadIdx.x] = T(1); }
 namespace ops {
 constexpr int kWarps = 2;
 __global__ void __launch_bounds__(kWarps * 32) in_namespace(float* out) { out[threadIdx.x] = 1.0f; }
@@ -56,7 +59,7 @@ def sim_backend():
 def test_emulator_enforces_launch_bounds(sim_backend):
     mod = llmcupy.RawModule(code=BOUNDED, name_expressions=["templated<64>", "ops::in_namespace", "scale_rows",
                                                             "one_warp", "unbounded", "tiled<128, 128, 8, 8>",
-                                                            "halved"])
+                                                            "halved", "bound_first", "c_bound_first"])
     scale = mod.get_function("scale_rows")
     # the bound is the C expression, evaluated with the file's macro; a kernel without one gets CUDA's 1024;
     # a template's with the instance's arguments (before: not enforced, 1024)
@@ -69,6 +72,9 @@ def test_emulator_enforces_launch_bounds(sim_backend):
     # to build ("the source compiles, but a kernel name ... (__launch_bounds__) does not name a __global__ ...")
     assert mod.get_function("tiled<128, 128, 8, 8>").max_threads_per_block == 256
     assert mod.get_function("halved").max_threads_per_block == 64
+    # before: a bound written before __global__ (CUDA takes it there too) was not enforced
+    assert mod.get_function("bound_first").max_threads_per_block == 32
+    assert mod.get_function("c_bound_first").max_threads_per_block == 64
     with pytest.raises(LaunchBoundsError, match=r"tiled<128, 128, 8, 8>: a block of 512 threads is more than its "
                                                 r"__launch_bounds__ allow \(256\)"):
         mod.get_function("tiled<128, 128, 8, 8>")((1,), (512,), (np.zeros(512, np.float32),))
@@ -93,6 +99,10 @@ def test_a_kernel_whose_bound_holds_parentheses_is_found_for_its_argument_checks
     params = parse_signature(BOUNDED, "tiled<128, 128, 8, 8>")
     assert params is not None and [p.name for p in params] == ["out"]
     assert [p.name for p in parse_signature(BOUNDED, "halved")] == ["out"]
+    assert [p.name for p in parse_signature(BOUNDED, "bound_first")] == ["out"]
+    assert [p.name for p in parse_signature(BOUNDED, "c_bound_first")] == ["out"]
+    # a template's parameters are substituted only when its header is found with the declaration
+    assert [p.spelling for p in parse_signature(BOUNDED, "typed_bound_first<double>")] == ["double*"]
 
 
 def test_every_catalogue_launch_respects_its_kernels_bounds(sim_backend):

@@ -190,10 +190,14 @@ def parse_param(text: str, substitutions: dict[str, str] | None = None) -> Param
 _BOUNDS = r"__launch_bounds__\s*\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)\s*"
 
 
+# around __global__, in any order: `__launch_bounds__(256) __global__ void k` is CUDA too
+_SPECIFIERS = rf"(?:(?:extern\s+\"C\"|static|{_BOUNDS})\s*)*"
+
+
 def _kernel_pattern(name: str) -> re.Pattern:
     return re.compile(
         r"(?P<template>template\s*<(?P<tparams>[^{};]*?)>\s*)?"
-        rf"(?:extern\s+\"C\"\s+)?__global__\s+(?:{_BOUNDS})?void\s+"
+        rf"{_SPECIFIERS}__global__\s+{_SPECIFIERS}void\s+"
         rf"(?:{_BOUNDS})?" + re.escape(name) + r"\s*\((?P<params>[^)]*)\)"
     )
 

@@ -63,9 +63,13 @@ INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # __launch_bounds__'s arguments may hold parentheses, two deep: ((BM * BN) / (TM * TN), 1)
 _BOUNDS_ARGS = r"(?:[^()]|\((?:[^()]|\([^()]*\))*\))*"
+_LAUNCH_BOUNDS = re.compile(rf"__launch_bounds__\s*\((?P<args>{_BOUNDS_ARGS})\)")
+# what may stand around __global__ before `void`, in any order (NVRTC takes `__launch_bounds__(256)
+# __global__ void k` as well as `__global__ void __launch_bounds__(256) k`)
+_SPECIFIERS = rf"(?:(?:extern\s+\"C\"|static|__launch_bounds__\s*\({_BOUNDS_ARGS}\))\s*)*"
 _GLOBAL_FN = re.compile(
     r"(?P<template>template\s*<[^{};]*?>\s*)?"
-    rf"(?:extern\s+\"C\"\s+)?(?:static\s+)?__global__\s+(?:__launch_bounds__\s*\((?P<bounds>{_BOUNDS_ARGS})\)\s*)?void\s+"
+    rf"(?P<before>{_SPECIFIERS})__global__\s+(?P<after>{_SPECIFIERS})void\s+"
     rf"(?:__launch_bounds__\s*\((?P<bounds_after>{_BOUNDS_ARGS})\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\("
 )
 _INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)', re.M)
@@ -312,7 +316,8 @@ def launch_bounds(code: str) -> dict[str, tuple[str, str]]:
     (a template's with the instance's arguments) so the emulator refuses it too."""
     found = {}
     for m in _GLOBAL_FN.finditer(blank_comments(code)):
-        text = m["bounds"] if m["bounds"] is not None else m["bounds_after"]
+        declared = _LAUNCH_BOUNDS.search(m["before"] + " " + m["after"])
+        text = declared["args"] if declared else m["bounds_after"]
         header = " ".join((m["template"] or "").split())
         # a header the lazy match cut short (a '>' inside a default argument) cannot be reused
         if text is not None and m["name"] not in found and header.count("<") == header.count(">"):
