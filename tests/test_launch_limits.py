@@ -34,6 +34,13 @@ __global__ void __launch_bounds__(ROWS_PER_BLOCK * 32, 1) scale_rows(float* out,
 __global__ __launch_bounds__(32) void one_warp(float* out) { out[threadIdx.x] = 1.0f; }
 __global__ void unbounded(float* out) { out[threadIdx.x] = 1.0f; }
 template <int BLOCK> __global__ void __launch_bounds__(BLOCK) templated(float* out) { out[threadIdx.x] = 1.0f; }
+// Simon Boehm's SGEMM ladder: a bound in parentheses, from the template's parameters
+template <const int BM, const int BN, const int TM, const int TN>
+__global__ void __launch_bounds__((BM * BN) / (TM * TN), 1) tiled(float* out) { out[threadIdx.x] = 1.0f; }
+__global__ void __launch_bounds__((ROWS_PER_BLOCK * 32) / (2), 1) halved(float* out) { out[threadIdx.x] = 1.0f; }
+__launch_bounds__(32) __global__ void bound_first(float* out) { out[threadIdx.x] = 1.0f; }
+extern "C" __launch_bounds__(64, 2) __global__ void c_bound_first(float* out) { out[threadIdx.x] = 1.0f; }
+template <typename T> __launch_bounds__(64) __global__ void typed_bound_first(T* out) { out[threadIdx.x] = T(1); }
 namespace ops {
 constexpr int kWarps = 2;
 __global__ void __launch_bounds__(kWarps * 32) in_namespace(float* out) { out[threadIdx.x] = 1.0f; }
@@ -51,15 +58,26 @@ def sim_backend():
 
 def test_emulator_enforces_launch_bounds(sim_backend):
     mod = llmcupy.RawModule(code=BOUNDED, name_expressions=["templated<64>", "ops::in_namespace", "scale_rows",
-                                                            "one_warp", "unbounded"])
+                                                            "one_warp", "unbounded", "tiled<128, 128, 8, 8>",
+                                                            "halved", "bound_first", "c_bound_first"])
     scale = mod.get_function("scale_rows")
     # the bound is the C expression, evaluated with the file's macro; a kernel without one gets CUDA's 1024;
-    # a template's bound may depend on its parameters and is not enforced
+    # a template's with the instance's arguments (before: not enforced, 1024)
     assert scale.max_threads_per_block == 128
     assert mod.get_function("one_warp").max_threads_per_block == 32
     assert mod.get_function("unbounded").max_threads_per_block == 1024
-    assert mod.get_function("templated<64>").max_threads_per_block == 1024
+    assert mod.get_function("templated<64>").max_threads_per_block == 64
     assert mod.get_function("ops::in_namespace").max_threads_per_block == 64  # the namespace's constant
+    # before: a bound holding parentheses made the kernel's name '__launch_bounds__', and the source failed
+    # to build ("the source compiles, but a kernel name ... (__launch_bounds__) does not name a __global__ ...")
+    assert mod.get_function("tiled<128, 128, 8, 8>").max_threads_per_block == 256
+    assert mod.get_function("halved").max_threads_per_block == 64
+    # before: a bound written before __global__ (CUDA takes it there too) was not enforced
+    assert mod.get_function("bound_first").max_threads_per_block == 32
+    assert mod.get_function("c_bound_first").max_threads_per_block == 64
+    with pytest.raises(LaunchBoundsError, match=r"tiled<128, 128, 8, 8>: a block of 512 threads is more than its "
+                                                r"__launch_bounds__ allow \(256\)"):
+        mod.get_function("tiled<128, 128, 8, 8>")((1,), (512,), (np.zeros(512, np.float32),))
 
     x = np.arange(256, dtype=np.float32)
     y = np.zeros_like(x)
@@ -71,6 +89,20 @@ def test_emulator_enforces_launch_bounds(sim_backend):
     with pytest.raises(LaunchBoundsError, match="one_warp"):
         mod.get_function("one_warp")((1,), (8, 8), (y,))      # 64 threads in two dimensions
     assert issubclass(LaunchBoundsError, KernelArgumentError)
+
+
+def test_a_kernel_whose_bound_holds_parentheses_is_found_for_its_argument_checks():
+    # the GPU path checks arguments against the declaration it finds in the source; before, a bound in
+    # parentheses hid it: get_function raised "cannot find its __global__ declaration"
+    from llmcupy.runtime.signature import parse_signature
+
+    params = parse_signature(BOUNDED, "tiled<128, 128, 8, 8>")
+    assert params is not None and [p.name for p in params] == ["out"]
+    assert [p.name for p in parse_signature(BOUNDED, "halved")] == ["out"]
+    assert [p.name for p in parse_signature(BOUNDED, "bound_first")] == ["out"]
+    assert [p.name for p in parse_signature(BOUNDED, "c_bound_first")] == ["out"]
+    # a template's parameters are substituted only when its header is found with the declaration
+    assert [p.spelling for p in parse_signature(BOUNDED, "typed_bound_first<double>")] == ["double*"]
 
 
 def test_every_catalogue_launch_respects_its_kernels_bounds(sim_backend):

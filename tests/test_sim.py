@@ -486,6 +486,32 @@ def test_the_static_shared_memory_limit_is_ptxas_limit(have_nvrtc):
     assert not result.ok and "49156 bytes smem" in result.log and "NVRTC_ERROR_COMPILATION" in result.log
 
 
+CONSTANT_TABLES = r"""
+namespace tables { __constant__ char tag; }
+__constant__ float weights[N];
+__global__ void lookup(float* out) { out[threadIdx.x] = weights[threadIdx.x] + tables::tag; }
+"""
+
+
+def test_more_constant_memory_than_a_gpu_holds_is_refused(no_hazards):
+    # before: 80 KB of __constant__ tables ran in the emulator; NVRTC fails the compile past the 64 KiB
+    # constant bank
+    out = np.zeros(32, np.float32)
+    module(CONSTANT_TABLES, options=("-DN=16383",)).get_function("lookup")((1,), (32,), (out,))   # 65533 bytes
+    with pytest.raises(sim.SimCompileError, match=r"tables.cu:2:.*the __constant__ variables \(tables::tag, weights\) "
+                                                  r"hold more than the 64 KiB \(65536 bytes\) of a GPU's constant bank "
+                                                  r"\(NVRTC refuses it too.*pass it as a const pointer argument"):
+        module(CONSTANT_TABLES, options=("-DN=16384",), filename="tables.cu")
+
+
+def test_the_constant_memory_limit_is_ptxas_limit(have_nvrtc):
+    from llmcupy import nvrtc
+
+    assert nvrtc.compile_source(CONSTANT_TABLES.replace("[N]", "[16383]"), 80).ok
+    result = nvrtc.compile_source(CONSTANT_TABLES.replace("[N]", "[16384]"), 80)
+    assert not result.ok and "65537 bytes cmem[3]" in result.log and "NVRTC_ERROR_COMPILATION" in result.log
+
+
 def test_fast_math_intrinsics_and_ucontext_fallback(no_hazards):
     code = r"""
     __global__ void maths(float* out, const float* x) {
@@ -528,6 +554,14 @@ def test_a_kernel_launch_in_the_source_is_named_as_such(code, line):
      r"'cudaTextureObject_t': texture objects are not emulated: pass the data as a const pointer"),
     ("__global__ void k(int* x) { int* p; cudaMalloc(&p, 4); x[0] = 1; }",
      r"'cudaMalloc': the CUDA runtime API is host code, which a RawModule source does not hold"),
+    # libcu++'s async copies, the last rung of SGEMM tutorials (before: "'barrier' is not a member of
+    # 'cuda'", "cuda/pipeline: No such file or directory")
+    ("#include <cuda/barrier>\n__global__ void k(float* x) {\n"
+     "    __shared__ cuda::barrier<cuda::thread_scope_block> bar;\n    init(&bar, blockDim.x);\n}",
+     r"'cuda::barrier': libcu\+\+'s cuda::barrier, cuda::pipeline and cuda::memcpy_async are not emulated: copy "
+     r"with cooperative_groups' cg::memcpy_async"),
+    ("#include <cuda/pipeline>\n__global__ void k(float* x) { auto pipe = cuda::make_pipeline(); }",
+     r"'cuda/pipeline': libcu\+\+'s cuda::barrier, .* or with __pipeline_memcpy_async"),
 ])
 def test_a_cuda_feature_the_emulator_lacks_is_named(code, said):
     # before: only g++'s "'cudaTextureObject_t' was not declared in this scope", which reads like a
@@ -568,6 +602,131 @@ def test_an_initializer_after_a_shared_macro_or_in_a_string_is_no_shared_initial
     k((1,), (32,), (out, text))
     assert out.tolist() == list(range(31, -1, -1))
     assert bytes(text[:21]) == b"__shared__ int s = 5;"
+
+
+# warpSize where C++ needs a constant: NVRTC refuses each ("expression must have a constant value")
+WARP_SIZE_AS_A_CONSTANT = [
+    "__shared__ float s[32][warpSize + 1];\n    s[0][threadIdx.x] = 1.0f;",
+    "out[0] = Fixed<warpSize / 2>::value;",
+    "static_assert(warpSize == 32, \"one warp\");",
+]
+WARP_SIZE_PREAMBLE = "template <int N> struct Fixed { static constexpr int value = N; };\n"
+
+
+@pytest.mark.parametrize("use", WARP_SIZE_AS_A_CONSTANT)
+def test_warp_size_where_a_constant_is_needed_is_refused_as_nvrtc_refuses_it(use):
+    # before: warpSize was a constexpr in the emulator, so `__shared__ float s[warpSize]` compiled and ran
+    # here and failed on the GPU
+    code = f"{WARP_SIZE_PREAMBLE}__global__ void k(float* out) {{\n    {use}\n}}\n"
+    with pytest.raises(sim.SimCompileError, match=r"(?s)warp.cu:3:.*warpSize is no compile-time constant in CUDA: "
+                                                  r"NVRTC refuses it too.*write 32 there"):
+        llmcupy.RawModule(code=code, target="sim", filename="warp.cu")
+
+
+WARP_SIZE_AT_RUN_TIME = r"""
+namespace tuning { constexpr int warpSize = 32; }   // a constant of one's own may take the name
+__global__ void lanes(int* out) {
+    __shared__ int per_warp[tuning::warpSize];
+    extern __shared__ int scratch[];
+    const int lane = threadIdx.x % warpSize, warp = threadIdx.x / warpSize;
+    if (lane == 0) per_warp[warp] = warp;
+    scratch[threadIdx.x] = lane;
+    __syncthreads();
+    out[threadIdx.x] = per_warp[warp] * 1000 + scratch[threadIdx.x] + (sizeof(warpSize) == 4 ? warpSize * 100 : 0);
+}
+"""
+
+
+def test_warp_size_reads_32_wherever_cuda_allows_it(no_hazards):
+    out = np.zeros(64, np.int32)
+    with sim.metrics.collect() as launches:   # the instrumented build
+        module(WARP_SIZE_AT_RUN_TIME).get_function("lanes")((1,), (64,), (out,), shared_mem=64 * 4)
+    assert out.tolist() == [(t // 32) * 1000 + t % 32 + 3200 for t in range(64)]
+    # a special register on a GPU: reading the emulator's stand-in variable is no global memory access
+    assert launches[0]["totals"]["untracked_global"] == 0
+
+
+def test_the_emulators_warp_size_verdicts_agree_with_nvrtc(have_nvrtc):
+    from llmcupy import nvrtc
+
+    for use in WARP_SIZE_AS_A_CONSTANT:
+        code = f"{WARP_SIZE_PREAMBLE}__global__ void k(float* out) {{\n    {use}\n}}\n"
+        result = nvrtc.compile_source(code, 80)
+        assert not result.ok and "expression must have a constant value" in result.log, (use, result.log)
+    result = nvrtc.compile_source(textwrap.dedent(WARP_SIZE_AT_RUN_TIME), 80)
+    assert result.ok, result.log
+
+
+# A Welford warp reduction shuffling its (mean, m2, count) struct: CUDA's shuffle intrinsics take
+# arithmetic and 16-bit float values only, a cooperative_groups tile any trivially copyable type
+WELFORD_SHUFFLE = r"""
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+struct Welford { float mean, m2, count; };
+__global__ void merge(float* out) {
+    Welford w = {float(threadIdx.x), 0.0f, 1.0f};
+#ifdef RAW
+    Welford other = __shfl_down_sync(0xffffffffu, w, 16);
+#else
+    Welford other = cg::tiled_partition<32>(cg::this_thread_block()).shfl_down(w, 16);
+#endif
+    out[threadIdx.x] = other.mean;
+}
+"""
+
+
+def test_a_struct_goes_through_a_tiles_shfl_but_not_through_shfl_sync(no_hazards):
+    # before: __shfl_down_sync(mask, a_struct, 16) (and a float2, a float4, a pointer) ran in the emulator;
+    # NVRTC refuses it ("no instance of overloaded function "__shfl_down_sync" matches the argument list")
+    out = np.zeros(32, np.float32)
+    module(WELFORD_SHUFFLE).get_function("merge")((1,), (32,), (out,))
+    assert out.tolist() == [t + 16 if t < 16 else t for t in range(32)]
+    with pytest.raises(sim.SimCompileError, match=r"(?s)welford.cu:8:.*a warp shuffle \(__shfl_sync, .*\) takes an "
+                                                  r"int, unsigned, .* as CUDA declares it"):
+        module(WELFORD_SHUFFLE, options=("-DRAW",), filename="welford.cu")
+
+
+def test_the_emulators_shuffle_verdicts_agree_with_nvrtc(have_nvrtc):
+    from llmcupy import nvrtc
+
+    assert nvrtc.compile_source(textwrap.dedent(WELFORD_SHUFFLE), 80).ok
+    result = nvrtc.compile_source(textwrap.dedent(WELFORD_SHUFFLE), 80, options=nvrtc.compile_options(80) + ["-DRAW"])
+    assert not result.ok and "no instance of overloaded function" in result.log, result.log
+
+
+# Simon Boehm's SGEMM kernels, written for nvcc, index with `uint` (glibc's <sys/types.h>, which NVRTC lacks)
+BOEHM_UINT = r"""
+__global__ void scale(float* out) {
+    const uint row = blockIdx.x, col = threadIdx.x;
+    out[row * blockDim.x + col] = (ushort)col;
+}
+"""
+
+
+def test_host_typedefs_nvrtc_lacks_are_refused_unless_the_source_declares_them(no_hazards):
+    # before: they compiled here (the emulator's header includes glibc's <sys/types.h>) and the kernel
+    # failed to build on the GPU ('identifier "uint" is undefined')
+    with pytest.raises(sim.SimCompileError, match=r"(?s)boehm.cu:3:.*in expansion of macro .uint.*\n\('uint' is a host "
+                                                  r"typedef \(glibc's <sys/types.h>\) that NVRTC does not define: write "
+                                                  r"unsigned int, .*; 'ushort' is a host typedef"):
+        module(BOEHM_UINT, filename="boehm.cu")
+    out = np.zeros((2, 4), np.float32)
+    module("typedef unsigned int uint;\nusing ushort = unsigned short;\n" + BOEHM_UINT).get_function("scale")(
+        (2,), (4,), (out,))
+    assert out.tolist() == [[0, 1, 2, 3]] * 2
+    # or the options: before, -Duint=... also rewrote glibc's own typedef ("duplicate 'unsigned'")
+    module(BOEHM_UINT, options=("-Dushort=unsigned short", "-Duint=unsigned int")).get_function("scale")(
+        (2,), (4,), (out,))
+
+
+def test_the_emulators_host_typedef_verdicts_agree_with_nvrtc(have_nvrtc):
+    from llmcupy import nvrtc
+
+    result = nvrtc.compile_source(BOEHM_UINT, 80)
+    assert not result.ok and 'identifier "uint" is undefined' in result.log, result.log
+    assert nvrtc.compile_source("typedef unsigned int uint;\nusing ushort = unsigned short;\n" + BOEHM_UINT, 80).ok
+    defines = ["-Dushort=unsigned short", "-Duint=unsigned int"]
+    assert nvrtc.compile_source(BOEHM_UINT, 80, options=nvrtc.compile_options(80) + defines).ok
 
 
 def test_builtin_align_is_defined_as_in_cudas_headers(no_hazards):

@@ -154,6 +154,87 @@ def test_atomics_on_one_address_are_not_a_race(order, no_hazards):
     np.testing.assert_array_equal(out[1:], [192, 96, 96])
 
 
+# The Programming Guide's atomicAdd(double) and a float atomicMax, each a CAS loop whose first read is a
+# plain one: unordered with the other threads' CAS, but only a guess the CAS checks. `misuse` adds a
+# plain read of `flag` (which the even threads bump with atomicAdd) whose value is used otherwise.
+CAS_LOOPS = r"""
+__device__ double guide_atomic_add(double* address, double val) {
+    unsigned long long int* address_as_ull = (unsigned long long int*)address;
+    unsigned long long int old = *address_as_ull, assumed;
+    do {
+        assumed = old;
+        old = atomicCAS(address_as_ull, assumed, __double_as_longlong(val + __longlong_as_double(assumed)));
+    } while (assumed != old);
+    return __longlong_as_double(old);
+}
+__device__ float atomic_max_float(float* address, float val) {
+    int* address_as_i = (int*)address;
+    int old = *address_as_i, assumed;
+    do {
+        assumed = old;
+        old = atomicCAS(address_as_i, assumed, __float_as_int(fmaxf(val, __int_as_float(assumed))));
+    } while (assumed != old);
+    return __int_as_float(old);
+}
+extern "C" __global__ void cas_loops(const float* x, double* sum, float* block_max, double* block_sum,
+                                     unsigned* seen, int misuse) {
+    __shared__ double total;
+    __shared__ float best;
+    __shared__ unsigned flag;
+    int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+    if (t == 0) { total = 0.0; best = -1e30f; flag = 0; }
+    __syncthreads();
+    guide_atomic_add(&total, x[i]);
+    atomic_max_float(&best, x[i]);
+    guide_atomic_add(sum, x[i]);                   // global memory, from every block
+    unsigned v = 0;
+    if (t % 2 == 0) atomicAdd(&flag, 1u);
+    else if (misuse) v = flag;                     // READ
+    if (misuse == 3) __syncthreads();
+    if (t % 2 == 1) {
+        if (misuse == 1) seen[i] = v;              // used as a result
+        if (misuse == 2) atomicCAS(&flag, v + 1000u, 0u);   // a CAS checks another value
+        if (misuse >= 3) atomicCAS(&flag, v, v);   // 3: after a barrier; 4: validated, no race
+    }
+    __syncthreads();
+    if (t == 0) { block_max[blockIdx.x] = best; block_sum[blockIdx.x] = total; }
+}
+"""
+
+
+def _cas_loops(k, order, misuse, blocks=4, workers=2):
+    x = ((np.arange(64 * blocks) * 37) % 101).astype(np.float32)
+    args = (x, np.zeros(1), np.zeros(blocks, np.float32), np.zeros(blocks), np.zeros(64 * blocks, np.uint32))
+    with sim.settings(workers=workers):
+        reports = run_checked(k, (blocks,), (64,), args + (np.int32(misuse),), order, check="race")
+    return reports, x, args
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_the_programming_guides_cas_loops_are_no_race(order, no_hazards):
+    # before: racecheck reported their first plain read against another thread's atomicCAS (RAW on
+    # shared memory within a block; between blocks on the global sum, in some runs as a WAR)
+    k, _ = kernel(CAS_LOOPS, "cas_loops")
+    for misuse in (0, 4) * 4:   # between blocks, another block's CAS lands between read and CAS in some runs
+        reports, x, (_, total, block_max, block_sum, _) = _cas_loops(k, order, misuse)
+        assert reports == [], reports[0].describe()
+        per_block = x.reshape(4, 64).astype(np.float64)
+        np.testing.assert_array_equal(block_max, per_block.max(axis=1))
+        np.testing.assert_array_equal(block_sum, per_block.sum(axis=1))   # integers: exact in any order
+        assert total[0] == per_block.sum()
+
+
+@pytest.mark.parametrize("misuse", [1, 2, 3])
+def test_a_plain_read_racing_with_atomics_is_reported_unless_its_cas_validates_it(misuse, no_hazards):
+    k, code = kernel(CAS_LOOPS, "cas_loops")
+    for order in ORDERS:
+        reports, _, _ = _cas_loops(k, order, misuse, blocks=1)
+        assert reports, (order, misuse)
+        assert {r.kind for r in reports} <= {"RAW", "WAR"}
+        assert all(r.space == "shared" and "'flag'" in r.where for r in reports), reports[0].describe()
+        assert line_of(code, "READ") in {r.line for r in reports} | {r.prev_line for r in reports}
+
+
 GLOBAL_RACE = r"""
 extern "C" __global__ void publish(float* data) {
     int t = threadIdx.x;
@@ -844,7 +925,7 @@ def test_plain_and_checked_builds_are_separate_libraries(no_hazards):
 
 
 SHARED_FORMS = r"""
-#include <cub/cub.cuh>
+#include <cub/block/block_reduce.cuh>
 extern "C" __global__ void forms(const float* in, float* out) {
     __shared__ float a[64], b[64];                     // two arrays in one declaration
     typedef cub::BlockReduce<float, 64> BlockReduce;

@@ -1088,6 +1088,36 @@ def test_the_gpu_tests_cub_kernel_compiles_against_cupys_cccl(have_nvrtc):
     assert res.ok, res.log
 
 
+CUB_UMBRELLA = r"""
+#include <cub/cub.cuh>
+__global__ void total(const float* x, float* out) {
+    using BlockReduce = cub::BlockReduce<float, 64>;
+    __shared__ typename BlockReduce::TempStorage temp;
+    float sum = BlockReduce(temp).Sum(x[threadIdx.x]);
+    if (threadIdx.x == 0) out[0] = sum;
+}
+"""
+
+
+def test_cubs_umbrella_header_is_refused_as_nvrtc_refuses_it():
+    # before: <cub/cub.cuh> (the include of CUB's examples and of BlockReduce tutorials) compiled in the
+    # emulator and the kernel failed to build on the GPU, where it pulls in host code
+    with pytest.raises(sim.SimCompileError, match=r"<cub/cub.cuh> does not compile under NVRTC .*include what the "
+                                                  r"kernel uses, <cub/block/block_reduce.cuh>"):
+        module(CUB_UMBRELLA)
+    x, out = np.ones(64, np.float32), np.zeros(1, np.float32)
+    module(CUB_UMBRELLA.replace("cub/cub.cuh", "cub/block/block_reduce.cuh")).get_function("total")((1,), (64,), (x, out))
+    assert out[0] == 64
+
+
+def test_cubs_umbrella_header_fails_under_nvrtc(have_nvrtc):
+    from llmcupy import nvrtc
+
+    # (the block and warp headers compile: test_the_gpu_tests_cub_kernel_compiles_against_cupys_cccl)
+    res = nvrtc.compile_source(textwrap.dedent(CUB_UMBRELLA), 80)
+    assert not res.ok and "__host__ function is not allowed in JIT mode" in res.log
+
+
 @pytest.mark.gpu
 def test_curand_philox_matches_the_gpu():
     """Run on a GPU: the emulator's Philox draws equal cuRAND's for the same seed and ids."""
@@ -1384,3 +1414,137 @@ def test_memcpy_async_kernels_compile_with_nvrtc(have_nvrtc):
     res = nvrtc.compile_source(textwrap.dedent(MEMCPY_ASYNC), 80, filename="memcpy_async.cu")
     assert res.ok, res.log
     assert {k.kernel for k in res.kernels} >= {"block_sum_wait", "block_sum_wait_prior", "warp_sum"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The ladders learners copy: Simon Boehm's SGEMM rungs (a template's bound in parentheses, float4
+# loads with a transposed A tile) and a minimal flash-attention forward (tiles in dynamic shared
+# memory, the online softmax rescale)
+# ---------------------------------------------------------------------------------------------
+
+SGEMM_LADDER = r"""
+template <const int BM, const int BN, const int BK, const int TM, const int TN>
+__global__ void __launch_bounds__((BM * BN) / (TM * TN), 1)
+sgemm_vectorize(int M, int N, int K, float alpha, float* A, float* B, float beta, float* C) {
+    const unsigned cRow = blockIdx.y, cCol = blockIdx.x;
+    const int threadCol = threadIdx.x % (BN / TN), threadRow = threadIdx.x / (BN / TN);
+    __shared__ float As[BM * BK];   // transposed: As[k][m]
+    __shared__ float Bs[BK * BN];
+    A += cRow * BM * K;
+    B += cCol * BN;
+    C += cRow * BM * N + cCol * BN;
+    const unsigned innerRowA = threadIdx.x / (BK / 4), innerColA = threadIdx.x % (BK / 4);
+    const unsigned innerRowB = threadIdx.x / (BN / 4), innerColB = threadIdx.x % (BN / 4);
+    float results[TM * TN] = {0.0f}, regM[TM], regN[TN];
+    for (int bk = 0; bk < K; bk += BK) {
+        float4 a = reinterpret_cast<float4*>(&A[innerRowA * K + innerColA * 4])[0];
+        As[(innerColA * 4 + 0) * BM + innerRowA] = a.x;
+        As[(innerColA * 4 + 1) * BM + innerRowA] = a.y;
+        As[(innerColA * 4 + 2) * BM + innerRowA] = a.z;
+        As[(innerColA * 4 + 3) * BM + innerRowA] = a.w;
+        reinterpret_cast<float4*>(&Bs[innerRowB * BN + innerColB * 4])[0] =
+            reinterpret_cast<float4*>(&B[innerRowB * N + innerColB * 4])[0];
+        __syncthreads();
+        A += BK;
+        B += BK * N;
+        for (int k = 0; k < BK; ++k) {
+            for (int i = 0; i < TM; ++i) regM[i] = As[k * BM + threadRow * TM + i];
+            for (int i = 0; i < TN; ++i) regN[i] = Bs[k * BN + threadCol * TN + i];
+            for (int m = 0; m < TM; ++m)
+                for (int n = 0; n < TN; ++n) results[m * TN + n] += regM[m] * regN[n];
+        }
+        __syncthreads();
+    }
+    for (int m = 0; m < TM; ++m)
+        for (int n = 0; n < TN; n += 4) {
+            float4 c = reinterpret_cast<float4*>(&C[(threadRow * TM + m) * N + threadCol * TN + n])[0];
+            c.x = alpha * results[m * TN + n] + beta * c.x;
+            c.y = alpha * results[m * TN + n + 1] + beta * c.y;
+            c.z = alpha * results[m * TN + n + 2] + beta * c.z;
+            c.w = alpha * results[m * TN + n + 3] + beta * c.w;
+            reinterpret_cast<float4*>(&C[(threadRow * TM + m) * N + threadCol * TN + n])[0] = c;
+        }
+}
+"""
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_sgemm_vectorized_rung_with_its_template_bound(order, no_hazards):
+    name = "sgemm_vectorize<64, 64, 8, 8, 4>"   # 128 threads
+    k = module(SGEMM_LADDER, name_expressions=[name]).get_function(name)
+    assert k.max_threads_per_block == 128
+    M = N = K = 64
+    rng = np.random.default_rng(5)
+    a, b = rng.integers(-3, 4, (M, K)).astype(np.float32), rng.integers(-3, 4, (K, N)).astype(np.float32)
+    c = rng.integers(-3, 4, (M, N)).astype(np.float32)
+    want = 2 * (a @ b) + 3 * c   # small integers: exact in float32 in any order
+    with sim.settings(order=order):
+        k((1, 1), (128,), (np.int32(M), np.int32(N), np.int32(K), np.float32(2), a, b, np.float32(3), c))
+    assert (c == want).all()
+    with pytest.raises(llmcupy.runtime.LaunchBoundsError, match=r"more than its __launch_bounds__ allow \(128\)"):
+        k((1, 1), (256,), (np.int32(M), np.int32(N), np.int32(K), np.float32(2), a, b, np.float32(3), c))
+
+
+FLASH_MINIMAL = r"""
+// one block per (batch, head), Bc = Br = blockDim.x rows; Q_i, K_j, V_j and S in dynamic shared memory
+__global__ void flash_forward(const float* Q, const float* K, const float* V, int N, int d, int Tc, int Tr,
+                              int Bc, int Br, float scale, float* l, float* m, float* O) {
+    int tx = threadIdx.x;
+    int qkv = (blockIdx.x * gridDim.y + blockIdx.y) * N * d, lm = (blockIdx.x * gridDim.y + blockIdx.y) * N;
+    extern __shared__ float sram[];
+    int tile = Bc * d;
+    float *Qi = sram, *Kj = sram + tile, *Vj = sram + 2 * tile, *S = sram + 3 * tile;
+    for (int j = 0; j < Tc; j++) {
+        for (int x = 0; x < d; x++) {
+            Kj[tx * d + x] = K[qkv + tile * j + tx * d + x];
+            Vj[tx * d + x] = V[qkv + tile * j + tx * d + x];
+        }
+        __syncthreads();
+        for (int i = 0; i < Tr; i++) {
+            for (int x = 0; x < d; x++) Qi[tx * d + x] = Q[qkv + tile * i + tx * d + x];
+            float m_prev = m[lm + Br * i + tx], l_prev = l[lm + Br * i + tx];
+            float row_m = -INFINITY;
+            for (int y = 0; y < Bc; y++) {
+                float sum = 0;
+                for (int x = 0; x < d; x++) sum += Qi[tx * d + x] * Kj[y * d + x];
+                S[Bc * tx + y] = sum * scale;
+                row_m = fmaxf(row_m, sum * scale);
+            }
+            float row_l = 0;
+            for (int y = 0; y < Bc; y++) {
+                S[Bc * tx + y] = __expf(S[Bc * tx + y] - row_m);
+                row_l += S[Bc * tx + y];
+            }
+            float m_new = fmaxf(m_prev, row_m);
+            float l_new = __expf(m_prev - m_new) * l_prev + __expf(row_m - m_new) * row_l;
+            for (int x = 0; x < d; x++) {
+                float pv = 0;
+                for (int y = 0; y < Bc; y++) pv += S[Bc * tx + y] * Vj[y * d + x];
+                float* o = &O[qkv + tile * i + tx * d + x];
+                *o = (l_prev * __expf(m_prev - m_new) * *o + __expf(row_m - m_new) * pv) / l_new;
+            }
+            m[lm + Br * i + tx] = m_new;
+            l[lm + Br * i + tx] = l_new;
+        }
+        __syncthreads();
+    }
+}
+"""
+
+
+def test_minimal_flash_attention_forward_matches_softmax_attention(no_hazards):
+    B, H, N, d, Bc = 1, 2, 32, 8, 16
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((B, H, N, d)).astype(np.float32) for _ in range(3))
+    s = np.einsum("bhnd,bhmd->bhnm", q.astype(np.float64), k) / np.sqrt(d)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bhnm,bhmd->bhnd", p / p.sum(-1, keepdims=True), v)
+    kernel = module(FLASH_MINIMAL).get_function("flash_forward")
+    for order, check in (("forward", ""), ("reverse", ""), ("random", "race,init")):
+        o, l, m = np.zeros_like(q), np.zeros((B, H, N), np.float32), np.full((B, H, N), -np.inf, np.float32)
+        with sim.settings(order=order, check=check):
+            kernel((B, H), (Bc,), (q, k, v, np.int32(N), np.int32(d), np.int32(N // Bc), np.int32(N // Bc),
+                                   np.int32(Bc), np.int32(Bc), np.float32(1 / np.sqrt(d)), l, m, o),
+                   shared_mem=(3 * Bc * d + Bc * Bc) * 4)
+        # float32 exponentials and two rescalings against a float64 reference
+        np.testing.assert_allclose(o, want, rtol=1e-4, atol=1e-5)

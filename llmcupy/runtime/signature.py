@@ -186,11 +186,19 @@ def parse_param(text: str, substitutions: dict[str, str] | None = None) -> Param
     return Param(normalize_type(tokens), name)
 
 
+# __launch_bounds__'s arguments may hold parentheses, two deep: ((BM * BN) / (TM * TN), 1)
+_BOUNDS = r"__launch_bounds__\s*\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)\s*"
+
+
+# around __global__, in any order: `__launch_bounds__(256) __global__ void k` is CUDA too
+_SPECIFIERS = rf"(?:(?:extern\s+\"C\"|static|{_BOUNDS})\s*)*"
+
+
 def _kernel_pattern(name: str) -> re.Pattern:
     return re.compile(
         r"(?P<template>template\s*<(?P<tparams>[^{};]*?)>\s*)?"
-        r"(?:extern\s+\"C\"\s+)?__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
-        r"(?:__launch_bounds__\s*\([^)]*\)\s*)?" + re.escape(name) + r"\s*\((?P<params>[^)]*)\)"
+        rf"{_SPECIFIERS}__global__\s+{_SPECIFIERS}void\s+"
+        rf"(?:{_BOUNDS})?" + re.escape(name) + r"\s*\((?P<params>[^)]*)\)"
     )
 
 

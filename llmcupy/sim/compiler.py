@@ -61,10 +61,16 @@ from pathlib import Path
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+# __launch_bounds__'s arguments may hold parentheses, two deep: ((BM * BN) / (TM * TN), 1)
+_BOUNDS_ARGS = r"(?:[^()]|\((?:[^()]|\([^()]*\))*\))*"
+_LAUNCH_BOUNDS = re.compile(rf"__launch_bounds__\s*\((?P<args>{_BOUNDS_ARGS})\)")
+# what may stand around __global__ before `void`, in any order (NVRTC takes `__launch_bounds__(256)
+# __global__ void k` as well as `__global__ void __launch_bounds__(256) k`)
+_SPECIFIERS = rf"(?:(?:extern\s+\"C\"|static|__launch_bounds__\s*\({_BOUNDS_ARGS}\))\s*)*"
 _GLOBAL_FN = re.compile(
     r"(?P<template>template\s*<[^{};]*?>\s*)?"
-    r"(?:extern\s+\"C\"\s+)?(?:static\s+)?__global__\s+(?:__launch_bounds__\s*\((?P<bounds>[^)]*)\)\s*)?void\s+"
-    r"(?:__launch_bounds__\s*\((?P<bounds_after>[^)]*)\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\("
+    rf"(?P<before>{_SPECIFIERS})__global__\s+(?P<after>{_SPECIFIERS})void\s+"
+    rf"(?:__launch_bounds__\s*\((?P<bounds_after>{_BOUNDS_ARGS})\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\("
 )
 _INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)', re.M)
 _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b(?P<rest>[^;{}]*?)\b(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
@@ -302,26 +308,29 @@ def global_function_names(code: str) -> list[str]:
     return names
 
 
-def launch_bounds(code: str) -> dict[str, str]:
-    """The maximum block size each non-template kernel declares with ``__launch_bounds__``, as the
-    C expression written there (``256``, ``16 * 16``, a macro), by unqualified name. A GPU refuses a
-    launch with more threads; the entry points built here evaluate the expression with the source's
-    own macros so the emulator refuses it too. (A template's bound may depend on its parameters; it
-    is not enforced.)"""
+def launch_bounds(code: str) -> dict[str, tuple[str, str]]:
+    """The maximum block size each kernel declares with ``__launch_bounds__``, as the C expression
+    written there (``256``, ``16 * 16``, a macro, ``BM * BN / (TM * TN)``), by unqualified name, with
+    a template kernel's ``template <...>`` header ('' for a plain kernel). A GPU refuses a launch with
+    more threads; the entry points built here evaluate the expression with the source's own macros
+    (a template's with the instance's arguments) so the emulator refuses it too."""
     found = {}
     for m in _GLOBAL_FN.finditer(blank_comments(code)):
-        text = m["bounds"] if m["bounds"] is not None else m["bounds_after"]
-        if text is not None and not m["template"]:
-            found[m["name"]] = _split_top(text, ",")[0].strip()
+        declared = _LAUNCH_BOUNDS.search(m["before"] + " " + m["after"])
+        text = declared["args"] if declared else m["bounds_after"]
+        header = " ".join((m["template"] or "").split())
+        # a header the lazy match cut short (a '>' inside a default argument) cannot be reused
+        if text is not None and m["name"] not in found and header.count("<") == header.count(">"):
+            found[m["name"]] = (header, _split_top(text, ",")[0].strip())
     return found
 
 
-def device_variables(code: str) -> list[str]:
-    """Qualified names of the file-scope ``__constant__`` / ``__device__`` variables."""
+def _device_variable_definitions(code: str):
+    """(qualified name, line, whether __constant__) of each file-scope ``__constant__`` / ``__device__``
+    variable definition, in source order."""
     blanked = blank_comments(code)
     matches = list(_DEVICE_VAR.finditer(blanked))
     scopes = _Scopes(blanked) if matches else None
-    names = []
     for m in matches:
         before = blanked[max(0, m.start() - 40):m.start()]
         if (not scopes.file_scope(m.start()) or re.search(r"\b(?:template|typedef|using|extern)\b", m["rest"])
@@ -329,10 +338,42 @@ def device_variables(code: str) -> list[str]:
             continue  # a declaration of a variable defined elsewhere has no storage here
 
         ns = scopes.namespace(m.start())
-        name = f"{ns}::{m['name']}" if ns else m["name"]
+        yield (f"{ns}::{m['name']}" if ns else m["name"], blanked.count("\n", 0, m.start()) + 1,
+               "__constant__" in m.group(0))
+
+
+def device_variables(code: str) -> list[str]:
+    """Qualified names of the file-scope ``__constant__`` / ``__device__`` variables."""
+    names = []
+    for name, _, _ in _device_variable_definitions(code):
         if name not in names:
             names.append(name)
     return names
+
+
+# A GPU holds a module's __constant__ variables in one 64 KiB bank (ptxas: "N bytes cmem[3]"); past it
+# NVRTC fails the compile, and the emulator, which keeps them in ordinary memory, refuses it as well.
+_CONSTANT_BANK_BYTES = 64 * 1024
+
+
+def _constant_bank_check(code: str, filename: str) -> str:
+    """A static_assert on the bytes of the source's __constant__ variables, placed (#line) at the first
+    one's declaration ('' for none). Their sizes without the padding ptxas may put between them: what
+    NVRTC compiles is never refused (its order of the variables is its own)."""
+    seen, first = [], 0
+    for name, line, constant in _device_variable_definitions(code):
+        if constant and name not in seen:
+            seen.append(name)
+            first = first or line
+    if not seen:
+        return ""
+    names = ", ".join(seen)
+    total = " + ".join(f"sizeof({name})" for name in seen)
+    return (f'#line {first} "{filename}"\n'
+            f'static_assert({total} <= {_CONSTANT_BANK_BYTES}ull, "the __constant__ variables ({names}) '
+            f'hold more than the 64 KiB (65536 bytes) of a GPU\'s constant bank (NVRTC refuses it too: ptxas reports '
+            f'the bytes as cmem[3] and the compile fails); keep a large table in global memory: pass it as a '
+            f'const pointer argument");\n')
 
 
 # --- inline PTX ---------------------------------------------------------------------------------
@@ -787,15 +828,19 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     entries = []
     bounds = launch_bounds(code)
     for i, name in enumerate(kernels):
-        namespace, _, base = name.lstrip(":").rpartition("::")
-        bound = bounds.get(base) if "<" not in name else None
-        if bound is None:
+        qualified = name.lstrip(":")
+        head = qualified.split("<", 1)[0].strip()   # "ops::k" of "ops::k<float, ns::Tag>"
+        namespace, _, base = head.rpartition("::")
+        template_args = qualified[len(head):].strip()
+        header, bound = bounds.get(base, ("", None))
+        if bound is None or bool(header) != bool(template_args):
             bound_fn = "0"   # no bound declared: only CUDA's 1024 threads limit the launch
         else:
-            # evaluated where the kernel is declared, so a namespace's constants resolve as in the bound
-            fn = f"static int llmcupy_sim_bound_{i}() {{ return (int)({bound}); }}"
+            # evaluated where the kernel is declared, so a namespace's constants resolve as in the bound,
+            # and a template's with the instance's arguments
+            fn = f"{header} static int llmcupy_sim_bound_{i}() {{ return (int)({bound}); }}"
             entries.append(f"namespace {namespace} {{ {fn} }}\n" if namespace else fn + "\n")
-            bound_fn = f"{namespace}::llmcupy_sim_bound_{i}()" if namespace else f"llmcupy_sim_bound_{i}()"
+            bound_fn = f"{namespace + '::' if namespace else ''}llmcupy_sim_bound_{i}{template_args}()"
         entries.append(
             f'extern "C" LLMCUPY_SIM_EXPORT int llmcupy_sim_entry_{i}(const llmcupy_sim::LaunchConfig* c, void** a, '
             f"llmcupy_sim::LaunchResult* r) {{ return llmcupy_sim::launch(&{name}, \"{name}\", c, a, r); }}\n"
@@ -812,7 +857,8 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         + '#include "llmcupy_sim.h"\n'
         f'#line 1 "{safe_name}"\n'
         f"{body}\n"
-        '#line 1 "llmcupy_sim_entries"\n'
+        + _constant_bank_check(code, safe_name)
+        + '#line 1 "llmcupy_sim_entries"\n'
         + "".join(entries)
     )
     includes = [f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
@@ -895,17 +941,43 @@ _UNSUPPORTED = {
                     "the CUDA runtime API is host code, which a RawModule source does not hold (NVRTC compiles "
                     "device code only): allocate and copy with NumPy/CuPy arrays and launch from Python; "
                     "device-side runtime calls (dynamic parallelism) are not emulated"),
+    **{f"llmcupy_sim_nvrtc_has_no_{name}": f"'{name}' is a host typedef (glibc's <sys/types.h>) that NVRTC does not "
+       f"define: write {c_type}, or declare it in the source (typedef {c_type} {name};), which compiles on both"
+       for name, c_type in (("uint", "unsigned int"), ("ushort", "unsigned short"), ("ulong", "unsigned long"))},
+    # libcu++'s asynchronous copies (the last rung of SGEMM tutorials); g++: "'barrier' is not a member of
+    # 'cuda'", or for the header "fatal error: cuda/pipeline: No such file or directory"
+    **dict.fromkeys(("cuda::barrier", "cuda::pipeline", "cuda::make_pipeline", "cuda::memcpy_async",
+                     "cuda::pipeline_shared_state", "cuda::thread_scope_block", "cuda::thread_scope",
+                     "cuda/pipeline", "cuda/annotated_ptr"),
+                    "libcu++'s cuda::barrier, cuda::pipeline and cuda::memcpy_async are not emulated: copy with "
+                    "cooperative_groups' cg::memcpy_async and cg::wait (<cooperative_groups/memcpy_async.h>), or "
+                    "with __pipeline_memcpy_async, __pipeline_commit and __pipeline_wait_prior (<cuda_pipeline.h>), "
+                    "which run on both backends"),
 }
 
 
+# g++ refuses warpSize where a constant is needed (the header gives it a run-time initializer), in its own
+# words: "the value of 'warpSize' is not usable in a constant expression", or for an array type it builds
+# (a __shared__ array's, as the emulator declares it) "'float [warpSize]' is a variably modified type".
+_WARP_SIZE_NOT_CONSTANT = re.compile(r"error: (?:the value of .warpSize. is not usable in a constant expression"
+                                     r"|.[^\n]*\bwarpSize\b[^\n]*. is a variably modified type)")
+
+
 def _unsupported_features(stderr: str) -> str:
-    """What the emulator does not offer, for the CUDA names g++ reports as undeclared ('' for none)."""
+    """What the emulator does not offer, for the CUDA names g++ reports as undeclared, and what CUDA does not
+    offer either, in NVRTC's words ('' for none)."""
     said = []
-    for name in re.findall(r"error: .(\w+). (?:was not declared|has not been declared|does not name a type)",
-                           stderr):
+    names = re.findall(r"error: .(\w+). (?:was not declared|has not been declared|does not name a type)", stderr)
+    names += [f"cuda::{name}" for name in re.findall(r"error: .(\w+). is not a member of .cuda.", stderr)]
+    names += re.findall(r"fatal error: (cuda/\w+): No such file or directory", stderr)
+    for name in names:
         what = _UNSUPPORTED.get(name)
         if what and f"{what}" not in " ".join(said):
-            said.append(f"'{name}': {what}")
+            said.append(what if name.startswith("llmcupy_sim_") else f"'{name}': {what}")
+    if _WARP_SIZE_NOT_CONSTANT.search(stderr):
+        said.append("warpSize is no compile-time constant in CUDA: NVRTC refuses it too in an array size, a template "
+                    "argument, constexpr, static_assert or a case label ('expression must have a constant value'); "
+                    "write 32 there, or a constant of your own: constexpr int WARP_SIZE = 32;")
     return "; ".join(said)
 
 

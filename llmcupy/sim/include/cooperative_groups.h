@@ -44,13 +44,13 @@ class thread_block_tile {
     }
     void sync(int line = __builtin_LINE()) const { __syncwarp(mask(), line); }
     template <typename T>
-    T shfl(T v, int src, int line = __builtin_LINE()) const { return __shfl_sync(mask(), v, src, int(N), line); }
+    T shfl(T v, int src, int line = __builtin_LINE()) const { return __shfl_sync<T, true>(mask(), v, src, int(N), line); }
     template <typename T>
-    T shfl_down(T v, unsigned d, int line = __builtin_LINE()) const { return __shfl_down_sync(mask(), v, d, int(N), line); }
+    T shfl_down(T v, unsigned d, int line = __builtin_LINE()) const { return __shfl_down_sync<T, true>(mask(), v, d, int(N), line); }
     template <typename T>
-    T shfl_up(T v, unsigned d, int line = __builtin_LINE()) const { return __shfl_up_sync(mask(), v, d, int(N), line); }
+    T shfl_up(T v, unsigned d, int line = __builtin_LINE()) const { return __shfl_up_sync<T, true>(mask(), v, d, int(N), line); }
     template <typename T>
-    T shfl_xor(T v, int m, int line = __builtin_LINE()) const { return __shfl_xor_sync(mask(), v, m, int(N), line); }
+    T shfl_xor(T v, int m, int line = __builtin_LINE()) const { return __shfl_xor_sync<T, true>(mask(), v, m, int(N), line); }
     int any(int p, int line = __builtin_LINE()) const { return __any_sync(mask(), p, line); }
     int all(int p, int line = __builtin_LINE()) const { return __all_sync(mask(), p, line); }
     unsigned int ballot(int p, int line = __builtin_LINE()) const {
@@ -82,17 +82,17 @@ class coalesced_group {
     unsigned int mask() const { return mask_; }
     void sync(int line = __builtin_LINE()) const { __syncwarp(mask_, line); }
     template <typename T>
-    T shfl(T v, unsigned int rank, int line = __builtin_LINE()) const { return __shfl_sync(mask_, v, lane_of(rank), 32, line); }
+    T shfl(T v, unsigned int rank, int line = __builtin_LINE()) const { return __shfl_sync<T, true>(mask_, v, lane_of(rank), 32, line); }
     template <typename T>
     T shfl_down(T v, unsigned int d, int line = __builtin_LINE()) const {
         unsigned int r = thread_rank() + d;
-        T got = __shfl_sync(mask_, v, lane_of(r < size() ? r : thread_rank()), 32, line);
+        T got = __shfl_sync<T, true>(mask_, v, lane_of(r < size() ? r : thread_rank()), 32, line);
         return r < size() ? got : v;
     }
     template <typename T>
     T shfl_up(T v, unsigned int d, int line = __builtin_LINE()) const {
         unsigned int r = thread_rank();
-        T got = __shfl_sync(mask_, v, lane_of(r >= d ? r - d : r), 32, line);
+        T got = __shfl_sync<T, true>(mask_, v, lane_of(r >= d ? r - d : r), 32, line);
         return r >= d ? got : v;
     }
     int any(int p, int line = __builtin_LINE()) const { return __any_sync(mask_, p, line); }

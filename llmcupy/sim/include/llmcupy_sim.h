@@ -31,6 +31,13 @@
 // only exposed by changing the order); the instrumented build's racecheck names them (see "Access
 // hooks" below and llmcupy_sim_check.h), with memcheck and initcheck beside it.
 #pragma once
+// uint, ushort, ulong: a -D the source's options give them stays out of glibc's typedefs (see the end)
+#pragma push_macro("uint")
+#pragma push_macro("ushort")
+#pragma push_macro("ulong")
+#undef uint
+#undef ushort
+#undef ulong
 
 #include <algorithm>
 #include <atomic>
@@ -446,6 +453,19 @@ inline unsigned g_check = 0;   // the running launch's LaunchConfig::check
 inline thread_local int tls_quiet = 0;
 #define LLMCUPY_SIM_QUIET_BEGIN ++::llmcupy_sim::tls_quiet
 #define LLMCUPY_SIM_QUIET_END --::llmcupy_sim::tls_quiet
+// The kernel's own atomicCAS tells racecheck its address and compare value just before its
+// compare-exchange (the emulator's CAS loops behind float atomics do not): a plain read whose value
+// the same thread then passes as `compare` is validated by that CAS (see llmcupy_sim_check.h).
+inline thread_local const void* tls_cas_addr = nullptr;
+inline thread_local unsigned long long tls_cas_compare = 0;
+template <typename T>
+LLMCUPY_SIM_NOSAN_FN inline void note_cas(const T* a, T compare) {
+    if (!(g_check & CHECK_RACE)) return;
+    unsigned long long bits = 0;
+    std::memcpy(&bits, &compare, sizeof(T) < 8 ? sizeof(T) : 8);
+    tls_cas_addr = a;
+    tls_cas_compare = bits;
+}
 LLMCUPY_SIM_NOSAN_FN inline void add_observer(const AccessObserver* o) {
     for (int i = 0; i < g_nobservers; ++i)
         if (g_observers[i] == o) return;
@@ -486,7 +506,13 @@ LLMCUPY_SIM_NOSAN_FN inline dim3 grid_dim() { return g_grid_dim; }
 #define blockDim (llmcupy_sim::g_block_dim)
 #define gridDim (llmcupy_sim::g_grid_dim)
 #endif
-static constexpr int warpSize = 32;
+// warpSize is a built-in variable on a GPU, not a compile-time constant: NVRTC refuses it in an array
+// size, a template argument, constexpr, static_assert or a case label ("expression must have a
+// constant value"). A run-time initializer makes g++ refuse the same uses; every other use reads 32.
+namespace llmcupy_sim {
+inline int warp_size_read_at_run_time() { return 32; }
+}  // namespace llmcupy_sim
+static const int warpSize = llmcupy_sim::warp_size_read_at_run_time();
 
 // ---------------------------------------------------------------------------------------------
 // Context switch. x86-64: a small hand-written switch that saves the callee-saved registers and
@@ -801,9 +827,25 @@ inline void __threadfence_system() { llmcupy_sim::device_fence(); }
 // (0 for up): segmask = 32 - width, the segment's last lane maxLane = (lane & segmask) | (~segmask
 // & 31), its first minLane = lane & segmask. A source past the allowed end returns the caller's own
 // value; an xor source in an *earlier* segment is read (the programming guide's note).
+// CUDA declares the shuffle intrinsics for these value types only (bool, char, short and enums
+// convert to int); cooperative_groups' tile.shfl() takes any trivially copyable type of up to 32
+// bytes, and calls them with kAnyType.
+namespace llmcupy_sim {
 template <typename T>
+struct shuffle_value : std::bool_constant<std::is_arithmetic_v<T> || std::is_enum_v<T>> {};
+}  // namespace llmcupy_sim
+#define LLMCUPY_SIM_SHUFFLE_TYPES(T, ANY)                                                                   \
+    static_assert(ANY || llmcupy_sim::shuffle_value<T>::value,                                                \
+                  "a warp shuffle (__shfl_sync, __shfl_up_sync, __shfl_down_sync, __shfl_xor_sync) takes an " \
+                  "int, unsigned, long long, float, double, __half, __nv_bfloat16 or their 2-vectors, as "    \
+                  "CUDA declares it (NVRTC refuses others too: no instance of overloaded function matches "   \
+                  "the argument list); shuffle a struct or a vector type (float2, float4) field by field, "   \
+                  "or with a cooperative_groups tile's shfl(), which takes any trivially copyable type");     \
+    static_assert(sizeof(T) <= llmcupy_sim::kPostBytes && std::is_trivially_copyable_v<T>,                    \
+                  "Cooperative groups collectives are limited to trivially copyable types of size <= 32 bytes")
+template <typename T, bool kAnyType = false>
 inline T __shfl_sync(unsigned mask, T v, int src, int width = 32, int line = __builtin_LINE()) {
-    static_assert(sizeof(T) <= llmcupy_sim::kPostBytes, "value too large for a warp shuffle");
+    LLMCUPY_SIM_SHUFFLE_TYPES(T, kAnyType);
     int lane = llmcupy_sim::current_lane();
     const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_sync", llmcupy_sim::COLL_SHFL);
     int segmask = (32 - width) & 31;
@@ -811,8 +853,9 @@ inline T __shfl_sync(unsigned mask, T v, int src, int width = 32, int line = __b
     if (j > ((lane & segmask) | (31 & ~segmask))) return v;
     return llmcupy_sim::read_lane(g, j, v);
 }
-template <typename T>
+template <typename T, bool kAnyType = false>
 inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, int line = __builtin_LINE()) {
+    LLMCUPY_SIM_SHUFFLE_TYPES(T, kAnyType);
     int lane = llmcupy_sim::current_lane();
     const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_up_sync", llmcupy_sim::COLL_SHFL);
     int segmask = (32 - width) & 31;
@@ -820,8 +863,9 @@ inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, int 
     if (j < (lane & segmask)) return v;
     return llmcupy_sim::read_lane(g, j, v);
 }
-template <typename T>
+template <typename T, bool kAnyType = false>
 inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32, int line = __builtin_LINE()) {
+    LLMCUPY_SIM_SHUFFLE_TYPES(T, kAnyType);
     int lane = llmcupy_sim::current_lane();
     const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_down_sync", llmcupy_sim::COLL_SHFL);
     int segmask = (32 - width) & 31;
@@ -829,8 +873,9 @@ inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32, in
     if (j > ((lane & segmask) | (31 & ~segmask))) return v;
     return llmcupy_sim::read_lane(g, j, v);
 }
-template <typename T>
+template <typename T, bool kAnyType = false>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32, int line = __builtin_LINE()) {
+    LLMCUPY_SIM_SHUFFLE_TYPES(T, kAnyType);
     int lane = llmcupy_sim::current_lane();
     const auto& g = llmcupy_sim::warp_exchange(mask, &v, sizeof(T), line, "__shfl_xor_sync", llmcupy_sim::COLL_SHFL);
     int segmask = (32 - width) & 31;
@@ -1016,6 +1061,9 @@ inline unsigned int atomicDec(unsigned int* a, unsigned int limit, int line = __
 }
 template <typename T>
 inline T atomicCAS(T* a, llmcupy_sim::nondeduced<T> compare, llmcupy_sim::nondeduced<T> val, int line = __builtin_LINE()) {
+#ifdef LLMCUPY_SIM_ACCESS_HOOKS
+    llmcupy_sim::note_cas<T>(a, compare);
+#endif
     if (!__atomic_compare_exchange(a, &compare, &val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
         llmcupy_sim::note_atomic(a, llmcupy_sim::poll_bits(compare), line, "atomicCAS");  // a failed CAS may be a spin
     return compare;
@@ -2365,6 +2413,7 @@ __attribute__((no_sanitize_thread)) inline void dispatch_access(const void* addr
     if (a - uintptr_t(w) < sizeof(Worker)) return;
     if (a - uintptr_t(w->fibers.data()) < w->fibers.size() * sizeof(Fiber)) return;
     if (addr == &tls_worker || addr == &tls_epoch || addr == &tls_poison) return;
+    if (addr == &warpSize) return;  // a register on a GPU (the header's stand-in variable), no memory
     Access acc{addr, size, flags, pc};
     ++tls_quiet;
     for (int i = 0; i < g_nobservers; ++i)
@@ -2489,4 +2538,21 @@ LLMCUPY_SIM_TSAN_ATOMIC(64, unsigned long long)
 #include "llmcupy_sim_check.h"
 #include "llmcupy_sim_metrics.h"
 #endif
+#endif
+
+// glibc's <sys/types.h>, which the emulator needs, also defines uint, ushort and ulong; NVRTC does not,
+// so a kernel using them (SGEMM tutorials written for nvcc do) fails to compile on a GPU. Renamed here
+// to a name nothing declares, they fail here too, unless the source declares them itself (a typedef,
+// a using, a #define or -D), which works under both compilers. sim/compiler.py names the error.
+#pragma pop_macro("uint")
+#pragma pop_macro("ushort")
+#pragma pop_macro("ulong")
+#ifndef uint
+#define uint llmcupy_sim_nvrtc_has_no_uint
+#endif
+#ifndef ushort
+#define ushort llmcupy_sim_nvrtc_has_no_ushort
+#endif
+#ifndef ulong
+#define ulong llmcupy_sim_nvrtc_has_no_ulong
 #endif

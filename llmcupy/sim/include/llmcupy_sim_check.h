@@ -15,6 +15,11 @@
 //               seen by a block whose atomic (or volatile load) on the same address comes after that
 //               one (llm.c's last-block reductions; a flag handing data over). In a cooperative
 //               launch grid.sync() orders every block's accesses before it before every access after.
+//               A plain read that conflicts only with an atomic write (the Programming Guide's CAS
+//               loop: `old = *p; do { assumed = old; old = atomicCAS(p, assumed, f(assumed)); } while
+//               (assumed != old);`) is reported only if the same thread does not pass the value it read
+//               as `compare` to its own atomicCAS on that address before its next barrier: the CAS
+//               checks the value, so a stale read costs a retry, not a wrong answer ("Validated reads").
 //   memory (2): an access outside every root allocation passed to the launch, the shared arrays
 //               (their registered extents; dynamic: the launch's shared_mem), the thread's own fiber
 //               stack and the library's own image (__device__ / __constant__ variables) -> the
@@ -59,6 +64,23 @@ constexpr unsigned kHistory = 64;     // warp-sync events remembered per warp
 struct GlobalSlot { uintptr_t addr; unsigned long long serial; Cell cell; };
 constexpr size_t kGlobalSlots = size_t(1) << 18;   // per worker; a block touching more loses coverage
 
+// A plain read that found a conflict with an atomic write only: its report, held until the reading
+// thread validates the read with an atomicCAS (dropped) or reaches a barrier or its end (reported).
+struct Suspect {
+    uintptr_t addr;
+    unsigned size;
+    unsigned long long value;   // what the read returned (the bytes there when its hook ran)
+    bool exact;                 // shared memory: value is what the load returned (no other block writes
+                                // there); global memory may change between the hook and the load
+    const char* kind;
+    int space, warp;
+    const void* pc;
+    const void* prev_pc;
+    unsigned tid, prev_tid;
+    unsigned prev_block[3];
+    char where[240];
+};
+
 struct BlockState {
     unsigned long long serial = 0, epoch = 0, launch = 0;
     std::vector<unsigned> gen;           // per thread: id of the last warp-sync event it took part in
@@ -73,6 +95,9 @@ struct BlockState {
     bool fenced = false;                 // a device fence since the last publication
     std::vector<std::pair<unsigned, unsigned>> seen;   // vector clock: (block + 1, clock) acquired, sorted
     uintptr_t pending_acquire = 0;       // a volatile load's address, acquired at the block's next access
+    std::vector<Suspect> suspects;   // plain reads racing only with atomics, until a CAS validates them
+    struct LastRead { uintptr_t addr; const void* pc; unsigned clock; };
+    std::vector<LastRead> last_read;    // per thread: its last plain read of a launch buffer
 };
 // A pointer, not an object: a thread_local with a constructor is initialised by a compiler-made
 // function that is itself instrumented, and would call the hooks from inside the hooks.
@@ -128,17 +153,11 @@ __attribute__((no_sanitize_thread)) inline void find_image() {
     }, &ctx);
 }
 
-__attribute__((no_sanitize_thread)) inline void add_report(Worker* w, const char* kind, int space, int warp,
-                                                           const void* pc, const void* prev_pc, unsigned tid,
-                                                           unsigned prev_tid, const void* addr, unsigned size,
-                                                           int write, const char* where,
-                                                           const unsigned* prev_block = nullptr) {
-    std::lock_guard<std::mutex> lk(g_report_mutex);
-    for (auto& r : g_reports)
-        if (r.pc == pc && r.prev_pc == prev_pc && std::strcmp(r.kind, kind) == 0) { ++r.count; return; }
-    // memcheck's report is always kept: it explains why the launch stopped
-    if (g_reports.size() >= kMaxReports && std::strcmp(kind, "OOB") != 0) { ++g_dropped; return; }
-    Report r{};
+__attribute__((no_sanitize_thread)) inline void fill_report(Report& r, Worker* w, const char* kind, int space, int warp,
+                                                            const void* pc, const void* prev_pc, unsigned tid,
+                                                            unsigned prev_tid, const void* addr, unsigned size,
+                                                            int write, const char* where, const unsigned* prev_block) {
+    r = Report{};
     std::snprintf(r.kind, sizeof r.kind, "%s", kind);
     r.space = space;
     r.warp = warp;
@@ -153,7 +172,76 @@ __attribute__((no_sanitize_thread)) inline void add_report(Worker* w, const char
     r.write = write;
     r.count = 1;
     std::snprintf(r.where, sizeof r.where, "%s", where);
+}
+
+__attribute__((no_sanitize_thread)) inline void keep_report(const Report& r) {
+    std::lock_guard<std::mutex> lk(g_report_mutex);
+    for (auto& k : g_reports)
+        if (k.pc == r.pc && k.prev_pc == r.prev_pc && std::strcmp(k.kind, r.kind) == 0) { ++k.count; return; }
+    // memcheck's report is always kept: it explains why the launch stopped
+    if (g_reports.size() >= kMaxReports && std::strcmp(r.kind, "OOB") != 0) { ++g_dropped; return; }
     g_reports.push_back(r);
+}
+
+__attribute__((no_sanitize_thread)) inline void add_report(Worker* w, const char* kind, int space, int warp,
+                                                           const void* pc, const void* prev_pc, unsigned tid,
+                                                           unsigned prev_tid, const void* addr, unsigned size,
+                                                           int write, const char* where,
+                                                           const unsigned* prev_block = nullptr) {
+    Report r;
+    fill_report(r, w, kind, space, warp, pc, prev_pc, tid, prev_tid, addr, size, write, where, prev_block);
+    keep_report(r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validated reads
+//
+// The Programming Guide's atomicAdd(double) (and float atomicMax through atomicCAS) starts its loop
+// with a plain read of the address other threads update with atomicCAS. The read is unordered with
+// those writes, but its value is only a guess the CAS checks: a stale one makes the CAS fail and
+// return the current value. So a plain read whose only conflict is an atomic write is held back
+// (a Suspect) until the same thread passes the value it read as `compare` to an atomicCAS of the
+// same size on the same address (dropped), or reaches a barrier or its end first (reported). A read
+// whose value is used otherwise (printed, stored, compared before an atomicAdd) keeps its report.
+// Within a block the read is always the later of the two accesses (a thread runs from its read to
+// its CAS without yielding). Between blocks another block's CAS may land in between: its WAR against
+// the plain read is kept aside (g_deferred) and reported at the launch's end unless the reading
+// thread validated that read. On global memory, which other blocks change while the hooks run, the
+// value read is not known exactly: there a CAS on the address validates the read.
+// ---------------------------------------------------------------------------------------------
+__attribute__((no_sanitize_thread)) inline bool hold_suspect(Worker* w, BlockState& bs, const Access& a,
+                                                             const char* kind, int space, int warp,
+                                                             const void* prev_pc, unsigned tid, unsigned prev_tid,
+                                                             const unsigned* prev_block, const char* where) {
+    if (a.size > 8) return false;
+    uintptr_t addr = uintptr_t(a.addr);
+    for (const Suspect& s : bs.suspects)
+        if (s.tid == tid && s.addr == addr && s.pc == a.pc) return true;   // the same read, another byte
+    Suspect s{};
+    s.addr = addr, s.size = a.size, s.kind = kind, s.space = space, s.warp = warp;
+    std::memcpy(&s.value, a.addr, a.size);   // the hook runs just before the load: the value it returns
+    s.exact = space == 0;
+    s.pc = a.pc, s.prev_pc = prev_pc, s.tid = tid, s.prev_tid = prev_tid;
+    s.prev_block[0] = w->block_idx.x, s.prev_block[1] = w->block_idx.y, s.prev_block[2] = w->block_idx.z;
+    if (prev_block) std::memcpy(s.prev_block, prev_block, sizeof s.prev_block);
+    std::snprintf(s.where, sizeof s.where, "%s", where);
+    bs.suspects.push_back(s);
+    return true;
+}
+
+__attribute__((no_sanitize_thread)) inline void validate(BlockState& bs, unsigned tid, uintptr_t addr, unsigned size,
+                                                         unsigned long long compare) {
+    auto& v = bs.suspects;
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const Suspect& s) {
+        return s.tid == tid && s.addr == addr && s.size == size && (!s.exact || s.value == compare);
+    }), v.end());
+}
+
+__attribute__((no_sanitize_thread)) inline void report_suspects(Worker* w, BlockState& bs) {
+    for (const Suspect& s : bs.suspects)
+        add_report(w, s.kind, s.space, s.warp, s.pc, s.prev_pc, s.tid, s.prev_tid, reinterpret_cast<void*>(s.addr),
+                   s.size, 0, s.where, s.prev_block);
+    bs.suspects.clear();
 }
 
 // Did a warp-sync event that both lanes took part in come after a's access (made at generation
@@ -172,7 +260,7 @@ __attribute__((no_sanitize_thread)) inline bool ordered(const BlockState& bs, un
 }
 
 // The race rules on one byte's shadow. Returns the conflicting thread (or -1) and its pc/kind.
-struct Conflict { int tid = -1; const void* pc = nullptr; const char* kind = ""; };
+struct Conflict { int tid = -1; const void* pc = nullptr; const char* kind = ""; bool atomic = false; };
 
 __attribute__((no_sanitize_thread)) inline Conflict race_step(BlockState& bs, Cell& c, unsigned t, const void* pc,
                                                               bool write, bool atomic) {
@@ -180,7 +268,7 @@ __attribute__((no_sanitize_thread)) inline Conflict race_step(BlockState& bs, Ce
     unsigned gen = bs.gen[t];
     unsigned long long e = bs.epoch;
     if (c.w_epoch == e && c.w_tid != t && !(atomic && c.w_atomic) && !ordered(bs, c.w_tid, c.w_gen, t)) {
-        out.tid = c.w_tid, out.pc = c.w_pc, out.kind = write ? "WAW" : "RAW";
+        out.tid = c.w_tid, out.pc = c.w_pc, out.kind = write ? "WAW" : "RAW", out.atomic = c.w_atomic;
     }
     if (c.r_epoch != e) c.nreaders = 0, c.r_epoch = e;
     if (write) {
@@ -232,8 +320,11 @@ __attribute__((no_sanitize_thread)) inline void check_cells(Worker* w, Fiber* f,
             if (k.tid >= 0 && !race_seen) {
                 race_seen = true;
                 describe_memory(where, sizeof where, area, arg);
-                add_report(w, k.kind, space, unsigned(k.tid) / 32 == t / 32, a.pc, k.pc, t, unsigned(k.tid), a.addr,
-                           a.size, write, where);
+                int warp = unsigned(k.tid) / 32 == t / 32;
+                if (!write && !atomic && k.atomic &&
+                    hold_suspect(w, bs, a, k.kind, space, warp, k.pc, t, unsigned(k.tid), nullptr, where))
+                    continue;
+                add_report(w, k.kind, space, warp, a.pc, k.pc, t, unsigned(k.tid), a.addr, a.size, write, where);
             }
         } else if (write) {
             c.w_epoch = bs.epoch, c.w_tid = (unsigned short)t;
@@ -318,6 +409,38 @@ namespace between {
 
 using Clock = std::vector<std::pair<unsigned, unsigned>>;   // (block + 1, clock), sorted by block
 
+// Validated reads between blocks (see "Validated reads"): a WAR of an atomic write against another
+// block's plain read, and the plain reads their threads validated, matched at the launch's end.
+struct ReadKey {
+    unsigned block, tid;   // block: linear index + 1
+    const void* pc;
+    unsigned clock;        // the reading block's clock at the read
+    bool operator==(const ReadKey& o) const { return block == o.block && tid == o.tid && pc == o.pc && clock == o.clock; }
+};
+struct Deferred { Report report; unsigned block, tid; const void* pc; unsigned clock; };
+inline std::mutex g_validated_mutex;
+inline std::vector<Deferred> g_deferred;
+inline std::vector<ReadKey> g_validated;
+
+// A kernel's atomicCAS on a launch buffer: the thread's last plain read of that address is validated.
+__attribute__((no_sanitize_thread)) inline void validate_last_read(BlockState& bs, unsigned t, uintptr_t addr) {
+    if (t >= bs.last_read.size() || bs.last_read[t].addr != addr) return;
+    BlockState::LastRead& r = bs.last_read[t];
+    std::lock_guard<std::mutex> lk(g_validated_mutex);
+    g_validated.push_back(ReadKey{bs.linear, t, r.pc, r.clock});
+    r.addr = 0;
+}
+
+__attribute__((no_sanitize_thread)) inline void report_deferred() {
+    std::lock_guard<std::mutex> lk(g_validated_mutex);
+    for (const Deferred& d : g_deferred) {
+        ReadKey key{d.block, d.tid, d.pc, d.clock};
+        if (std::find(g_validated.begin(), g_validated.end(), key) == g_validated.end()) keep_report(d.report);
+    }
+    g_deferred.clear();
+    g_validated.clear();
+}
+
 __attribute__((no_sanitize_thread)) inline unsigned clock_of(const Clock& vc, unsigned block) {
     auto it = std::lower_bound(vc.begin(), vc.end(), std::make_pair(block, 0u));
     return it != vc.end() && it->first == block ? it->second : 0u;
@@ -393,6 +516,8 @@ __attribute__((no_sanitize_thread)) inline void release_shadow() {
     g_buffers.clear();
     g_buffer_of.clear();
     g_shadow_bytes = 0;
+    g_deferred.clear();
+    g_validated.clear();
     for (auto& p : g_published) p.clear();
     std::memset(g_cell_locks, 0, sizeof g_cell_locks);
     std::memset(g_sync_locks, 0, sizeof g_sync_locks);
@@ -445,7 +570,7 @@ __attribute__((no_sanitize_thread)) inline void block_xyz(unsigned linear1, unsi
 }
 
 // One access of argument `arg` (a global buffer of the launch) against other blocks' accesses.
-__attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f, const BlockState& bs, const Access& a,
+__attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f, BlockState& bs, const Access& a,
                                                              int arg) {
     if (arg < 0 || size_t(arg) >= g_buffer_of.size() || g_buffer_of[size_t(arg)] < 0) return;
     const Buffer& b = g_buffers[size_t(g_buffer_of[size_t(arg)])];
@@ -468,15 +593,19 @@ __attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f
         const char* kind = nullptr;
         const void* prev_pc = nullptr;
         unsigned prev_block = 0, prev_tid = 0;
+        bool prev_atomic = false;
+        unsigned prev_clock = 0;
         unsigned char& l = g_cell_locks[(g / kGranule) % kCellLocks];
         lock(l);
         for (int k = 0; k < 2 && kind == nullptr; ++k)
             if (unordered(c->w_block[k], c->w_clock[k], c->w_bits[k]))
-                kind = write ? "WAW" : "RAW", prev_pc = c->w_pc[k], prev_block = c->w_block[k], prev_tid = c->w_tid[k];
+                kind = write ? "WAW" : "RAW", prev_pc = c->w_pc[k], prev_block = c->w_block[k], prev_tid = c->w_tid[k],
+                prev_atomic = c->w_bits[k] & kAtomic;
         if (write) {
             for (int k = 0; k < 2 && kind == nullptr; ++k)
                 if (unordered(c->r_block[k], c->r_clock[k], c->r_bits[k]))
-                    kind = "WAR", prev_pc = c->r_pc[k], prev_block = c->r_block[k], prev_tid = c->r_tid[k];
+                    kind = "WAR", prev_pc = c->r_pc[k], prev_block = c->r_block[k], prev_tid = c->r_tid[k],
+                    prev_atomic = c->r_bits[k] & kAtomic, prev_clock = c->r_clock[k];
             // a plain write becomes the only write; an atomic beside another block's atomic in [0]
             // goes to [1] (the most recent such one is kept)
             int k = 0;
@@ -488,6 +617,7 @@ __attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f
             for (int r = 0; r < 2; ++r)   // the reads it covers were checked against it
                 if ((c->r_bits[r] & 0xF & ~mask) == 0) c->r_block[r] = 0;
         } else {
+            if (!atomic) bs.last_read[t] = BlockState::LastRead{p, a.pc, bs.clock};
             int k = (c->r_block[0] == 0 || c->r_block[0] == me) ? 0 : 1;
             c->r_pc[k] = a.pc, c->r_block[k] = me, c->r_clock[k] = bs.clock, c->r_tid[k] = (unsigned short)t;
             c->r_bits[k] = (unsigned char)(mask | atomic);
@@ -498,6 +628,16 @@ __attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f
             unsigned other[3];
             block_xyz(prev_block, other);
             describe_memory(where, sizeof where, nullptr, arg);
+            if (!write && !atomic && prev_atomic &&
+                hold_suspect(w, bs, a, kind, 1, 0, prev_pc, t, prev_tid, other, where))
+                return;
+            if (std::strcmp(kind, "WAR") == 0 && !prev_atomic && (a.flags & ACCESS_ATOMIC)) {   // the reader may validate it
+                Deferred d{{}, prev_block, prev_tid, prev_pc, prev_clock};
+                fill_report(d.report, w, kind, 1, 0, a.pc, prev_pc, t, prev_tid, a.addr, a.size, write, where, other);
+                std::lock_guard<std::mutex> lk(g_validated_mutex);
+                g_deferred.push_back(d);
+                return;
+            }
             add_report(w, kind, 1, 0, a.pc, prev_pc, t, prev_tid, a.addr, a.size, write, where, other);
             return;   // one report per access
         }
@@ -610,6 +750,11 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
     uintptr_t p = uintptr_t(a.addr), end = p + a.size;
     BlockState& bs = *tls_block;
     if ((bits & CHECK_RACE) && bs.pending_acquire) between::acquire_pending(bs);
+    if ((bits & CHECK_RACE) && (a.flags & ACCESS_ATOMIC) && tls_cas_addr == a.addr) {   // the kernel's atomicCAS
+        tls_cas_addr = nullptr;
+        validate(bs, unsigned(f->linear), p, a.size, tls_cas_compare);
+        between::validate_last_read(bs, unsigned(f->linear), p);
+    }
     if (p - uintptr_t(f->stack) < f->stack_size) return;  // the thread's own local memory
     char where[240];
     if ((bits & CHECK_MEMORY) && (a.flags & ACCESS_MISALIGNED)) {
@@ -676,7 +821,10 @@ __attribute__((no_sanitize_thread)) inline void on_launch_begin(const LaunchConf
     between::begin_launch(cfg);
 }
 
-__attribute__((no_sanitize_thread)) inline void on_launch_end(LaunchResult*) { between::release_shadow(); }
+__attribute__((no_sanitize_thread)) inline void on_launch_end(LaunchResult*) {
+    between::report_deferred();
+    between::release_shadow();
+}
 
 __attribute__((no_sanitize_thread)) inline void on_block_begin(Worker* w) {
     if (tls_block == nullptr) tls_block = new BlockState();  // one per worker thread, kept for its life
@@ -692,16 +840,23 @@ __attribute__((no_sanitize_thread)) inline void on_block_begin(Worker* w) {
     bs.fenced = false;
     bs.seen.clear();
     bs.pending_acquire = 0;
+    bs.suspects.clear();
     bs.global_used = 0;
     bs.gen.assign(size_t(w->nthreads), 0);
+    bs.last_read.assign(size_t(w->nthreads), BlockState::LastRead{0, nullptr, 0});
     int nwarps = (w->nthreads + 31) / 32;
     bs.warp_events.assign(size_t(nwarps), 0);
     bs.history.assign(size_t(nwarps) * kHistory, Event{0, 0});
 }
 
-__attribute__((no_sanitize_thread)) inline void on_block_barrier(Worker*) {
+__attribute__((no_sanitize_thread)) inline void on_block_barrier(Worker* w) {
     BlockState& bs = *tls_block;
+    if (!bs.suspects.empty()) report_suspects(w, bs);   // not validated before the barrier
     ++bs.epoch;
+}
+
+__attribute__((no_sanitize_thread)) inline void on_block_end(Worker* w) {
+    if (tls_block && !tls_block->suspects.empty()) report_suspects(w, *tls_block);
 }
 
 __attribute__((no_sanitize_thread)) inline void on_warp_sync(Worker*, int warp, unsigned lanes) {
@@ -712,7 +867,7 @@ __attribute__((no_sanitize_thread)) inline void on_warp_sync(Worker*, int warp, 
 }
 
 inline const AccessObserver observer = {on_launch_begin, on_block_begin, on_access, on_block_barrier, on_warp_sync,
-                                        nullptr, on_launch_end, between::on_fence, between::on_atomic_begin,
+                                        on_block_end, on_launch_end, between::on_fence, between::on_atomic_begin,
                                         between::on_atomic_end, between::on_grid_arrive, between::on_grid_depart};
 struct Register { Register() { add_observer(&observer); } };
 inline Register registered;

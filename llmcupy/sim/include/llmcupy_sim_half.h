@@ -128,4 +128,6 @@ inline float bf16_to_f32(unsigned short b) {
     namespace llmcupy_sim {                                                                            \
     template <> struct type_name<T> { static const char* get() { return #T; } };                       \
     template <> struct type_name<T2> { static const char* get() { return #T2; } };                     \
+    template <> struct shuffle_value<T> : std::true_type {};                                           \
+    template <> struct shuffle_value<T2> : std::true_type {};                                          \
     }
