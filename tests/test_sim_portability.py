@@ -1,6 +1,6 @@
 """The emulator off Linux x86-64 with g++: clang (Apple's `g++` is clang), aarch64, macOS, Windows.
 
-The clang tests run when clang++ is on PATH, the aarch64 one when a cross compiler and qemu-user are
+The clang tests run with every clang on PATH, the aarch64 one when a cross compiler and qemu-user are
 (Debian: g++-aarch64-linux-gnu, qemu-user); each skips with the reason otherwise. The platform checks
 run everywhere, on a pretended sys.platform.
 """
@@ -20,6 +20,7 @@ import llmcupy
 from llmcupy import sim
 from llmcupy.sim import compiler
 from llmcupy.sim import platform as sim_platform
+
 
 def _clangs() -> list:
     """clang++ and every versioned clang++-N on PATH (Debian installs several side by side)."""
@@ -68,6 +69,23 @@ extern "C" __global__ void block_sum(const float* in, float* out, __half* halves
 }
 """
 
+# NVIDIA's warp-aggregated atomics: warp_res is set in the leader lane only, then shuffled from it
+AGGREGATED = r"""
+__device__ int atomicAggInc(int* ctr) {
+    unsigned active = __activemask();
+    int leader = __ffs(active) - 1;
+    unsigned rank = __popc(active & ((1u << (threadIdx.x % 32)) - 1));
+    int warp_res;
+    if (threadIdx.x % 32 == leader) warp_res = atomicAdd(ctr, __popc(active));
+    warp_res = __shfl_sync(active, warp_res, leader);
+    return warp_res + rank;
+}
+extern "C" __global__ void filter(const int* in, int* out, int* count, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && in[i] > 0) out[atomicAggInc(count)] = in[i];
+}
+"""
+
 # legacy warp-synchronous code on volatile shared memory: compiled with the ThreadSanitizer hooks
 VOLATILE_REDUCE = r"""
 extern "C" __global__ void warp_sum(const float* in, float* out) {
@@ -98,6 +116,17 @@ def test_clang_builds_and_runs_plain_and_volatile_sources(clang, no_hazards):
     out = np.zeros(1, np.float32)
     module(VOLATILE_REDUCE).get_function("warp_sum")((1,), (32,), (x, out))
     assert out[0] == x.sum()
+
+
+def test_clang_keeps_a_branch_only_some_lanes_take_before_a_shuffle(clang, no_hazards):
+    # before: warp_res, unset outside the leader lane, is undefined in C++; clang assumed every lane
+    # was the leader, each ran the atomicAdd, and the count (and the indices) ran past the array
+    x = np.random.default_rng(2).integers(-5, 5, 5000).astype(np.int32)
+    out = np.zeros(5000, np.int32)
+    count = np.zeros(1, np.int32)
+    module(AGGREGATED).get_function("filter")((20,), (256,), (x, out, count, np.int32(5000)))
+    assert count[0] == (x > 0).sum()
+    assert sorted(out[:count[0]]) == sorted(x[x > 0])
 
 
 RACY = r"""

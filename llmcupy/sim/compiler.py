@@ -766,8 +766,13 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     check_flags = ["-fsanitize=float-cast-overflow", "-fsanitize=integer-divide-by-zero"]
     if is_clang(cxx):
         # clang (also Apple's `g++`) emits no GNU-unique symbols, so has nothing to turn off, and refuses
-        # GCC's option for it
+        # GCC's option for it.
+        # -ftrivial-auto-var-init=pattern: CUDA code passes a variable only some lanes set to a warp
+        # collective (`int r; if (lane == leader) r = atomicAdd(...); r = __shfl_sync(m, r, leader);`,
+        # NVIDIA's warp-aggregated atomics), which C++ calls undefined; clang then assumes the branch is
+        # taken and every lane ran the atomicAdd. Locals start as a pattern (garbage, as on a GPU) instead.
         base_flags.remove("-fno-gnu-unique")
+        base_flags.append("-ftrivial-auto-var-init=pattern")
     if asan and instrument:
         raise SimCompileError(f"{filename}: the sanitizers (llmcupy.sim.settings(check=...)) and the AddressSanitizer "
                               "build (LLMCUPY_SIM_ASAN) cannot be combined; unset one of them")
