@@ -178,10 +178,10 @@ def test_clang_builds_the_sanitizers_and_they_see_every_access_or_it_says_why_no
     with sim.settings(check="race"), pytest.raises(sim.SimSanitizerError) as info:
         module(RACY, filename="racy.cu").get_function("shift")((1,), (64,), (x, out))
     assert "racy.cu:6" in str(info.value) and "racy.cu:5" in str(info.value)
-    # a float4 copy past the end of the input: one memcpy call to clang, seen all the same (at the
-    # store's line: the load and the store are that one call)
+    # a float4 copy past the end of the input: a memcpy call to clang, seen all the same (at the load's
+    # line or, where clang merges the load and the store into one call, the store's)
     with sim.settings(check="memory"), pytest.raises(sim.SimSanitizerError,
-                                                     match=r"invalid 16-byte read .* at copy\.cu:5.*argument 1"):
+                                                     match=r"invalid 16-byte read .* at copy\.cu:[45].*argument 1"):
         module(VECTOR_COPY, filename="copy.cu").get_function("copy4")((1,), (9,), (np.zeros(36, np.float32),
                                                                                  np.arange(32, dtype=np.float32)))
 
@@ -442,6 +442,7 @@ def test_aarch64_fibers_faults_and_the_watchdog_under_qemu(tmp_path):
     out = proc.stdout
     sums = (np.arange(4 * 256) % 7).reshape(4, 256).sum(axis=1)
     assert out.startswith("sums " + " ".join(str(int(v)) for v in sums) + "\n"), out
-    assert "wild fault=1: kernel wild crashed with SIGSEGV in block (0,0,0), thread (5,0,0)" in out
+    # two blocks run at once, on two workers: either may fault first
+    assert re.search(r"wild fault=1: kernel wild crashed with SIGSEGV in block \([01],0,0\), thread \(5,0,0\)", out), out
     assert re.search(r"big_frame fault=1: kernel big_frame crashed with SIGSEGV .*: a fiber stack overflow", out), out
     assert "spin timed_out=1" in out
