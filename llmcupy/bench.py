@@ -313,7 +313,7 @@ def _run(op_names, *, small, seed, repeat, isolate, command, progress, verbose, 
     tf32 = default_tf32(trainer) if tf32 is None else bool(tf32)
     backend = _backend.get_backend()
     isolate = True if isolate is None else isolate
-    start = ("spawn" if backend == "cuda" else "fork") if isolate else None
+    start = ("spawn" if backend == "cuda" else harness.emulator_start()) if isolate else None
     versions = harness.runner(start, env={"LLMCUPY_BACKEND": backend})
     # the metrics are counted by the emulator; on a GPU they would need a second, emulated run
     analyze = (backend == "sim") if analyze is None else (analyze and backend == "sim")

@@ -237,6 +237,13 @@ def run_isolated(fn, *args, start: str = "fork", **kwargs):
         return r.call(fn, *args, **kwargs)
 
 
+def emulator_start() -> str:
+    """How the emulator isolates a version: a forked child (cheap, the compiled libraries are shared),
+    except on macOS, whose system libraries are not safe in a child forked from a process with threads
+    (the emulator's workers are threads; Python's multiprocessing spawns there for the same reason)."""
+    return "spawn" if sys.platform == "darwin" else "fork"
+
+
 def runner(start: str | None, env: dict | None = None):
     """What runs the versions of a catalogue or benchmark run, one ``call(fn, *args)`` each:
     ``"fork"`` a forked child per call (``ForkedRunner``), ``"spawn"`` one long-lived spawned child

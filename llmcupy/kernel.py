@@ -226,12 +226,13 @@ def _print_comparisons(results: list) -> None:
 
 def isolation(versions: int, backend: str) -> str | None:
     """How a run of several versions isolates each one in a child process, so that one bad kernel
-    fails its own line instead of the run: ``fork`` in the emulator (a crash kills only the child),
-    ``spawn`` on a GPU (an illegal address poisons the CUDA context for every later launch in that
-    process, and a process forked after CUDA's initialisation cannot use CUDA). None for one version."""
+    fails its own line instead of the run: ``fork`` in the emulator (a crash kills only the child;
+    ``spawn`` on macOS, see harness.emulator_start), ``spawn`` on a GPU (an illegal address poisons the
+    CUDA context for every later launch in that process, and a process forked after CUDA's
+    initialisation cannot use CUDA). None for one version."""
     if versions <= 1:
         return None
-    return "spawn" if backend == "cuda" else "fork"
+    return "spawn" if backend == "cuda" else harness.emulator_start()
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,7 @@ from .launcher import (HAZARDS, SimCooperativeLaunchTooLargeError, SimDeadlockEr
                        SimSanitizerError, SimSharedMemoryError, SimTimeoutError, SanitizerReport, hazards,
                        reset_hazards, settings)
 from .compiler import SimCompileError, clear_cache
+from .platform import SimPlatformWarning
 
 __all__ = ["HAZARDS", "SimCompileError", "SimCooperativeLaunchTooLargeError", "SimDeadlockError", "SimDeviceAssertError", "SimHazardWarning", "SimLaunchError",
-           "SimMemoryFaultError", "SimSanitizerError", "SanitizerReport", "SimSharedMemoryError", "SimTimeoutError", "clear_cache", "hazards", "reset_hazards", "settings"]
+           "SimMemoryFaultError", "SimPlatformWarning", "SimSanitizerError", "SanitizerReport", "SimSharedMemoryError", "SimTimeoutError", "clear_cache", "hazards", "reset_hazards", "settings"]

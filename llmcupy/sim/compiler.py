@@ -590,6 +590,11 @@ def compiler_identity(cxx: str) -> str:
         ) from exc
 
 
+def is_clang(cxx: str) -> bool:
+    """Is ``cxx`` clang (Apple's ``g++`` is)? A few of GCC's options are spelt otherwise or not at all."""
+    return "clang" in compiler_identity(cxx)
+
+
 @functools.lru_cache(maxsize=1)
 def _include_dir_digest() -> bytes:
     """Hash of the emulator's headers (read once per process)."""
@@ -712,6 +717,9 @@ def translate_options(options, filename: str = "kernel.cu") -> tuple[list[str], 
 # ThreadSanitizer's instrumentation without its runtime: the hooks live in llmcupy_sim.h.
 TSAN_FLAGS = ["-fsanitize=thread", "--param", "tsan-distinguish-volatile=1",
               "--param", "tsan-instrument-func-entry-exit=0"]
+# The same two settings as clang spells them (LLVM's pass options, not GCC's --param).
+TSAN_FLAGS_CLANG = ["-fsanitize=thread", "-mllvm", "-tsan-distinguish-volatile=1",
+                    "-mllvm", "-tsan-instrument-func-entry-exit=0"]
 
 
 _VOLATILE_CAST = re.compile(r"\(\s*(?:const\s+)?volatile\s+(?:const\s+)?[\w:<>\s]+?[*&]+\s*\)")
@@ -757,6 +765,8 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
     tables (``-g1``), ``LLMCUPY_SIM_ACCESS_HOOKS`` defined, so every load and store of the kernel
     reaches the emulator's access observers (see "Access hooks" in llmcupy_sim.h). It is cached
     under its own key; the plain build is untouched."""
+    from .platform import check_platform
+    check_platform()   # Windows: a one-line refusal naming WSL; elsewhere unchecked: one warning
     memo_key = (code, include_digest(code, options, filename), tuple(kernels), tuple(options or ()), filename,
                 tuple(variables), bool(instrument),
                 os.environ.get("LLMCUPY_SIM_ASAN", ""), os.environ.get("CXX", "g++"), str(cache_dir()))
@@ -795,16 +805,39 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     # runtime (not wanted, and not on every machine).
     # -fsanitize=integer-divide-by-zero likewise: x86 traps (SIGFPE) where a GPU gives some value.
     check_flags = ["-fsanitize=float-cast-overflow", "-fsanitize=integer-divide-by-zero"]
+    if is_clang(cxx):
+        # clang (also Apple's `g++`) emits no GNU-unique symbols, so has nothing to turn off, and refuses
+        # GCC's option for it.
+        # -ftrivial-auto-var-init=pattern: CUDA code passes a variable only some lanes set to a warp
+        # collective (`int r; if (lane == leader) r = atomicAdd(...); r = __shfl_sync(m, r, leader);`,
+        # NVIDIA's warp-aggregated atomics), which C++ calls undefined; clang then assumes the branch is
+        # taken and every lane ran the atomicAdd. Locals start as a pattern (garbage, as on a GPU) instead.
+        base_flags.remove("-fno-gnu-unique")
+        base_flags.append("-ftrivial-auto-var-init=pattern")
     if asan and instrument:
         raise SimCompileError(f"{filename}: the sanitizers (llmcupy.sim.settings(check=...)) and the AddressSanitizer "
                               "build (LLMCUPY_SIM_ASAN) cannot be combined; unset one of them")
+    if instrument and is_clang(cxx):
+        from .platform import check_instrumentation
+        check_instrumentation(cxx, filename)
+    if asan and is_clang(cxx):
+        # clang's ASan runtime is not the libasan the recipe preloads, and a clang-built library would
+        # need its own: a failure at link or load time that names neither
+        raise CompilerNotFound(f"{filename}: the AddressSanitizer build (LLMCUPY_SIM_ASAN) is made with g++ (the "
+                               f"runtime its recipe preloads is g++'s libasan), and CXX={cxx!r} is clang; set CXX=g++ "
+                               "or unset LLMCUPY_SIM_ASAN (the sanitizers, llmcupy.sim.settings(check=...), work with "
+                               "clang)")
     if asan:
         base_flags += ["-fsanitize=address", "-fno-omit-frame-pointer"]
     if instrument:
         # line tables for sim/symbols.py; the hooks' pc is a return address inside the kernel
         # -fno-tree-sra: a vector value (float4 v = reinterpret_cast<const float4*>(p)[i]) stays one
         # access of its size and alignment, not one per field, so memcheck sees a misaligned one
-        base_flags = [f for f in base_flags if f != "-g0"] + ["-g1", "-DLLMCUPY_SIM_ACCESS_HOOKS=1", "-fno-tree-sra"]
+        # (GCC's option; clang has none: it copies such a value with memcpy, which its instrumentation
+        # reports as a range without the alignment (clang 14's not at all: platform.check_instrumentation))
+        base_flags = [f for f in base_flags if f != "-g0"] + ["-g1", "-DLLMCUPY_SIM_ACCESS_HOOKS=1"]
+        if not is_clang(cxx):
+            base_flags.append("-fno-tree-sra")
 
     safe_name = re.sub(r"[^\w.-]", "_", filename)
     # The key hashes the source as written plus this file (which holds the rewrite rules), so a
@@ -880,13 +913,16 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, vo
         tmp_lib = Path(tmp) / "lib.so"
         # compile instrumented, link without the sanitizers' runtimes (the header defines the hooks)
         obj = Path(tmp) / "unit.o"
-        sanitize_flags = check_flags + (TSAN_FLAGS if volatile or instrument else [])
+        tsan_flags = TSAN_FLAGS_CLANG if is_clang(cxx) else TSAN_FLAGS
+        sanitize_flags = check_flags + (tsan_flags if volatile or instrument else [])
         steps = [[cxx, *[f for f in base_flags if f != "-shared"], *sanitize_flags, "-fstack-usage", *flags,
                   *includes, "-c", str(src), "-o", str(obj)],
                  [cxx, "-shared", "-pthread", *(["-fsanitize=address"] if asan else []), str(obj), "-o", str(tmp_lib)]]
         for cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
             if proc.returncode != 0:
+                from .platform import refused_option
+                refused_option(cxx, proc.stderr)   # the compiler refused the emulator's own options
                 if "No space left on device" in proc.stderr or "Disk quota exceeded" in proc.stderr:
                     raise _cache_full(out_dir, filename)   # g++ or the assembler could not write its output
                 errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
@@ -964,12 +1000,16 @@ _WARP_SIZE_NOT_CONSTANT = re.compile(r"error: (?:the value of .warpSize. is not 
 
 
 def _unsupported_features(stderr: str) -> str:
-    """What the emulator does not offer, for the CUDA names g++ reports as undeclared, and what CUDA does not
-    offer either, in NVRTC's words ('' for none)."""
+    """What the emulator does not offer, for the CUDA names the compiler reports as undeclared, and what CUDA
+    does not offer either, in NVRTC's words ('' for none)."""
     said = []
-    names = re.findall(r"error: .(\w+). (?:was not declared|has not been declared|does not name a type)", stderr)
-    names += [f"cuda::{name}" for name in re.findall(r"error: .(\w+). is not a member of .cuda.", stderr)]
-    names += re.findall(r"fatal error: (cuda/\w+): No such file or directory", stderr)
+    # g++'s wording, then clang's (also Apple's `g++`)
+    names = [gcc or clang for gcc, clang in re.findall(
+        r"error: (?:.(\w+). (?:was not declared|has not been declared|does not name a type)"
+        r"|(?:use of undeclared identifier|unknown type name|no template named) .(\w+).)", stderr)]
+    names += [f"cuda::{gcc or clang}" for gcc, clang in re.findall(
+        r"error: (?:.(\w+). is not a member of .cuda.|no member named .(\w+). in namespace .cuda.)", stderr)]
+    names += re.findall(r"fatal error: .?(cuda/\w+).? ?(?::|file not found)", stderr)
     for name in names:
         what = _UNSUPPORTED.get(name)
         if what and f"{what}" not in " ".join(said):

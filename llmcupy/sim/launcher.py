@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import mmap
 import os
 import re
@@ -502,11 +503,21 @@ _kept_fences: dict = {}
 _kept_bytes = 0
 _fence_lock = threading.Lock()
 _fenced_launch_lock = threading.Lock()
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
-_libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    """The C library's mmap, mprotect and munmap; loaded when first needed, not at import: Windows has
+    no C library to open this way, and `import llmcupy` must work there for the cuda backend (the
+    emulator itself refuses to start there, see sim/platform.py)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    return libc
+
+
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _PROT_NONE = 0   # not in Python's mmap module
 
@@ -536,12 +547,12 @@ class _Fenced:
             if base is not None:
                 _kept_bytes -= self.length
         if base is None:
-            base = _libc.mmap(None, self.length, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+            base = _libc().mmap(None, self.length, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
             if base in (None, _MAP_FAILED):
                 raise MemoryError(f"the emulator could not map {self.length} bytes for a launch's argument "
                                   f"({os.strerror(ctypes.get_errno())})")
-            if _libc.mprotect(base + _PAGE, data_pages * _PAGE, mmap.PROT_READ | mmap.PROT_WRITE):
-                _libc.munmap(base, self.length)
+            if _libc().mprotect(base + _PAGE, data_pages * _PAGE, mmap.PROT_READ | mmap.PROT_WRITE):
+                _libc().munmap(base, self.length)
                 raise MemoryError(f"the emulator could not fence a launch's argument "
                                   f"({os.strerror(ctypes.get_errno())})")
         self.base, self.mapped = base, True
@@ -586,7 +597,7 @@ class _Fenced:
                     _kept_fences.setdefault(self.length, []).append(self.base)
                     _kept_bytes += self.length
                     return
-            _libc.munmap(self.base, self.length)
+            _libc().munmap(self.base, self.length)
 
 
 class _FencedArguments:

@@ -39,6 +39,27 @@
 #undef ushort
 #undef ulong
 
+// clang keeps instrumenting the atomics of a no_sanitize_thread function (GCC does not), so the
+// emulator's own ThreadSanitizer hooks, which use atomics, would call themselves without end; clang
+// 14's disable_sanitizer_instrumentation turns that off too. Every no_sanitize_thread of these headers
+// means both.
+#if defined(__clang__) && (defined(LLMCUPY_SIM_ACCESS_HOOKS) || defined(LLMCUPY_SIM_VOLATILE_HOOKS))
+#if __has_attribute(disable_sanitizer_instrumentation)
+#define no_sanitize_thread no_sanitize_thread, disable_sanitizer_instrumentation
+#else
+#error "this clang is older than clang 14: the emulator's sanitizers and sources that use volatile need clang 14 or newer (or g++); set CXX to one"
+#endif
+#endif
+
+// macOS declares the ucontext functions only under _XOPEN_SOURCE, and its ucontext_t has room for the
+// registers getcontext saves only when _XOPEN_SOURCE was defined before the first system header (a
+// ucontext_t declared without it is smaller, and getcontext writes past its end). _DARWIN_C_SOURCE
+// keeps the rest of the system's declarations (MAP_ANON, ...) that _XOPEN_SOURCE alone would hide.
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 700
+#define _DARWIN_C_SOURCE 1
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -69,7 +90,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) && !defined(LLMCUPY_SIM_UCONTEXT)
+// The switch below is written for x86-64 ELF (Linux, the BSDs); macOS's Mach-O assembler takes
+// neither its directives nor its symbol names.
+#if defined(__x86_64__) && defined(__ELF__) && !defined(LLMCUPY_SIM_UCONTEXT)
 #define LLMCUPY_SIM_ASM_SWITCH 1
 #else
 #include <ucontext.h>
@@ -194,7 +217,7 @@ struct Fiber {
 #ifndef LLMCUPY_SIM_ASM_SWITCH
     ucontext_t ctx;
 #endif
-    char* stack = nullptr;                // mmap'ed, with a guard page at the low end
+    char* stack = nullptr;                // mmap'ed, with a guard (stack_guard_bytes) at the low end
     size_t stack_size = 0;
     dim3 tid;
     int linear = 0, warp = 0, lane = 0;
@@ -515,7 +538,7 @@ inline int warp_size_read_at_run_time() { return 32; }
 static const int warpSize = llmcupy_sim::warp_size_read_at_run_time();
 
 // ---------------------------------------------------------------------------------------------
-// Context switch. x86-64: a small hand-written switch that saves the callee-saved registers and
+// Context switch. x86-64 (ELF): a small hand-written switch that saves the callee-saved registers and
 // the floating-point control words. Elsewhere (or with -DLLMCUPY_SIM_UCONTEXT): ucontext, which
 // is portable but about ten times slower because it saves the signal mask with a system call.
 // ---------------------------------------------------------------------------------------------
@@ -1304,8 +1327,17 @@ inline size_t fiber_stack_size(size_t needed = 0) {
     return (std::max(base, needed) + page - 1) / page * page;
 }
 
-inline void ensure_fibers(Worker* w, int n, size_t needed) {
+// The inaccessible bytes below each fiber stack. -fstack-clash-protection makes a large frame touch
+// its pages at most this far apart, so an overflow always lands in the guard: GCC probes every page on
+// x86-64, but on aarch64 every 64 KiB (it assumes a 64 KiB guard), which would step over one page into
+// the fiber stack mapped below. 64 KiB of address space per stack, still one mapping.
+inline size_t stack_guard_bytes() {
     size_t page = size_t(sysconf(_SC_PAGESIZE));
+    return std::max<size_t>(page, 64 * 1024);
+}
+
+inline void ensure_fibers(Worker* w, int n, size_t needed) {
+    size_t page = stack_guard_bytes();
     size_t size = fiber_stack_size(needed);
     size_t old = w->fibers.size();
     // Fiber holds raw pointers only; growing the vector before any fiber runs is safe.
@@ -1316,7 +1348,7 @@ inline void ensure_fibers(Worker* w, int n, size_t needed) {
         if (f.stack != nullptr) munmap(f.stack - page, f.stack_size + page);  // too small for this kernel
         void* mem = mmap(nullptr, size + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (mem == MAP_FAILED) { std::fprintf(stderr, "llmcupy sim: cannot map a fiber stack of %zu bytes (fiber %zu): %s\n", size + page, i, std::strerror(errno)); std::abort(); }
-        mprotect(mem, page, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting
+        mprotect(mem, page, PROT_NONE);  // guard: a stack overflow faults instead of corrupting
         f.stack = static_cast<char*>(mem) + page;
         f.stack_size = size;
     }
@@ -1793,13 +1825,13 @@ inline thread_local Worker* tls_fault_worker = nullptr;
 // multiple of 16, where a GPU stops with "misaligned address", or a pointer outside the address space.
 inline void describe_fault(Worker* w, int sig, uintptr_t a, char* out, size_t n, bool no_address = false) {
     char what[360];
-    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    const size_t guard = stack_guard_bytes();
     uintptr_t stack = uintptr_t(w->cur->stack);
     if (a >= w->shared.window_lo() && a < w->shared.window_hi()) {
         char place[300];
         nearest_shared(w, a, 1, place, sizeof place);
         std::snprintf(what, sizeof what, "a shared memory access %s", place);
-    } else if (stack && a < stack && a + page >= stack) {
+    } else if (stack && a < stack && a + guard >= stack) {
         std::snprintf(what, sizeof what, "a fiber stack overflow (LLMCUPY_SIM_STACK_KB raises the fiber stack)");
     } else if (no_address) {
         const char* next = "the launch again inside `with llmcupy.sim.settings(check=\"memory\"):`, or with "
@@ -1827,6 +1859,28 @@ inline void describe_fault(Worker* w, int sig, uintptr_t a, char* out, size_t n,
                   w->block_idx.x, w->block_idx.y, w->block_idx.z, w->cur->tid.x, w->cur->tid.y, w->cur->tid.z, what);
 }
 
+// The stack pointer of the interrupted code, read from the signal's context: on a fiber's stack, the
+// signal hit a CUDA thread's own code, which may be left. 0 where the emulator cannot read it: a
+// fault there kills the process, and the watchdog only stops threads at a sync point.
+inline uintptr_t signal_stack_pointer(void* uctx) {
+    auto* uc = static_cast<ucontext_t*>(uctx);
+    (void)uc;
+#if defined(__linux__) && defined(__x86_64__)
+    return uintptr_t(uc->uc_mcontext.gregs[REG_RSP]);
+#elif defined(__linux__) && defined(__aarch64__)
+    return uintptr_t(uc->uc_mcontext.sp);
+#elif defined(__APPLE__) && defined(__x86_64__)
+    return uintptr_t(uc->uc_mcontext->__ss.__rsp);
+#elif defined(__APPLE__) && defined(__aarch64__) && defined(__DARWIN_OPAQUE_ARM_THREAD_STATE64) && \
+    __DARWIN_OPAQUE_ARM_THREAD_STATE64
+    return uintptr_t(uc->uc_mcontext->__ss.__opaque_sp);
+#elif defined(__APPLE__) && defined(__aarch64__)
+    return uintptr_t(uc->uc_mcontext->__ss.__sp);
+#else
+    return 0;
+#endif
+}
+
 // Not instrumented, and quiet for what it calls: its accesses are no kernel's, and memcheck would
 // report them (a fault in an instrumented build: a float4 it could not tell from an aligned struct).
 __attribute__((no_sanitize_thread)) inline void fault_handler(int sig, siginfo_t* info, void* uctx) {
@@ -1834,30 +1888,32 @@ __attribute__((no_sanitize_thread)) inline void fault_handler(int sig, siginfo_t
     Worker* w = tls_fault_worker;
     char msg[640];
     if (w && w->cur) {
-        describe_fault(w, sig, info ? uintptr_t(info->si_addr) : 0, msg, sizeof msg,
-                       info && sig == SIGSEGV && info->si_code == SI_KERNEL);
-#if defined(__x86_64__) && defined(__linux__)
-        uintptr_t sp = uintptr_t(static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_RSP]);
-        uintptr_t a = info ? uintptr_t(info->si_addr) : 0, stack = uintptr_t(w->cur->stack);
-        const size_t page = size_t(sysconf(_SC_PAGESIZE));
-        // running on the fiber's stack, or touching its guard page (an overflow, with the stack pointer
-        // anywhere below): the thread's own code faulted
-        bool own_stack = sp >= stack && sp <= stack + w->cur->stack_size;
-        bool overflow = sig != SIGFPE && a < stack && a + page >= stack;
-        if (w->in_fiber && (own_stack || overflow)) {
-            append_message(&w->counters, msg);
-            append_message(&w->counters, overflow || sig == SIGFPE ? "; the block was abandoned\n"
-                                                  : "; the block was abandoned (out-of-bounds writes before the "
-                                                    "fault may have changed other memory of this process)\n");
-            w->counters.memory_fault = 1;
-            w->abandoned = true;
-            w->in_fiber = false;
-            LLMCUPY_SIM_QUIET_END;
-            switch_to_scheduler(w, true);  // never returns: the fiber is not resumed
-        }
+#ifdef SI_KERNEL
+        bool no_address = info && sig == SIGSEGV && info->si_code == SI_KERNEL;
 #else
-        (void)uctx;
+        bool no_address = false;   // Linux's code for a fault without an address
 #endif
+        describe_fault(w, sig, info ? uintptr_t(info->si_addr) : 0, msg, sizeof msg, no_address);
+        uintptr_t sp = signal_stack_pointer(uctx);
+        if (sp != 0) {
+            uintptr_t a = info ? uintptr_t(info->si_addr) : 0, stack = uintptr_t(w->cur->stack);
+            const size_t guard = stack_guard_bytes();
+            // running on the fiber's stack, or touching its guard (an overflow, with the stack pointer
+            // anywhere below): the thread's own code faulted
+            bool own_stack = sp >= stack && sp <= stack + w->cur->stack_size;
+            bool overflow = sig != SIGFPE && a < stack && a + guard >= stack;
+            if (w->in_fiber && (own_stack || overflow)) {
+                append_message(&w->counters, msg);
+                append_message(&w->counters, overflow || sig == SIGFPE ? "; the block was abandoned\n"
+                                                      : "; the block was abandoned (out-of-bounds writes before the "
+                                                        "fault may have changed other memory of this process)\n");
+                w->counters.memory_fault = 1;
+                w->abandoned = true;
+                w->in_fiber = false;
+                LLMCUPY_SIM_QUIET_END;
+                switch_to_scheduler(w, true);  // never returns: the fiber is not resumed
+            }
+        }
         char line[700];
         int n = std::snprintf(line, sizeof line, "\nllmcupy sim: %s\n", msg);
         if (n > 0) { ssize_t ignored = write(2, line, size_t(n) < sizeof line ? size_t(n) : sizeof line - 1); (void)ignored; }
@@ -1873,16 +1929,13 @@ constexpr int kWatchdogSignal = SIGURG;
 inline void watchdog_handler(int, siginfo_t*, void* uctx) {
     Worker* w = tls_fault_worker;
     if (w == nullptr || !w->in_fiber || w->cur == nullptr || !g_timed_out.load()) return;
-#if defined(__x86_64__) && defined(__linux__)
-    uintptr_t sp = uintptr_t(static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_RSP]);
+    // where the stack pointer cannot be read, only threads that reach a sync point or yield are stopped
+    uintptr_t sp = signal_stack_pointer(uctx);
     Fiber* f = w->cur;
-    if (sp < uintptr_t(f->stack) || sp > uintptr_t(f->stack) + f->stack_size) return;
+    if (sp == 0 || sp < uintptr_t(f->stack) || sp > uintptr_t(f->stack) + f->stack_size) return;
     w->abandoned = true;
     w->in_fiber = false;
     switch_to_scheduler(w, true);
-#else
-    (void)uctx;  // elsewhere only threads that reach a sync point or yield are stopped
-#endif
 }
 
 // Ends the running thread and the launch with `msg` (first one wins) and `flag` set in the result:
@@ -2042,7 +2095,7 @@ inline Worker& this_thread_worker() {
 // vm.max_map_count of them (65530 by default): Python gives the stacks of libraries it has not
 // launched lately back through llmcupy_sim_release_fibers (sim/launcher.py, "Fiber stacks").
 inline void release_fibers(Worker* w) {
-    size_t page = size_t(sysconf(_SC_PAGESIZE));
+    size_t page = stack_guard_bytes();
     for (Fiber& f : w->fibers)
         if (f.stack != nullptr) munmap(f.stack - page, f.stack_size + page);
     w->fibers.clear();
@@ -2302,6 +2355,15 @@ inline std::tuple<std::decay_t<A>...> unpack_args(void** args, std::index_sequen
     return std::tuple<std::decay_t<A>...>(*static_cast<std::decay_t<A>*>(args[I])...);
 }
 
+// The kernel's parameters are by value: every CUDA thread gets its own copy of the arguments. The
+// call is written out here, not left to std::apply: clang does not inline an instrumented library
+// template into this uninstrumented caller, and std::apply's reads of the launching thread's
+// closure would reach the sanitizers as the kernel's.
+template <typename... A, typename T, size_t... I>
+LLMCUPY_SIM_NOSAN_FN inline void call_kernel(void (*kernel)(A...), const T& args, std::index_sequence<I...>) {
+    kernel(std::get<I>(args)...);
+}
+
 template <typename... A>
 inline int launch(void (*kernel)(A...), const char* name, const LaunchConfig* cfg, void** args, LaunchResult* res) {
     struct Closure {
@@ -2312,8 +2374,7 @@ inline int launch(void (*kernel)(A...), const char* name, const LaunchConfig* cf
     // (GCC does not inline the instrumented kernel into it, so the kernel's accesses stay hooked.)
     auto thunk = [](void* p) LLMCUPY_SIM_NOSAN_FN {
         auto* c = static_cast<Closure*>(p);
-        auto copy = c->args;  // every CUDA thread gets its own copy of the parameters
-        std::apply(c->kernel, copy);
+        call_kernel(c->kernel, c->args, std::index_sequence_for<A...>{});
     };
     return run_grid(cfg, thunk, &closure, name, res);
 }
@@ -2504,6 +2565,20 @@ LLMCUPY_SIM_NOSAN void __tsan_func_entry(void*) {}
 LLMCUPY_SIM_NOSAN void __tsan_func_exit() {}
 LLMCUPY_SIM_NOSAN void __tsan_read_range(void* p, unsigned long n) { LLMCUPY_SIM_SEE(p, unsigned(n), 0u); }
 LLMCUPY_SIM_NOSAN void __tsan_write_range(void* p, unsigned long n) { LLMCUPY_SIM_SEE(p, unsigned(n), 1u); }
+// Newer clang (19 is checked) calls these for every memcpy, memmove and memset of instrumented code,
+// its own struct copies among them (a float4 assigned, a struct zeroed); g++ calls none of them.
+LLMCUPY_SIM_NOSAN void* __tsan_memcpy(void* d, const void* s, unsigned long n) {
+    if (n) { LLMCUPY_SIM_SEE(s, unsigned(n), 0u); LLMCUPY_SIM_SEE(d, unsigned(n), 1u); }
+    return std::memcpy(d, s, n);
+}
+LLMCUPY_SIM_NOSAN void* __tsan_memmove(void* d, const void* s, unsigned long n) {
+    if (n) { LLMCUPY_SIM_SEE(s, unsigned(n), 0u); LLMCUPY_SIM_SEE(d, unsigned(n), 1u); }
+    return std::memmove(d, s, n);
+}
+LLMCUPY_SIM_NOSAN void* __tsan_memset(void* d, int c, unsigned long n) {
+    if (n) LLMCUPY_SIM_SEE(d, unsigned(n), 1u);
+    return std::memset(d, c, n);
+}
 LLMCUPY_SIM_NOSAN void __tsan_vptr_update(void**, void*) {}
 LLMCUPY_SIM_NOSAN void __tsan_vptr_read(void**) {}
 LLMCUPY_SIM_NOSAN void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }

@@ -6,8 +6,12 @@
 #include "llmcupy_sim.h"
 
 namespace llmcupy_sim {
+// The compiler's _Float16 where it has one (__FLT16_MANT_DIG__: GCC 12+ on x86-64, GCC and clang on
+// aarch64, clang 15+ on x86-64); elsewhere (clang 14 on x86-64, GCC 11) the same conversions in
+// integer arithmetic. LLMCUPY_SIM_SOFT_HALF picks the latter anywhere (the tests compare both).
+#if defined(__FLT16_MANT_DIG__) && !defined(LLMCUPY_SIM_SOFT_HALF)
 inline unsigned short f32_to_f16(float f) {
-    _Float16 h = (_Float16)f;  // GCC: correctly rounded, NaN and infinities kept
+    _Float16 h = (_Float16)f;  // correctly rounded, NaN and infinities kept
     unsigned short b;
     std::memcpy(&b, &h, 2);
     return b;
@@ -17,6 +21,40 @@ inline float f16_to_f32(unsigned short b) {
     std::memcpy(&h, &b, 2);
     return float(h);
 }
+#else
+inline unsigned short f32_to_f16(float f) {
+    unsigned int u;
+    std::memcpy(&u, &f, 4);
+    unsigned short sign = (unsigned short)((u >> 16) & 0x8000u);
+    unsigned int a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u | (unsigned short)((a >> 13) & 0x3ffu);  // NaN, made quiet
+    if (a >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up round to infinity
+    if (a >= 0x38800000u) {                        // a normal half (2^-14 and up): rebias the exponent
+        unsigned int r = a - 0x38000000u;
+        r += 0xfffu + ((r >> 13) & 1u);            // round to nearest even (a carry moves the exponent)
+        return sign | (unsigned short)(r >> 13);
+    }
+    // a subnormal half or zero: the significand in units of 2^-24, rounded to nearest even
+    unsigned int shift = 126u - (a >> 23);
+    if (shift > 24u) return sign;                  // below 2^-25: zero
+    unsigned int m = (a & 0x7fffffu) | 0x800000u, q = m >> shift;
+    unsigned int rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rest > half || (rest == half && (q & 1u))) ++q;   // 1024 is the smallest normal: still right
+    return sign | (unsigned short)q;
+}
+inline float f16_to_f32(unsigned short b) {
+    unsigned int sign = (unsigned int)(b & 0x8000u) << 16, e = (b >> 10) & 0x1fu, m = b & 0x3ffu, u;
+    if (e == 0x1fu) u = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u);  // infinity, NaN (quiet)
+    else if (e != 0) u = sign | ((e + 112u) << 23) | (m << 13);
+    else {
+        float f = float(m) * 0x1p-24f;             // zero or a subnormal half: exact in float
+        return sign ? -f : f;
+    }
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+#endif
 inline unsigned short f32_to_bf16(float f) {
     unsigned int u;
     std::memcpy(&u, &f, 4);
