@@ -657,6 +657,38 @@ def test_the_emulators_warp_size_verdicts_agree_with_nvrtc(have_nvrtc):
     assert result.ok, result.log
 
 
+# a local array sized at run time: g++ and clang build it (an extension), NVRTC refuses it
+LOCAL_ARRAY_AT_RUN_TIME = [
+    "float buf[n];\n    buf[0] = 1.0f;\n    out[0] = buf[0];",
+    "float buf[warpSize];\n    buf[0] = 1.0f;\n    out[0] = buf[0];",
+]
+
+
+@pytest.mark.parametrize("use", LOCAL_ARRAY_AT_RUN_TIME)
+def test_a_local_array_sized_at_run_time_is_refused_as_nvrtc_refuses_it(use):
+    # before: -w silenced the compiler's every warning, -Wvla too, so the array ran here and the
+    # kernel failed to build on the GPU
+    code = f"__global__ void k(float* out, int n) {{\n    {use}\n}}\n"
+    with pytest.raises(sim.SimCompileError, match=r"(?s)vla.cu:2:.*a local array sized at run time is not CUDA: "
+                                                  r"NVRTC refuses it.*size it with a constant"):
+        llmcupy.RawModule(code=code, target="sim", filename="vla.cu")
+
+
+def test_the_emulators_local_array_verdicts_agree_with_nvrtc(have_nvrtc):
+    from llmcupy import nvrtc
+
+    for use in LOCAL_ARRAY_AT_RUN_TIME:
+        result = nvrtc.compile_source(f"__global__ void k(float* out, int n) {{\n    {use}\n}}\n", 80)
+        assert not result.ok and "expression must have a constant value" in result.log, (use, result.log)
+    # sized by constants: fine on both
+    fine = "template <int N> __global__ void k(float* out) { constexpr int M = 4; float a[N], b[M * 2]; " \
+           "a[0] = 1.0f; b[0] = a[0]; out[0] = b[0]; }\ntemplate __global__ void k<8>(float*);\n"
+    assert nvrtc.compile_source(fine, 80).ok
+    out = np.zeros(1, np.float32)
+    llmcupy.RawModule(code=fine, target="sim", name_expressions=["k<8>"]).get_function("k<8>")((1,), (1,), (out,))
+    assert out[0] == 1.0
+
+
 # A Welford warp reduction shuffling its (mean, m2, count) struct: CUDA's shuffle intrinsics take
 # arithmetic and 16-bit float values only, a cooperative_groups tile any trivially copyable type
 WELFORD_SHUFFLE = r"""

@@ -799,7 +799,10 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     # such a frame could land below the guard page: in another fiber's stack (silently corrupting it)
     # or unmapped memory, which the fault handler cannot tell from a fault of the emulator itself and
     # so killed the process (LLMCUPY_SIM_STACK_KB=70: a 12 KiB frame of a recursive kernel).
-    base_flags = ["-O2", "-g0", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread", "-w",
+    # -Werror=vla: a local array sized at run time (float buf[n]) is a g++/clang extension NVRTC refuses;
+    # warnings are otherwise on as the compiler's defaults (no -w: it would silence this error too), and
+    # only a failed build shows them (the catalogue builds without one)
+    base_flags = ["-O2", "-g0", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread", "-Werror=vla",
                   "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique", "-fstack-clash-protection"]
     # Only for the compile step: linked with -fsanitize, g++ would make the library load UBSan's
     # runtime (not wanted, and not on every machine).
@@ -1014,6 +1017,10 @@ def _unsupported_features(stderr: str) -> str:
         what = _UNSUPPORTED.get(name)
         if what and f"{what}" not in " ".join(said):
             said.append(what if name.startswith("llmcupy_sim_") else f"'{name}': {what}")
+    if re.search(r"error: variable[ -]length array", stderr):   # g++'s and clang's words for -Werror=vla
+        said.append("a local array sized at run time is not CUDA: NVRTC refuses it ('expression must have a "
+                    "constant value'); size it with a constant (a template parameter, a constexpr, 32 rather "
+                    "than warpSize), or use dynamic shared memory or a buffer passed as an argument")
     if _WARP_SIZE_NOT_CONSTANT.search(stderr):
         said.append("warpSize is no compile-time constant in CUDA: NVRTC refuses it too in an array size, a template "
                     "argument, constexpr, static_assert or a case label ('expression must have a constant value'); "
