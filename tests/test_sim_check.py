@@ -6,6 +6,7 @@ report can be checked for the exact source lines and threads; the fixed kernel m
 
 import json
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -233,6 +234,33 @@ def test_a_plain_read_racing_with_atomics_is_reported_unless_its_cas_validates_i
         assert {r.kind for r in reports} <= {"RAW", "WAR"}
         assert all(r.space == "shared" and "'flag'" in r.where for r in reports), reports[0].describe()
         assert line_of(code, "READ") in {r.line for r in reports} | {r.prev_line for r in reports}
+
+
+
+def test_validated_reads_of_a_large_grid_are_matched_at_launch_end_without_a_scan_each(no_hazards):
+    # Odd blocks validate each thread's read with a CAS, even blocks only read: one validated read and one
+    # deferred WAR per thread of every other block (131072 of each here). Before, each deferred WAR was
+    # looked up by scanning every validated read, and the launch's end took 128 s here; now about a second.
+    # One worker: blocks run one after another, so the counts (and the time) are the same on any machine;
+    # the limit leaves a 20-fold margin above the run's time and is 6 times below the old one's.
+    k, code = kernel(r"""
+        extern "C" __global__ void alternate(unsigned* buf) {
+            unsigned t = threadIdx.x;
+            unsigned old = buf[t];                                  // READ
+            if (blockIdx.x % 2) atomicCAS(&buf[t], old, old + 1u);
+        }
+        """, "alternate")
+    buf = np.zeros(256, np.uint32)
+    with sim.settings(workers=1):
+        run_checked(k, (1,), (256,), (buf,), "forward", check="race")   # compiled before the clock starts
+        start = time.monotonic()
+        reports = run_checked(k, (1024,), (256,), (buf,), "forward", check="race")
+        took = time.monotonic() - start
+    assert took < 20, f"{took:.0f} s"
+    np.testing.assert_array_equal(buf, 512)
+    # the even blocks' reads are no CAS's guess: reported against the odd blocks' CAS
+    assert {r.kind for r in reports} == {"RAW", "WAR"}
+    assert line_of(code, "READ") in {r.line for r in reports} | {r.prev_line for r in reports}
 
 
 GLOBAL_RACE = r"""
