@@ -105,6 +105,20 @@ def test_a_kernel_whose_bound_holds_parentheses_is_found_for_its_argument_checks
     assert [p.spelling for p in parse_signature(BOUNDED, "typed_bound_first<double>")] == ["double*"]
 
 
+
+def test_finding_a_declaration_takes_time_linear_in_the_bounds_before_it():
+    # before, each space after a __launch_bounds__(...) could be taken by two nested \s*, so a failed
+    # search tried 2**n ways past n bounds in a row (20: 0.7 s; 40: days). Run apart, so that the old
+    # pattern fails the test by the timeout instead of hanging the suite; the new one takes milliseconds.
+    import subprocess
+    import sys
+
+    script = ("from llmcupy.runtime.signature import parse_signature\n"
+              "src = '__launch_bounds__(256) ' * 40 + 'int x;\\n__global__ void k(float* out) {}'\n"
+              "assert [p.name for p in parse_signature(src, 'k')] == ['out']\n"
+              "assert parse_signature('__launch_bounds__(256) ' * 40 + 'int x;', 'k') is None\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
 def test_every_catalogue_launch_respects_its_kernels_bounds(sim_backend):
     """Every version at every block size of its sweep, kernels stubbed (the checks run, the kernels
     do not): no launcher asks for more threads than its kernel's ``__launch_bounds__``."""

@@ -187,7 +187,9 @@ def parse_param(text: str, substitutions: dict[str, str] | None = None) -> Param
 
 
 # __launch_bounds__'s arguments may hold parentheses, two deep: ((BM * BN) / (TM * TN), 1)
-_BOUNDS = r"__launch_bounds__\s*\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)\s*"
+# (no trailing \s*: in _SPECIFIERS it would share each space with the repeat's own, and a source with
+# many bounds in a row took time doubling with each)
+_BOUNDS = r"__launch_bounds__\s*\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"
 
 
 # around __global__, in any order: `__launch_bounds__(256) __global__ void k` is CUDA too
@@ -198,7 +200,7 @@ def _kernel_pattern(name: str) -> re.Pattern:
     return re.compile(
         r"(?P<template>template\s*<(?P<tparams>[^{};]*?)>\s*)?"
         rf"{_SPECIFIERS}__global__\s+{_SPECIFIERS}void\s+"
-        rf"(?:{_BOUNDS})?" + re.escape(name) + r"\s*\((?P<params>[^)]*)\)"
+        rf"(?:{_BOUNDS}\s*)?" + re.escape(name) + r"\s*\((?P<params>[^)]*)\)"
     )
 
 
