@@ -1,4 +1,4 @@
-"""Hugging Face GPT-2 weights (``model.safetensors``) -> llm.c's model file, and back.
+"""python -m llmcupy.convert: Hugging Face GPT-2 weights (``model.safetensors``) to llm.c's model file, and back.
 
 CLI::
 

@@ -1,4 +1,4 @@
-"""Token data: llm.c's token files, Tiny Shakespeare preparation, and the data loader.
+"""python -m llmcupy.data: token data, as llm.c's token files; Tiny Shakespeare preparation and the data loader.
 
 Token file (``*.bin``): a 1024-byte header of 256 little-endian int32 (0: magic 20240520,
 1: version 1, 2: token count n, rest 0), then n little-endian uint16 token ids; the file is exactly

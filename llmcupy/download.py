@@ -1,4 +1,4 @@
-"""Downloads of the public files the trainer starts from.
+"""python -m llmcupy.download: fetch the public files the trainer starts from.
 
 CLI::
 

@@ -1,4 +1,4 @@
-"""Compile check without a GPU: every ``kernels_cu/*.cu`` through NVRTC for real architectures.
+"""python -m llmcupy.nvrtc: compile every ``kernels_cu/*.cu`` through NVRTC for real architectures, without a GPU.
 
 The emulator runs the catalogue with g++, which accepts things NVRTC does not (host-only math
 macros, libstdc++ headers, ...). This module compiles the very same files the way

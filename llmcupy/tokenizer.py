@@ -1,4 +1,4 @@
-"""GPT-2's tokenizer: the BPE encoder (tiktoken) and llm.c's decoder table file.
+"""python -m llmcupy.tokenizer: GPT-2's tokenizer, the BPE encoder (tiktoken) and llm.c's decoder table file.
 
 Encoding (text -> ids) uses tiktoken. :func:`get_encoding` finds GPT-2's BPE ranks, in order:
 

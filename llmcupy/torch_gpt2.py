@@ -1,4 +1,4 @@
-"""GPT-2 in PyTorch (CPU, FP32) over llm.c's flat parameter layout: the oracle of the trainer.
+"""python -m llmcupy.torch_gpt2: GPT-2 in PyTorch (CPU, FP32) over llm.c's flat parameter layout, the trainer's oracle.
 
 It computes what llm.c's PyTorch script computes: logits over the padded vocabulary, the mean
 cross-entropy over the V real columns, and gradients laid out like the parameters; and it writes

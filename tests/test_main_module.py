@@ -17,6 +17,16 @@ def test_every_listed_command_is_a_module_with_a_main_and_a_description():
         assert description and "python -m" not in description and "``" not in description, (command, description)
 
 
+def test_every_command_docstring_opens_with_its_own_invocation():
+    # one form for the list: "python -m llmcupy.X: what it does", so each line reads the same way
+    # (before, six modules opened with a capitalised title and the list mixed the two styles)
+    from pathlib import Path
+
+    for command in entry.COMMANDS:
+        source = (Path(entry.__file__).parent / f"{command}.py").read_text(encoding="utf-8")
+        assert source.startswith(f'"""python -m llmcupy.{command}: '), command
+
+
 def test_python_m_llmcupy_lists_the_commands():
     proc = subprocess.run([sys.executable, "-m", "llmcupy"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -24,7 +34,7 @@ def test_python_m_llmcupy_lists_the_commands():
     assert lines[0].startswith("llmcupy's commands")
     assert any(line.split()[:3] == ["kernel", "run", "any"] for line in lines), proc.stdout
     convert = next(line for line in lines if line.split()[:1] == ["convert"])
-    assert convert.split(None, 1)[1].startswith("Hugging Face GPT-2 weights (model.safetensors) -> llm.c's model file")
+    assert convert.split(None, 1)[1].startswith("Hugging Face GPT-2 weights (model.safetensors) to llm.c's model file")
 
 
 def test_a_command_given_to_the_package_says_which_module_to_run(capsys):
