@@ -384,6 +384,30 @@ __global__ void block_sum(const float* in, float* out) {
 __global__ void wild(float* out) { if (threadIdx.x == 5) ((float*)16)[0] = 1.0f; out[threadIdx.x] = 1.0f; }
 __global__ void big_frame(int* out) { volatile char big[1 << 20]; big[threadIdx.x] = 1; out[threadIdx.x] = big[threadIdx.x * 997]; }
 __global__ void spin(int* flag) { if (threadIdx.x == 0) while (*(volatile int*)flag == 0) {} }
+// Many doubles and integers live across barriers (each a switch to the scheduler and back): the
+// compiler keeps them in callee-saved registers (x19-x28, d8-d15), which the switch must restore.
+__global__ void keeps(double* out) {
+    double a = threadIdx.x, b = a + 1, c = a + 2, d = a + 3, e = a + 4, f = a + 5, g = a + 6, h = a + 7, k = a + 8;
+    long i0 = threadIdx.x, i1 = i0 * 3, i2 = i0 * 5, i3 = i0 * 7, i4 = i0 * 11, i5 = i0 * 13, i6 = i0 * 17;
+    for (int r = 0; r < 3; ++r) {
+        __syncthreads();
+        a = a * 1.5 + b; b = b * 0.5 + c; c = c + d * 0.25; d = d - e * 0.125; e = e * f * 1e-3;
+        f = f + g; g = g * 2 - h; h = h + k; k = k * 0.75;
+        i0 += i1; i1 ^= i2; i2 += i3 * 2; i3 -= i4; i4 += i5; i5 ^= i6 << 1; i6 += r;
+        __syncthreads();
+    }
+    out[threadIdx.x] = a + b + c + d + e + f + g + h + k + double(i0 + i1 + i2 + i3 + i4 + i5 + i6);
+}
+static double keeps_on_host(unsigned t) {
+    double a = t, b = a + 1, c = a + 2, d = a + 3, e = a + 4, f = a + 5, g = a + 6, h = a + 7, k = a + 8;
+    long i0 = t, i1 = i0 * 3, i2 = i0 * 5, i3 = i0 * 7, i4 = i0 * 11, i5 = i0 * 13, i6 = i0 * 17;
+    for (int r = 0; r < 3; ++r) {
+        a = a * 1.5 + b; b = b * 0.5 + c; c = c + d * 0.25; d = d - e * 0.125; e = e * f * 1e-3;
+        f = f + g; g = g * 2 - h; h = h + k; k = k * 0.75;
+        i0 += i1; i1 ^= i2; i2 += i3 * 2; i3 -= i4; i4 += i5; i5 ^= i6 << 1; i6 += r;
+    }
+    return a + b + c + d + e + f + g + h + k + double(i0 + i1 + i2 + i3 + i4 + i5 + i6);
+}
 
 static llmcupy_sim::LaunchConfig config(unsigned grid, unsigned block, unsigned long long timeout_ms) {
     llmcupy_sim::LaunchConfig c{};
@@ -417,13 +441,23 @@ int main() {
     c = config(1, 32, 300); r = llmcupy_sim::LaunchResult{};
     llmcupy_sim::launch(&spin, "spin", &c, spin_args, &r);
     std::printf("spin timed_out=%d\n", r.timed_out);
+
+    std::vector<double> kept(128); double* pkept = kept.data(); void* keeps_args[] = {&pkept};
+    c = config(1, 128, 0); r = llmcupy_sim::LaunchResult{};
+    llmcupy_sim::launch(&keeps, "keeps", &c, keeps_args, &r);
+    int wrong = 0;
+    for (unsigned t = 0; t < 128; ++t) wrong += kept[t] != keeps_on_host(t);
+    std::printf("keeps wrong=%d\n", wrong);
     return 0;
 }
 """
 
 
-def test_aarch64_fibers_faults_and_the_watchdog_under_qemu(tmp_path):
-    # The emulator's header for aarch64 (ucontext fibers) with its build flags, run under qemu-user.
+@pytest.mark.parametrize("switch", [(), ("-DLLMCUPY_SIM_UCONTEXT",)], ids=["asm", "ucontext"])
+def test_aarch64_fibers_faults_and_the_watchdog_under_qemu(tmp_path, switch):
+    # The emulator's header for aarch64 with its build flags, run under qemu-user, with either context
+    # switch: the assembly one (the default; before, aarch64 had only ucontext, about ten times slower)
+    # and ucontext (-DLLMCUPY_SIM_UCONTEXT, as on macOS).
     # before: a fault in kernel code killed the process there (the fiber's stack pointer was read for
     # x86-64 only), and a 1 MiB frame on a 64 KiB fiber stack wrote past the one-page guard into the
     # memory below (GCC probes aarch64 frames every 64 KiB), silently
@@ -435,7 +469,7 @@ def test_aarch64_fibers_faults_and_the_watchdog_under_qemu(tmp_path):
     exe = tmp_path / "driver"
     build = [cross, "-std=c++17", "-O2", "-fno-strict-aliasing", "-pthread", "-w", "-fstack-clash-protection",
              "-fsanitize=float-cast-overflow", "-fsanitize=integer-divide-by-zero", "-static",
-             f"-I{compiler.INCLUDE_DIR}", str(src), "-o", str(exe)]
+             *switch, f"-I{compiler.INCLUDE_DIR}", str(src), "-o", str(exe)]
     subprocess.run(build, check=True, capture_output=True, timeout=600)
     proc = subprocess.run([qemu, str(exe)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -446,3 +480,4 @@ def test_aarch64_fibers_faults_and_the_watchdog_under_qemu(tmp_path):
     assert re.search(r"wild fault=1: kernel wild crashed with SIGSEGV in block \([01],0,0\), thread \(5,0,0\)", out), out
     assert re.search(r"big_frame fault=1: kernel big_frame crashed with SIGSEGV .*: a fiber stack overflow", out), out
     assert "spin timed_out=1" in out
+    assert "keeps wrong=0" in out

@@ -90,9 +90,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-// The switch below is written for x86-64 ELF (Linux, the BSDs); macOS's Mach-O assembler takes
-// neither its directives nor its symbol names.
-#if defined(__x86_64__) && defined(__ELF__) && !defined(LLMCUPY_SIM_UCONTEXT)
+// The switches below are written for x86-64 and aarch64 ELF (Linux, the BSDs); macOS's Mach-O
+// assembler takes neither their directives nor their symbol names.
+#if (defined(__x86_64__) || defined(__aarch64__)) && defined(__ELF__) && !defined(LLMCUPY_SIM_UCONTEXT)
 #define LLMCUPY_SIM_ASM_SWITCH 1
 #else
 #include <ucontext.h>
@@ -538,13 +538,52 @@ inline int warp_size_read_at_run_time() { return 32; }
 static const int warpSize = llmcupy_sim::warp_size_read_at_run_time();
 
 // ---------------------------------------------------------------------------------------------
-// Context switch. x86-64 (ELF): a small hand-written switch that saves the callee-saved registers and
-// the floating-point control words. Elsewhere (or with -DLLMCUPY_SIM_UCONTEXT): ucontext, which
-// is portable but about ten times slower because it saves the signal mask with a system call.
+// Context switch. x86-64 and aarch64 (ELF): a small hand-written switch that saves the callee-saved
+// registers and the floating-point control register(s) on the stack it leaves, stores that stack
+// pointer, and loads the other. Elsewhere (or with -DLLMCUPY_SIM_UCONTEXT): ucontext, which is
+// portable but about ten times slower, because it saves the signal mask with a system call.
+// A new fiber's stack is laid out as the switch leaves one (init_fiber_stack), so its first switch
+// "returns" into llmcupy_sim_trampoline, which calls fiber_main(f).
 // ---------------------------------------------------------------------------------------------
 #ifdef LLMCUPY_SIM_ASM_SWITCH
 extern "C" void llmcupy_sim_switch(void** save_sp, void* new_sp);
 extern "C" void llmcupy_sim_trampoline();
+#if defined(__aarch64__)
+// AAPCS64: x19-x28, the frame pointer x29, the link register x30 and the low halves of v8-v15 (d8-d15)
+// are callee-saved; FPCR holds the rounding mode and flush-to-zero. A frame of 176 bytes, 16-aligned:
+// [0,96) x19..x30, [96,160) d8..d15, [160,168) FPCR. The trampoline's argument and function ride in
+// x19 and x20, as the x86-64 one's ride in r12 and r13.
+__asm__(
+    ".text\n"
+    ".p2align 2\n"
+    ".globl llmcupy_sim_switch\n"
+    ".hidden llmcupy_sim_switch\n"
+    ".type llmcupy_sim_switch,%function\n"
+    "llmcupy_sim_switch:\n"
+    "  sub sp, sp, #176\n"
+    "  stp x19, x20, [sp, #0]\n  stp x21, x22, [sp, #16]\n  stp x23, x24, [sp, #32]\n"
+    "  stp x25, x26, [sp, #48]\n  stp x27, x28, [sp, #64]\n  stp x29, x30, [sp, #80]\n"
+    "  stp d8, d9, [sp, #96]\n  stp d10, d11, [sp, #112]\n  stp d12, d13, [sp, #128]\n  stp d14, d15, [sp, #144]\n"
+    "  mrs x9, fpcr\n  str x9, [sp, #160]\n"
+    "  mov x9, sp\n  str x9, [x0]\n"
+    "  mov sp, x1\n"
+    "  ldr x9, [sp, #160]\n  msr fpcr, x9\n"
+    "  ldp x19, x20, [sp, #0]\n  ldp x21, x22, [sp, #16]\n  ldp x23, x24, [sp, #32]\n"
+    "  ldp x25, x26, [sp, #48]\n  ldp x27, x28, [sp, #64]\n  ldp x29, x30, [sp, #80]\n"
+    "  ldp d8, d9, [sp, #96]\n  ldp d10, d11, [sp, #112]\n  ldp d12, d13, [sp, #128]\n  ldp d14, d15, [sp, #144]\n"
+    "  add sp, sp, #176\n"
+    "  ret\n"
+    ".size llmcupy_sim_switch, .-llmcupy_sim_switch\n"
+    ".p2align 2\n"
+    ".globl llmcupy_sim_trampoline\n"
+    ".hidden llmcupy_sim_trampoline\n"
+    ".type llmcupy_sim_trampoline,%function\n"
+    "llmcupy_sim_trampoline:\n"
+    "  mov x0, x19\n"
+    "  blr x20\n"
+    "  brk #0\n"
+    ".size llmcupy_sim_trampoline, .-llmcupy_sim_trampoline\n");
+#else
 __asm__(
     ".text\n"
     ".globl llmcupy_sim_switch\n"
@@ -568,13 +607,25 @@ __asm__(
     "  ud2\n"
     ".size llmcupy_sim_trampoline, .-llmcupy_sim_trampoline\n");
 #endif
+#endif
 
 namespace llmcupy_sim {
 
 inline void fiber_main(Fiber* f);
 
 inline void init_fiber_stack(Fiber* f) {
-#ifdef LLMCUPY_SIM_ASM_SWITCH
+#if defined(LLMCUPY_SIM_ASM_SWITCH) && defined(__aarch64__)
+    uintptr_t top = (reinterpret_cast<uintptr_t>(f->stack) + f->stack_size) & ~uintptr_t(15);
+    uint64_t* sp = reinterpret_cast<uint64_t*>(top) - 22;            // the switch's 176-byte frame
+    std::memset(sp, 0, 22 * sizeof(uint64_t));                       // x21..x29 and d8..d15: 0
+    sp[0] = reinterpret_cast<uint64_t>(f);                           // x19: argument
+    sp[1] = reinterpret_cast<uint64_t>(&fiber_main);                 // x20: function
+    sp[11] = reinterpret_cast<uint64_t>(&llmcupy_sim_trampoline);    // x30: where the switch returns
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    sp[20] = fpcr;                                                   // the creating thread's FP control
+    f->sp = sp;
+#elif defined(LLMCUPY_SIM_ASM_SWITCH)
     uintptr_t top = (reinterpret_cast<uintptr_t>(f->stack) + f->stack_size) & ~uintptr_t(15);
     uint64_t* sp = reinterpret_cast<uint64_t*>(top) - 8;
     uint32_t ctrl[2];
