@@ -398,6 +398,8 @@ __global__ void keeps(double* out) {
     }
     out[threadIdx.x] = a + b + c + d + e + f + g + h + k + double(i0 + i1 + i2 + i3 + i4 + i5 + i6);
 }
+// char is signed on a GPU; aarch64's default is unsigned (compiler.GPU_LANGUAGE_FLAGS)
+__global__ void widen(const char* in, int* out) { out[threadIdx.x] = in[threadIdx.x]; }
 static double keeps_on_host(unsigned t) {
     double a = t, b = a + 1, c = a + 2, d = a + 3, e = a + 4, f = a + 5, g = a + 6, h = a + 7, k = a + 8;
     long i0 = t, i1 = i0 * 3, i2 = i0 * 5, i3 = i0 * 7, i4 = i0 * 11, i5 = i0 * 13, i6 = i0 * 17;
@@ -448,6 +450,12 @@ int main() {
     int wrong = 0;
     for (unsigned t = 0; t < 128; ++t) wrong += kept[t] != keeps_on_host(t);
     std::printf("keeps wrong=%d\n", wrong);
+
+    char bytes[2] = {char(200), char(56)}; const char* pbytes = bytes; int widened[2] = {0, 0}; int* pwidened = widened;
+    void* widen_args[] = {&pbytes, &pwidened};
+    c = config(1, 2, 0); r = llmcupy_sim::LaunchResult{};
+    llmcupy_sim::launch(&widen, "widen", &c, widen_args, &r);
+    std::printf("widen %d %d\n", widened[0], widened[1]);
     return 0;
 }
 """
@@ -469,7 +477,7 @@ def test_aarch64_fibers_faults_and_the_watchdog_under_qemu(tmp_path, switch):
     exe = tmp_path / "driver"
     build = [cross, "-std=c++17", "-O2", "-fno-strict-aliasing", "-pthread", "-w", "-fstack-clash-protection",
              "-fsanitize=float-cast-overflow", "-fsanitize=integer-divide-by-zero", "-static",
-             *switch, f"-I{compiler.INCLUDE_DIR}", str(src), "-o", str(exe)]
+             *compiler.GPU_LANGUAGE_FLAGS, *switch, f"-I{compiler.INCLUDE_DIR}", str(src), "-o", str(exe)]
     subprocess.run(build, check=True, capture_output=True, timeout=600)
     proc = subprocess.run([qemu, str(exe)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -481,3 +489,4 @@ def test_aarch64_fibers_faults_and_the_watchdog_under_qemu(tmp_path, switch):
     assert re.search(r"big_frame fault=1: kernel big_frame crashed with SIGSEGV .*: a fiber stack overflow", out), out
     assert "spin timed_out=1" in out
     assert "keeps wrong=0" in out
+    assert "widen -56 56" in out   # before: "widen 200 56"

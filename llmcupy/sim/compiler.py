@@ -714,6 +714,11 @@ def translate_options(options, filename: str = "kernel.cu") -> tuple[list[str], 
     return flags, include_dirs
 
 
+# What the C++ of a kernel means on a GPU where the host compiler's default differs: `char` is signed
+# in CUDA device code (NVCC and NVRTC follow x86), while aarch64's ABI makes it unsigned, so without
+# this `char c = 200; int i = c;` gave 200 in the emulator on ARM Linux and -56 on the GPU.
+GPU_LANGUAGE_FLAGS = ("-fsigned-char",)
+
 # ThreadSanitizer's instrumentation without its runtime: the hooks live in llmcupy_sim.h.
 TSAN_FLAGS = ["-fsanitize=thread", "--param", "tsan-distinguish-volatile=1",
               "--param", "tsan-instrument-func-entry-exit=0"]
@@ -803,7 +808,8 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     # warnings are otherwise on as the compiler's defaults (no -w: it would silence this error too), and
     # only a failed build shows them (the catalogue builds without one)
     base_flags = ["-O2", "-g0", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread", "-Werror=vla",
-                  "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique", "-fstack-clash-protection"]
+                  "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique", "-fstack-clash-protection",
+                  *GPU_LANGUAGE_FLAGS]
     # Only for the compile step: linked with -fsanitize, g++ would make the library load UBSan's
     # runtime (not wanted, and not on every machine).
     # -fsanitize=integer-divide-by-zero likewise: x86 traps (SIGFPE) where a GPU gives some value.
