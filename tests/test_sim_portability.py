@@ -118,6 +118,19 @@ def test_clang_builds_and_runs_plain_and_volatile_sources(clang, no_hazards):
     assert out[0] == x.sum()
 
 
+def test_a_source_built_with_g_plus_plus_is_built_again_with_clang_in_the_same_process(clang, monkeypatch):
+    # before: RawModule's in-process memo keyed on the source and options only, so once a source was
+    # built, setting CXX (or LLMCUPY_SIM_ASAN, or the cache folder) in a running process reused the old
+    # library: this file's tests ran the second clang's checks on the first one's build
+    code = "extern \"C\" __global__ void k(float* x) { x[threadIdx.x] += 1; }  // built by two compilers\n"
+    with_clang = module(code)._sim_library.path
+    monkeypatch.setenv("CXX", "g++")
+    with_gxx = module(code)._sim_library.path
+    assert with_clang != with_gxx
+    monkeypatch.setenv("CXX", clang)
+    assert module(code)._sim_library.path == with_clang
+
+
 def test_clang_keeps_a_branch_only_some_lanes_take_before_a_shuffle(clang, no_hazards):
     # before: warp_res, unset outside the leader lane, is undefined in C++; clang assumed every lane
     # was the leader, each ran the atomicAdd, and the count (and the indices) ran past the array
@@ -365,6 +378,83 @@ def test_on_macos_the_emulator_isolates_versions_in_spawned_children(monkeypatch
     assert kernel.isolation(2, "sim") == "fork"
 
 
+# --- the assembly context switch on every target it is written for -------------------------------
+
+SWITCH_USER = r"""
+#include "llmcupy_sim_switch.h"
+extern "C" void* use(void** save, void* next) { llmcupy_sim_switch(save, next); return (void*)&llmcupy_sim_trampoline; }
+"""
+SWITCH_TARGETS = {"x86_64-linux-gnu": "", "x86_64-apple-macos10.15": "_", "aarch64-linux-gnu": "",
+                  "arm64-apple-macos11": "_"}
+
+
+def _llvm_tool(name):
+    """llvm-nm / llvm-objdump on PATH or in a Debian LLVM folder, else None."""
+    found = shutil.which(name)
+    if found is None:
+        import glob
+        found = next(iter(sorted(glob.glob(f"/usr/lib/llvm-*/bin/{name}"), reverse=True)), None)
+    return found
+
+
+def test_the_assembly_switch_builds_for_elf_and_macho_with_the_same_instructions(clang, tmp_path):
+    # The switch runs on Linux x86-64 (everything) and aarch64 (qemu, below); on macOS it has never
+    # run, so what can be checked here is checked: clang's assembler takes its Mach-O directives,
+    # both functions are defined under Mach-O's names (with '_', private to the library), and their
+    # instructions are the very ones of the ELF build that runs here. Before, macOS had only
+    # ucontext, about ten times slower, which Apple has deprecated.
+    src = tmp_path / "use.cpp"
+    src.write_text(SWITCH_USER)
+    nm, objdump = _llvm_tool("llvm-nm"), _llvm_tool("llvm-objdump")
+    disassembly = {}
+    for target, prefix in SWITCH_TARGETS.items():
+        obj = tmp_path / f"{target}.o"
+        proc = subprocess.run([clang, f"--target={target}", "-std=c++17", "-O2", "-nostdinc",
+                               f"-I{compiler.INCLUDE_DIR}", "-c", str(src), "-o", str(obj)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (target, proc.stderr)
+        if nm is not None:
+            symbols = subprocess.run([nm, str(obj)], capture_output=True, text=True, check=True).stdout
+            for name in ("llmcupy_sim_switch", "llmcupy_sim_trampoline"):
+                assert re.search(rf"^[0-9a-f]+ T {prefix}{name}$", symbols, re.M), (target, symbols)
+            assert not re.search(r" U .*llmcupy_sim", symbols), (target, symbols)
+        if objdump is not None:
+            text = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True,
+                                  check=True).stdout
+            # from the section's start (Mach-O's objdump labels it ltmp0, not with the switch's name)
+            # to the function that uses the switch
+            body = text[text.index("Disassembly of section"):text.index(f"<{prefix}use>:")]
+            disassembly[target] = [line.split(None, 1)[1] for line in body.splitlines()
+                                   if re.match(r"\s+[0-9a-f]+:\s", line)]
+    if objdump is not None:
+        assert disassembly["x86_64-linux-gnu"] == disassembly["x86_64-apple-macos10.15"]
+        assert disassembly["aarch64-linux-gnu"] == disassembly["arm64-apple-macos11"]
+        assert len(disassembly["aarch64-linux-gnu"]) > 30   # the switch's 30 and the trampoline's 3
+
+
+def test_the_ucontext_switch_is_chosen_by_the_environment(monkeypatch, tmp_path, no_hazards):
+    # the way round, should the assembly switch fail where it never ran: LLMCUPY_SIM_UCONTEXT=1
+    monkeypatch.setenv("LLMCUPY_CACHE_DIR", str(tmp_path))
+    code = """
+    extern "C" __global__ void k(float* x) { float v = x[threadIdx.x]; __syncthreads(); x[threadIdx.x] = v + 1; }
+    """
+    seen = []
+    real_run = subprocess.run
+    def recording_run(cmd, *args, **kw):
+        seen.append(list(cmd) if isinstance(cmd, (list, tuple)) else [cmd])
+        return real_run(cmd, *args, **kw)
+    monkeypatch.setattr(compiler.subprocess, "run", recording_run)
+    for setting, expect in (("", False), ("1", True)):
+        monkeypatch.setenv("LLMCUPY_SIM_UCONTEXT", setting)
+        seen.clear()
+        x = np.arange(64, dtype=np.float32)
+        module(code).get_function("k")((1,), (64,), (x,))
+        np.testing.assert_array_equal(x, np.arange(64) + 1)
+        builds = [cmd for cmd in seen if any(str(c).endswith(".cu.cpp") or str(c).endswith(".cpp") for c in cmd)]
+        assert builds, seen
+        assert any("-DLLMCUPY_SIM_UCONTEXT" in cmd for cmd in builds) is expect, builds
+
+
 # --- aarch64 -----------------------------------------------------------------------------------
 
 AARCH64_DRIVER = r"""
@@ -465,7 +555,7 @@ int main() {
 def test_aarch64_fibers_faults_and_the_watchdog_under_qemu(tmp_path, switch):
     # The emulator's header for aarch64 with its build flags, run under qemu-user, with either context
     # switch: the assembly one (the default; before, aarch64 had only ucontext, about ten times slower)
-    # and ucontext (-DLLMCUPY_SIM_UCONTEXT, as on macOS).
+    # and ucontext (-DLLMCUPY_SIM_UCONTEXT, as LLMCUPY_SIM_UCONTEXT=1 builds).
     # before: a fault in kernel code killed the process there (the fiber's stack pointer was read for
     # x86-64 only), and a 1 MiB frame on a 64 KiB fiber stack wrote past the one-page guard into the
     # memory below (GCC probes aarch64 frames every 64 KiB), silently

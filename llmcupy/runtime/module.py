@@ -531,7 +531,7 @@ class RawModule:
             # the included headers' hash too: a header edited since the last build gives a new library;
             # and the file name, which the library's assert and fault messages name
             headers = sim_compiler.include_digest(code, self.options, self.filename)
-            memo_key = (code, self.options, tuple(names), headers, self.filename)
+            memo_key = (code, self.options, tuple(names), headers, self.filename, sim_compiler.build_environment())
             self._sim_library = _SIM_LIBRARIES.get(memo_key)
             if self._sim_library is None:
                 from ..sim.launcher import SimLibrary

@@ -773,8 +773,7 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
     from .platform import check_platform
     check_platform()   # Windows: a one-line refusal naming WSL; elsewhere unchecked: one warning
     memo_key = (code, include_digest(code, options, filename), tuple(kernels), tuple(options or ()), filename,
-                tuple(variables), bool(instrument),
-                os.environ.get("LLMCUPY_SIM_ASAN", ""), os.environ.get("CXX", "g++"), str(cache_dir()))
+                tuple(variables), bool(instrument), build_environment())
     lib = _BUILT.get(memo_key)
     if lib is not None and lib.exists():
         return lib
@@ -784,6 +783,15 @@ def build_library(code: str, kernels: list[str], options=(), filename: str = "ke
 
 
 _BUILT: dict = {}  # the libraries this process built or found, by everything their key is made of
+
+
+def build_environment() -> tuple:
+    """The settings of the environment a build depends on besides the source and its options: the
+    compiler (CXX), the AddressSanitizer build, the ucontext switch and the cache folder. Part of
+    every in-process memo of built libraries, so that changing one of them in a running process
+    (a notebook, a test over several compilers) builds anew instead of reusing the old library."""
+    return (os.environ.get("CXX", "g++"), os.environ.get("LLMCUPY_SIM_ASAN", ""),
+            os.environ.get("LLMCUPY_SIM_UCONTEXT", ""), str(cache_dir()))
 
 
 def _build_library(code, kernels, options, filename, variables, instrument=False) -> Path:
@@ -838,6 +846,10 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
                                "clang)")
     if asan:
         base_flags += ["-fsanitize=address", "-fno-omit-frame-pointer"]
+    if os.environ.get("LLMCUPY_SIM_UCONTEXT", "") not in ("", "0"):
+        # fibers switch with ucontext instead of the assembly switch (llmcupy_sim_switch.h): the way
+        # round, should the assembly one fail on a platform it has not run on (README, Platforms)
+        base_flags.append("-DLLMCUPY_SIM_UCONTEXT")
     if instrument:
         # line tables for sim/symbols.py; the hooks' pc is a return address inside the kernel
         # -fno-tree-sra: a vector value (float4 v = reinterpret_cast<const float4*>(p)[i]) stays one

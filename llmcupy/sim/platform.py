@@ -31,16 +31,17 @@ def _untested(system: str, machine: str) -> str:
     """What is untested or missing here ('' on Linux x86-64, where everything is checked)."""
     machine = machine.lower()
     if system == "darwin":
-        return ("the emulator has not been run on macOS (it is written for it: Apple clang, SIGBUS faults, ucontext "
-                "fibers); sanitizer reports name library offsets instead of source lines (they read /proc and "
-                "binutils' addr2line), and the AddressSanitizer recipe's LD_PRELOAD is Linux's. Please report what "
-                "fails")
+        return ("the emulator has not been run on macOS (it is written for it: Apple clang, SIGBUS faults, the "
+                "fibers' assembly switch in Mach-O; if kernels crash at their first barrier or shuffle, "
+                "LLMCUPY_SIM_UCONTEXT=1 switches with ucontext instead); sanitizer reports name library offsets "
+                "instead of source lines (they read /proc and binutils' addr2line), and the AddressSanitizer recipe's "
+                "LD_PRELOAD is Linux's. Please report what fails")
     if system == "linux" and machine in ("aarch64", "arm64"):
         return ("on Linux aarch64 the emulator is checked under qemu, not on hardware; a misaligned float4 does not "
                 "fault there, only memcheck (--sanitize) finds it")
     if system == "linux" and machine in ("x86_64", "amd64"):
         return ""
-    # the assembly context switch covers x86-64 and aarch64 ELF; other CPUs fall back to ucontext
+    # the assembly context switch covers x86-64 and aarch64; other CPUs fall back to ucontext
     switch = "" if machine in ("x86_64", "amd64", "aarch64", "arm64") else "; fibers switch with ucontext"
     return (f"the emulator has not been checked on {system} {machine or 'this machine'} (it is checked on Linux "
             f"x86-64, and under qemu on Linux aarch64){switch}. Please report what fails")

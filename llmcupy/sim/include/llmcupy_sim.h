@@ -90,11 +90,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-// The switches below are written for x86-64 and aarch64 ELF (Linux, the BSDs); macOS's Mach-O
-// assembler takes neither their directives nor their symbol names.
-#if (defined(__x86_64__) || defined(__aarch64__)) && defined(__ELF__) && !defined(LLMCUPY_SIM_UCONTEXT)
+// The assembly context switch (llmcupy_sim_switch.h) is written for x86-64 and aarch64, ELF (Linux,
+// the BSDs) and Mach-O (macOS); other CPUs, and builds with -DLLMCUPY_SIM_UCONTEXT, use ucontext.
+#if (defined(__x86_64__) || defined(__aarch64__)) && (defined(__ELF__) || defined(__APPLE__)) && \
+    !defined(LLMCUPY_SIM_UCONTEXT)
 #define LLMCUPY_SIM_ASM_SWITCH 1
-#else
+#endif
+// ucontext: the switch without the assembly one; on macOS also the signal context that the fault
+// handler reads the stack pointer from (signal_stack_pointer), declared there by this header
+#if !defined(LLMCUPY_SIM_ASM_SWITCH) || defined(__APPLE__)
 #include <ucontext.h>
 #endif
 
@@ -538,75 +542,11 @@ inline int warp_size_read_at_run_time() { return 32; }
 static const int warpSize = llmcupy_sim::warp_size_read_at_run_time();
 
 // ---------------------------------------------------------------------------------------------
-// Context switch. x86-64 and aarch64 (ELF): a small hand-written switch that saves the callee-saved
-// registers and the floating-point control register(s) on the stack it leaves, stores that stack
-// pointer, and loads the other. Elsewhere (or with -DLLMCUPY_SIM_UCONTEXT): ucontext, which is
-// portable but about ten times slower, because it saves the signal mask with a system call.
-// A new fiber's stack is laid out as the switch leaves one (init_fiber_stack), so its first switch
-// "returns" into llmcupy_sim_trampoline, which calls fiber_main(f).
+// Context switch: llmcupy_sim_switch.h (assembly, x86-64 and aarch64, ELF and Mach-O), or ucontext
+// elsewhere and with -DLLMCUPY_SIM_UCONTEXT.
 // ---------------------------------------------------------------------------------------------
 #ifdef LLMCUPY_SIM_ASM_SWITCH
-extern "C" void llmcupy_sim_switch(void** save_sp, void* new_sp);
-extern "C" void llmcupy_sim_trampoline();
-#if defined(__aarch64__)
-// AAPCS64: x19-x28, the frame pointer x29, the link register x30 and the low halves of v8-v15 (d8-d15)
-// are callee-saved; FPCR holds the rounding mode and flush-to-zero. A frame of 176 bytes, 16-aligned:
-// [0,96) x19..x30, [96,160) d8..d15, [160,168) FPCR. The trampoline's argument and function ride in
-// x19 and x20, as the x86-64 one's ride in r12 and r13.
-__asm__(
-    ".text\n"
-    ".p2align 2\n"
-    ".globl llmcupy_sim_switch\n"
-    ".hidden llmcupy_sim_switch\n"
-    ".type llmcupy_sim_switch,%function\n"
-    "llmcupy_sim_switch:\n"
-    "  sub sp, sp, #176\n"
-    "  stp x19, x20, [sp, #0]\n  stp x21, x22, [sp, #16]\n  stp x23, x24, [sp, #32]\n"
-    "  stp x25, x26, [sp, #48]\n  stp x27, x28, [sp, #64]\n  stp x29, x30, [sp, #80]\n"
-    "  stp d8, d9, [sp, #96]\n  stp d10, d11, [sp, #112]\n  stp d12, d13, [sp, #128]\n  stp d14, d15, [sp, #144]\n"
-    "  mrs x9, fpcr\n  str x9, [sp, #160]\n"
-    "  mov x9, sp\n  str x9, [x0]\n"
-    "  mov sp, x1\n"
-    "  ldr x9, [sp, #160]\n  msr fpcr, x9\n"
-    "  ldp x19, x20, [sp, #0]\n  ldp x21, x22, [sp, #16]\n  ldp x23, x24, [sp, #32]\n"
-    "  ldp x25, x26, [sp, #48]\n  ldp x27, x28, [sp, #64]\n  ldp x29, x30, [sp, #80]\n"
-    "  ldp d8, d9, [sp, #96]\n  ldp d10, d11, [sp, #112]\n  ldp d12, d13, [sp, #128]\n  ldp d14, d15, [sp, #144]\n"
-    "  add sp, sp, #176\n"
-    "  ret\n"
-    ".size llmcupy_sim_switch, .-llmcupy_sim_switch\n"
-    ".p2align 2\n"
-    ".globl llmcupy_sim_trampoline\n"
-    ".hidden llmcupy_sim_trampoline\n"
-    ".type llmcupy_sim_trampoline,%function\n"
-    "llmcupy_sim_trampoline:\n"
-    "  mov x0, x19\n"
-    "  blr x20\n"
-    "  brk #0\n"
-    ".size llmcupy_sim_trampoline, .-llmcupy_sim_trampoline\n");
-#else
-__asm__(
-    ".text\n"
-    ".globl llmcupy_sim_switch\n"
-    ".hidden llmcupy_sim_switch\n"
-    ".type llmcupy_sim_switch,@function\n"
-    "llmcupy_sim_switch:\n"
-    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
-    "  movq %rsp, (%rdi)\n"
-    "  movq %rsi, %rsp\n"
-    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
-    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
-    "  ret\n"
-    ".size llmcupy_sim_switch, .-llmcupy_sim_switch\n"
-    ".globl llmcupy_sim_trampoline\n"
-    ".hidden llmcupy_sim_trampoline\n"
-    ".type llmcupy_sim_trampoline,@function\n"
-    "llmcupy_sim_trampoline:\n"
-    "  movq %r12, %rdi\n"
-    "  callq *%r13\n"
-    "  ud2\n"
-    ".size llmcupy_sim_trampoline, .-llmcupy_sim_trampoline\n");
-#endif
+#include "llmcupy_sim_switch.h"
 #endif
 
 namespace llmcupy_sim {
@@ -616,8 +556,8 @@ inline void fiber_main(Fiber* f);
 inline void init_fiber_stack(Fiber* f) {
 #if defined(LLMCUPY_SIM_ASM_SWITCH) && defined(__aarch64__)
     uintptr_t top = (reinterpret_cast<uintptr_t>(f->stack) + f->stack_size) & ~uintptr_t(15);
-    uint64_t* sp = reinterpret_cast<uint64_t*>(top) - 22;            // the switch's 176-byte frame
-    std::memset(sp, 0, 22 * sizeof(uint64_t));                       // x21..x29 and d8..d15: 0
+    uint64_t* sp = reinterpret_cast<uint64_t*>(top) - LLMCUPY_SIM_SWITCH_FRAME_WORDS;   // 176 bytes
+    std::memset(sp, 0, LLMCUPY_SIM_SWITCH_FRAME_WORDS * sizeof(uint64_t));  // x21..x29, d8..d15: 0
     sp[0] = reinterpret_cast<uint64_t>(f);                           // x19: argument
     sp[1] = reinterpret_cast<uint64_t>(&fiber_main);                 // x20: function
     sp[11] = reinterpret_cast<uint64_t>(&llmcupy_sim_trampoline);    // x30: where the switch returns
@@ -627,7 +567,7 @@ inline void init_fiber_stack(Fiber* f) {
     f->sp = sp;
 #elif defined(LLMCUPY_SIM_ASM_SWITCH)
     uintptr_t top = (reinterpret_cast<uintptr_t>(f->stack) + f->stack_size) & ~uintptr_t(15);
-    uint64_t* sp = reinterpret_cast<uint64_t*>(top) - 8;
+    uint64_t* sp = reinterpret_cast<uint64_t*>(top) - LLMCUPY_SIM_SWITCH_FRAME_WORDS;   // 64 bytes
     uint32_t ctrl[2];
     __asm__ volatile("stmxcsr %0" : "=m"(ctrl[0]));
     __asm__ volatile("fnstcw %0" : "=m"(ctrl[1]));
