@@ -544,6 +544,9 @@ class RawModule:
                     self._refuse_unknown_expressions(code)
                     raise
                 _SIM_LIBRARIES[memo_key] = self._sim_library
+            # as the compiler saw the source: a kernel or variable in a disabled #if branch is not there
+            self.kernel_names = [n for n in names if n in self._sim_library.kernels]
+            self.variable_names = list(self._sim_library.variables)
         else:
             raise ValueError(f"unknown target {self.backend!r}")
 
