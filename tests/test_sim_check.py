@@ -641,6 +641,36 @@ def test_a_float4_8_bytes_off_16_under_memcheck_stops_as_a_misaligned_access(no_
     assert "misaligned 16-byte access" in message and "memcheck passed it" in message, message
 
 
+DEVICE_HEAP = r"""
+extern "C" __global__ void heap(float* out, int past) {
+    float* a = (float*)malloc(4 * sizeof(float));
+    float* b = new float[4];
+    int i = threadIdx.x % 4;
+    a[i] = 1.0f;
+    b[i] = 2.0f;
+    if (past && threadIdx.x == 0) b[4] = 3.0f;                 // PAST
+    out[threadIdx.x] = a[i] + b[i];
+    free(a);
+    delete[] b;
+}
+"""
+
+
+def test_memory_from_a_kernels_own_malloc_and_new_is_known_to_memcheck(no_hazards):
+    # CUDA gives kernels a heap (malloc/free, new/delete). Before, memcheck knew only the launch's
+    # arguments, so every access to such a block stopped the launch as "invalid 4-byte write ...
+    # 53472 bytes past the end of argument 0"; now the blocks a kernel allocates are memory of the
+    # launch until freed, and a write past one's end is named by it
+    k, code = kernel(DEVICE_HEAP, "heap")
+    out = np.zeros(8, np.float32)
+    assert run_checked(k, (2,), (8,), (out, np.int32(0)), "forward", check="memory") == []
+    np.testing.assert_array_equal(out, 3.0)
+    reports = run_checked(k, (1,), (8,), (out, np.int32(1)), "forward", check="memory")
+    assert len(reports) == 1 and reports[0].line == line_of(code, "PAST"), [r.describe() for r in reports]
+    assert "0 bytes past the end of a 16-byte block from the kernel's malloc or new" in reports[0].where, \
+        reports[0].where
+
+
 def test_a_plain_launch_faulting_on_a_misaligned_float4_says_misaligned():
     # x86's aligned vector load faults with no address (a general-protection fault); the message
     # must not call that an out-of-bounds access at address 0

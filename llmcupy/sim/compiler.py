@@ -58,6 +58,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -923,6 +924,11 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         raise
 
 
+# malloc, calloc, realloc, free; operator new, new[], delete, delete[] and their sized forms (Itanium names)
+_DEVICE_HEAP_FUNCTIONS = ("malloc", "calloc", "realloc", "free", "_Znwm", "_Znam", "_ZdlPv", "_ZdaPv", "_ZdlPvm",
+                          "_ZdaPvm")
+
+
 def _entry_points(scanned: str, kernels, variables) -> str:
     """The ``extern "C"`` functions appended to the source: per kernel its launch, signature and
     launch bound; per variable its address and size."""
@@ -987,8 +993,11 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
     tmp_lib = tmp / "lib.so"
     # compile instrumented, link without the sanitizers' runtimes (the header defines the hooks)
     obj = tmp / "unit.o"
+    # memcheck knows the blocks a kernel allocates (malloc, new) through wrappers of those functions
+    # (llmcupy_sim_check.h, "The device heap"); GNU ld and lld take --wrap, macOS's linker does not
+    heap = [f"-Wl,--wrap={name}" for name in _DEVICE_HEAP_FUNCTIONS] if instrument and sys.platform.startswith("linux") else []
     steps = [[*command, "-c", str(src), "-o", str(obj)],
-             [cxx, "-shared", "-pthread", *(["-fsanitize=address"] if asan else []), str(obj), "-o", str(tmp_lib)]]
+             [cxx, "-shared", "-pthread", *(["-fsanitize=address"] if asan else []), *heap, str(obj), "-o", str(tmp_lib)]]
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
         if proc.returncode != 0:

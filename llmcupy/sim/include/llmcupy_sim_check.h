@@ -22,8 +22,8 @@
 //               checks the value, so a stale read costs a retry, not a wrong answer ("Validated reads").
 //   memory (2): an access outside every root allocation passed to the launch, the shared arrays
 //               (their registered extents; dynamic: the launch's shared_mem), the thread's own fiber
-//               stack and the library's own image (__device__ / __constant__ variables) -> the
-//               launch stops before the access happens.
+//               stack, the library's own image (__device__ / __constant__ variables) and the blocks
+//               kernels allocated ("The device heap") -> the launch stops before the access happens.
 //   init (4):   a shared-memory read of a byte no thread of the block wrote in this launch.
 // Detection is by shadow state per byte (epoch of the last barrier, last writer, two readers), not
 // by watching interleavings: the emulator runs each thread from one sync point to the next, so a
@@ -32,6 +32,7 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <map>
 #include <unordered_map>
 
 namespace llmcupy_sim {
@@ -371,6 +372,61 @@ __attribute__((no_sanitize_thread)) inline Region& region_for(BlockState& bs, co
 }
 
 // The nearest known memory to a bad address, as "N bytes past the end of argument 2 (...)".
+// ---------------------------------------------------------------------------------------------
+// The device heap
+//
+// CUDA gives kernels a heap: malloc/free and new/delete in device code. The instrumented library is
+// linked with those functions wrapped (-Wl,--wrap, sim/compiler.py; Linux), so a block a kernel thread
+// allocates is recorded, kept across launches until freed (as a GPU's heap is), and memcheck takes it
+// as memory of the launch. The emulator's own allocations are not recorded: its observers run quiet
+// and its scheduler off the fibers.
+// ---------------------------------------------------------------------------------------------
+inline std::mutex g_heap_mutex;
+inline std::map<uintptr_t, size_t> g_heap;   // start -> bytes, of the blocks kernels hold
+inline std::atomic<size_t> g_heap_blocks{0};
+
+__attribute__((no_sanitize_thread)) inline bool kernel_is_running() {
+    Worker* w = tls_worker;
+    return w != nullptr && w->in_fiber && !tls_quiet;
+}
+
+// quiet while the map allocates or frees its nodes: those go through the same wrappers
+__attribute__((no_sanitize_thread)) inline void heap_record(void* p, size_t n) {
+    if (p == nullptr) return;
+    ++tls_quiet;
+    {
+        std::lock_guard<std::mutex> lk(g_heap_mutex);
+        g_heap[uintptr_t(p)] = n ? n : 1;
+        g_heap_blocks.store(g_heap.size(), std::memory_order_relaxed);
+    }
+    --tls_quiet;
+}
+
+__attribute__((no_sanitize_thread)) inline void heap_forget(void* p) {
+    if (p == nullptr || tls_quiet || g_heap_blocks.load(std::memory_order_relaxed) == 0) return;
+    ++tls_quiet;
+    {
+        std::lock_guard<std::mutex> lk(g_heap_mutex);
+        g_heap.erase(uintptr_t(p));
+        g_heap_blocks.store(g_heap.size(), std::memory_order_relaxed);
+    }
+    --tls_quiet;
+}
+
+// The block that holds [a, end), or the nearest ones below and above a (lo == hi: none).
+struct HeapBlock { uintptr_t lo, hi; };
+__attribute__((no_sanitize_thread)) inline bool heap_block(uintptr_t a, uintptr_t end, HeapBlock* below = nullptr,
+                                                           HeapBlock* above = nullptr) {
+    if (g_heap_blocks.load(std::memory_order_relaxed) == 0) return false;
+    std::lock_guard<std::mutex> lk(g_heap_mutex);
+    auto it = g_heap.upper_bound(a);
+    if (above && it != g_heap.end()) *above = HeapBlock{it->first, it->first + it->second};
+    if (it == g_heap.begin()) return false;
+    --it;
+    if (below) *below = HeapBlock{it->first, it->first + it->second};
+    return end <= it->first + it->second;
+}
+
 __attribute__((no_sanitize_thread)) inline void nearest(Worker* w, uintptr_t a, unsigned size, char* out, size_t n) {
     unsigned long long best = ~0ull;
     std::snprintf(out, n, "no buffer of the launch");
@@ -392,6 +448,14 @@ __attribute__((no_sanitize_thread)) inline void nearest(Worker* w, uintptr_t a, 
     for (int i = 0; i < na; ++i) {
         describe_area(what, sizeof what, areas[i]);
         consider(uintptr_t(areas[i].lo), uintptr_t(areas[i].hi));
+    }
+    HeapBlock near[2] = {{0, 0}, {0, 0}};
+    heap_block(a, a + size, &near[0], &near[1]);
+    for (const HeapBlock& b : near) {
+        if (b.lo == b.hi) continue;
+        std::snprintf(what, sizeof what, "a %llu-byte block from the kernel's malloc or new at %#llx",
+                      (unsigned long long)(b.hi - b.lo), (unsigned long long)b.lo);
+        consider(b.lo, b.hi);
     }
 }
 
@@ -902,6 +966,7 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
     if (!(bits & CHECK_MEMORY)) return;
     for (int i = 0; i < g_nimage; ++i)
         if (p >= g_image_lo[i] && end <= g_image_hi[i]) return;
+    if (heap_block(p, end)) return;   // the kernel's own malloc or new
     nearest(w, p, a.size, where, sizeof where);
     add_report(w, "OOB", 2, 0, a.pc, nullptr, unsigned(f->linear), unsigned(f->linear), a.addr, a.size,
                a.flags & ACCESS_WRITE, where);
@@ -972,6 +1037,43 @@ inline Register registered;
 
 }  // namespace check
 }  // namespace llmcupy_sim
+
+// The device heap's allocation functions (see "The device heap"), bound in by -Wl,--wrap=NAME where
+// the library is linked with it (Linux: sim/compiler.py); elsewhere a kernel's heap is unknown to memcheck.
+#if defined(__linux__)
+extern "C" {
+void* __real_malloc(size_t);
+void* __real_calloc(size_t, size_t);
+void* __real_realloc(void*, size_t);
+void __real_free(void*);
+void* __real__Znwm(size_t);
+void* __real__Znam(size_t);
+void __real__ZdlPv(void*);
+void __real__ZdaPv(void*);
+void __real__ZdlPvm(void*, size_t);
+void __real__ZdaPvm(void*, size_t);
+#define LLMCUPY_SIM_HEAP_FN __attribute__((no_sanitize_thread, used, visibility("default")))
+#define LLMCUPY_SIM_HEAP_NEW(CALL, BYTES)                                                                   \
+    bool kernel_ = llmcupy_sim::check::kernel_is_running();                                             \
+    void* p_ = CALL;                                                                                    \
+    if (kernel_) llmcupy_sim::check::heap_record(p_, BYTES);                                            \
+    return p_
+LLMCUPY_SIM_HEAP_FN void* __wrap_malloc(size_t n) { LLMCUPY_SIM_HEAP_NEW(__real_malloc(n), n); }
+LLMCUPY_SIM_HEAP_FN void* __wrap_calloc(size_t k, size_t n) { LLMCUPY_SIM_HEAP_NEW(__real_calloc(k, n), k * n); }
+LLMCUPY_SIM_HEAP_FN void* __wrap_realloc(void* old, size_t n) {
+    llmcupy_sim::check::heap_forget(old);
+    LLMCUPY_SIM_HEAP_NEW(__real_realloc(old, n), n);
+}
+LLMCUPY_SIM_HEAP_FN void* __wrap__Znwm(size_t n) { LLMCUPY_SIM_HEAP_NEW(__real__Znwm(n), n); }
+LLMCUPY_SIM_HEAP_FN void* __wrap__Znam(size_t n) { LLMCUPY_SIM_HEAP_NEW(__real__Znam(n), n); }
+LLMCUPY_SIM_HEAP_FN void __wrap_free(void* p) { llmcupy_sim::check::heap_forget(p); __real_free(p); }
+LLMCUPY_SIM_HEAP_FN void __wrap__ZdlPv(void* p) { llmcupy_sim::check::heap_forget(p); __real__ZdlPv(p); }
+LLMCUPY_SIM_HEAP_FN void __wrap__ZdaPv(void* p) { llmcupy_sim::check::heap_forget(p); __real__ZdaPv(p); }
+LLMCUPY_SIM_HEAP_FN void __wrap__ZdlPvm(void* p, size_t n) { llmcupy_sim::check::heap_forget(p); __real__ZdlPvm(p, n); }
+LLMCUPY_SIM_HEAP_FN void __wrap__ZdaPvm(void* p, size_t n) { llmcupy_sim::check::heap_forget(p); __real__ZdaPvm(p, n); }
+#undef LLMCUPY_SIM_HEAP_NEW
+}
+#endif
 
 // The most bytes the last checked launch held at once for the WARs it deferred and the reads it
 // validated between blocks (racecheck; tests/test_sim_check.py bounds it for a large grid).
