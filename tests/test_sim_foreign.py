@@ -1605,3 +1605,15 @@ def test_declarations_in_disabled_branches_are_not_scanned(options, table):
                                  shared_mem=1024 * 4 if big else 0)
     with pytest.raises(AttributeError, match="no __constant__ or __device__ variable 'gone'"):
         mod.get_global("gone")
+
+
+def test_a_source_with_its_own_line_directives_keeps_its_variables():
+    # generated code renumbers its lines (#line 40 "gen.cu"): the preprocessed scan could not map them
+    # back to the source and would lose what follows; such a source is scanned as written
+    mod = module('#line 40 "gen.cu"\n__constant__ float scale[2];\n'
+                 '__global__ void k(float* out) { out[threadIdx.x] = scale[threadIdx.x]; }\n')
+    assert mod.variable_names == ["scale"] and mod.kernel_names == ["k"]
+    mod.global_array("scale", np.float32)[:] = [3, 4]
+    out = np.zeros(2, np.float32)
+    mod.get_function("k")((1,), (2,), (out,))
+    assert out.tolist() == [3, 4]

@@ -744,6 +744,7 @@ _KEEP_KEYWORDS = "".join(f"#undef {word}\n#define {word} {word}\n"
                          for word in ("__global__", "__device__", "__constant__", "__shared__")) + (
     "#undef __launch_bounds__\n#define __launch_bounds__(...) __launch_bounds__(__VA_ARGS__)\n")
 _LINEMARKER = re.compile(r'^# (\d+) "((?:[^"\\]|\\.)*)"')
+_LINE_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(?:line\b|\d)", re.M)
 
 
 def _preprocessed_source(command: list[str], prefix: str, code: str, safe_name: str, tmp: Path) -> str | None:
@@ -752,6 +753,8 @@ def _preprocessed_source(command: list[str], prefix: str, code: str, safe_name: 
     (a `#define TABLE __constant__` declares a __constant__ variable), the CUDA keywords kept.
     ``command`` is the compile command up to the source, so the same defines, include folders and
     predefined macros apply. None when the preprocessor fails: the compile then says why."""
+    if _LINE_DIRECTIVE.search(code):
+        return None   # its own #line directives renumber the lines: the markers would not map back
     src = tmp / "scan.cpp"
     src.write_text(f'{prefix}{_KEEP_KEYWORDS}#line 1 "{safe_name}"\n{code}\n')
     proc = subprocess.run([*command, "-E", str(src), "-o", str(tmp / "scan.i")], capture_output=True, text=True,
