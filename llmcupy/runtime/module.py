@@ -500,7 +500,8 @@ class RawModule:
             # Without name expressions CuPy looks a kernel up by its plain name, but a kernel that is
             # not extern "C" is in the cubin only under its C++ mangled name (_Z5scalePfPKffi for
             # `scale`): name every __global__ function of the source, plus the user's expressions.
-            expressions = sim_compiler.global_kernel_names(code)
+            # as NVRTC will see the source: a kernel in a disabled #if branch would fail the compile
+            expressions = sim_compiler.compiled_kernel_names(code, self.options, self.filename)
             expressions += [e for e in self.name_expressions if e not in expressions]
             self.cuda_name_expressions = expressions
             kwargs = {}

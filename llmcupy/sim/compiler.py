@@ -780,6 +780,45 @@ def _kernel_base(name: str) -> str:
     return name.strip().lstrip("&:").split("<", 1)[0].strip().rpartition("::")[2]
 
 
+_CONDITIONAL = re.compile(r"^[ \t]*#[ \t]*if", re.M)
+
+
+def _left_by_preprocessor(kernels, code: str, preprocessed: str) -> list[str]:
+    """The kernel names whose __global__ function the preprocessor left; a name written nowhere in the
+    source is kept, so that the compile fails naming it (a misspelt name expression)."""
+    left = set(global_function_names(preprocessed))
+    written = set(global_function_names(code))
+    return [k for k in kernels if _kernel_base(k) in left or _kernel_base(k) not in written]
+
+
+def compiled_kernel_names(code: str, options=(), filename: str = "kernel.cu") -> list[str]:
+    """``global_kernel_names`` of the source as NVRTC will see it after the preprocessor, for the GPU
+    path's name expressions: a kernel inside a disabled #if branch (#ifdef X without -DX, #if 0) is no
+    name expression, which NVRTC would refuse ('identifier "k" is undefined' in __nv_name_map). Found
+    with the host compiler's preprocessor and the emulator's stand-ins for CUDA's headers, only for a
+    source with an #if (about 0.15 s); without a compiler, or where it fails, the names as written."""
+    names = global_kernel_names(code)
+    if not _CONDITIONAL.search(code):
+        return names
+    try:
+        flags, include_dirs = translate_options(options, filename)
+    except SimCompileError:
+        return names   # NVRTC says what is wrong with the options
+    if not any(f.startswith("-std=") for f in flags):
+        flags.append("-std=c++17")
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        return names
+    command = [cxx, *flags, f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
+    safe_name = re.sub(r"[^\w.-]", "_", filename)
+    try:
+        with tempfile.TemporaryDirectory(prefix="llmcupy-scan-") as tmp:
+            preprocessed = _preprocessed_source(command, '#include "llmcupy_sim.h"\n', code, safe_name, Path(tmp))
+    except OSError:
+        return names
+    return names if preprocessed is None else _left_by_preprocessor(names, code, preprocessed)
+
+
 def built_names(lib: Path, kernels, variables) -> tuple[list[str], list[str]]:
     """The kernels and variables the library at ``lib`` has entry points for, by index: those of the
     request that the preprocessor left (see build_library)."""
@@ -978,10 +1017,7 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
     scanned = code if preprocessed is None else preprocessed
     if preprocessed is not None:
         variables = device_variables(preprocessed)
-        left = set(global_function_names(preprocessed))
-        written = set(global_function_names(code))
-        # a name written nowhere is kept, so that the build fails naming it (a misspelt name expression)
-        kernels = [k for k in kernels if _kernel_base(k) in left or _kernel_base(k) not in written]
+        kernels = _left_by_preprocessor(kernels, code, preprocessed)
     body = rewrite_asm(rewrite_shared(code))
     unit = (
         prefix
