@@ -392,11 +392,12 @@ def compile_source(code: str, arch: int, *, filename: str = "kernel.cu", kernels
     (``ok`` is False and ``log`` says why), only for a missing NVRTC."""
     nv = find_nvrtc()
     arch = int(arch)
-    if name_expressions is None:
-        from .sim.compiler import global_kernel_names
-
-        name_expressions = global_kernel_names(code)
     opts = compile_options(arch, kernels_dir) if options is None else list(options)
+    if name_expressions is None:
+        from .sim.compiler import compiled_kernel_names
+
+        # a kernel in a disabled #if branch is no name expression: NVRTC would refuse it
+        name_expressions = compiled_kernel_names(code, opts, filename)
     supported = nv.supported_archs()
     if arch not in supported:
         major, minor = nv.version()

@@ -77,6 +77,27 @@ def test_an_edited_user_header_changes_the_options_cupy_compiles_with(tmp_path, 
     assert plain == (f"-I{tmp_path}",)   # no user header: the options as given
 
 
+def test_kernels_in_disabled_branches_are_not_name_expressions_on_the_gpu(monkeypatch):
+    # every __global__ function is a name expression on the GPU path; before, one inside a disabled #if
+    # branch was too, and NVRTC refused the module ('identifier "k2" is undefined' in __nv_name_map).
+    # Checked with CuPy's RawModule recorded instead of compiling (no GPU needed).
+    import cupy
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            seen.append(kwargs["name_expressions"])
+
+    monkeypatch.setattr(cupy, "RawModule", Recorder)
+    code = ("#ifdef TWO\n__global__ void k2(float* y) { y[0] = 2.0f; }\n#endif\n"
+            "#if 0\n__global__ void gone(float* y) { y[0] = 0.0f; }\n#endif\n"
+            "__global__ void k(float* y) { y[0] = 1.0f; }\n")
+    module.RawModule(code=code, target="cuda")
+    module.RawModule(code=code, options=("-DTWO",), target="cuda")
+    assert seen == [["k"], ["k2", "k"]]
+
+
 def test_cooperative_groups_only_where_used():
     # the header costs ~1 s of NVRTC per file: common.cuh must not pull it into every file
     assert "#include <cooperative_groups" not in (kernels_dir() / "common.cuh").read_text()

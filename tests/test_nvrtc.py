@@ -258,3 +258,25 @@ def test_missing_nvrtc_says_what_to_install(monkeypatch):
             nvrtc.find_nvrtc()
     finally:
         nvrtc._load_library.cache_clear()
+
+
+CONDITIONAL_SOURCE = r"""
+#ifdef WITH_HALF
+__global__ void half_kernel(float* out) { out[threadIdx.x] = 0.5f; }
+#endif
+#if 0
+__global__ void removed_kernel(float* out) { out[0] = 1.0f; }
+#endif
+__global__ void kept_kernel(float* out) { out[threadIdx.x] = 2.0f; }
+"""
+
+
+@pytest.mark.parametrize("define", [False, True])
+def test_kernels_in_disabled_branches_are_no_name_expressions(have_nvrtc, define):
+    # the GPU path names every __global__ function as a name expression (RawModule, compile_source);
+    # before, one inside a disabled #if branch was named too and NVRTC refused the whole source
+    # ('identifier "removed_kernel" is undefined' in __nv_name_map)
+    options = nvrtc.compile_options(80, extra=["-DWITH_HALF"] if define else [])
+    res = nvrtc.compile_source(CONDITIONAL_SOURCE, 80, filename="conditional.cu", options=options)
+    assert res.ok, res.log
+    assert {k.kernel for k in res.kernels} == ({"half_kernel", "kept_kernel"} if define else {"kept_kernel"})

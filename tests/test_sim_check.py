@@ -4,6 +4,7 @@ Each planted kernel has its accesses on separate, known lines (found by a marker
 report can be checked for the exact source lines and threads; the fixed kernel must run clean.
 """
 
+import ctypes
 import json
 import textwrap
 import time
@@ -261,6 +262,59 @@ def test_validated_reads_of_a_large_grid_are_matched_at_launch_end_without_a_sca
     # the even blocks' reads are no CAS's guess: reported against the odd blocks' CAS
     assert {r.kind for r in reports} == {"RAW", "WAR"}
     assert line_of(code, "READ") in {r.line for r in reports} | {r.prev_line for r in reports}
+
+
+def test_deferred_wars_of_a_large_grid_hold_the_memory_of_the_running_blocks_only(no_hazards):
+    # The Programming Guide's atomicAdd(double) from each of 1024 x 256 threads on one global sum: every
+    # thread's first read races with other blocks' CAS and waits (a deferred WAR, a validated read) until
+    # its block ends. Before, each deferred WAR kept a whole report until the launch's end (about 50 MB
+    # here); now a running block's entries are settled when it ends, so the peak is that of the blocks
+    # running at once (two workers: tens of KiB), whatever the grid. The limit, 1 MiB, is 6 times what
+    # the grid's 262144 reads alone would need at 24 bytes each.
+    k, _ = kernel(CAS_LOOPS.split("extern")[0] + r"""
+        extern "C" __global__ void add_all(const float* x, double* sum) {
+            guide_atomic_add(sum, x[blockIdx.x * blockDim.x + threadIdx.x]);
+        }
+        """, "add_all")
+    x = (np.arange(1024 * 256) % 7).astype(np.float32)
+    total = np.zeros(1)
+    with sim.settings(workers=2):
+        reports = run_checked(k, (1024,), (256,), (x, total), "forward", check="race")
+    assert reports == [], reports[0].describe()
+    assert total[0] == x.astype(np.float64).sum()
+    peak = k.module._sim_library.checked()._lib.llmcupy_sim_check_deferred_peak_bytes
+    peak.restype = ctypes.c_ulonglong
+    assert 0 < peak() < 1 << 20, peak()
+
+
+def test_a_cas_of_another_value_does_not_validate_a_plain_read_between_blocks(no_hazards):
+    # Block 1 swaps a value in with atomicExch; block 0 reads it plainly, keeps what it read, then
+    # CASes the address with a constant. That CAS checks nothing about the read, so the read races
+    # with the exchange. Before, any CAS by the reading thread on global memory validated its read,
+    # and this ran clean in every order; a CAS of the value read (the Programming Guide's loop, above)
+    # still validates it.
+    k, code = kernel(r"""
+        extern "C" __global__ void swap_and_peek(unsigned* p, unsigned* out, int same) {
+            if (threadIdx.x != 0) return;
+            if (blockIdx.x == 1) {
+                atomicExch(p, 5u);                                  // EXCHANGE
+            } else {
+                unsigned v = p[0];                                  // READ
+                out[0] = v;
+                atomicCAS(p, same ? v : 12345u, 7u);
+            }
+        }
+        """, "swap_and_peek")
+    for order in ORDERS:
+        for workers in (1, 2):
+            with sim.settings(workers=workers):
+                args = (np.zeros(1, np.uint32), np.zeros(1, np.uint32))
+                reports = run_checked(k, (2,), (32,), args + (np.int32(0),), order, check="race")
+                assert reports, (order, workers)
+                assert {r.kind for r in reports} <= {"RAW", "WAR"}
+                assert {r.line for r in reports} | {r.prev_line for r in reports} >= {line_of(code, "READ"),
+                                                                                      line_of(code, "EXCHANGE")}
+                assert run_checked(k, (2,), (32,), args + (np.int32(1),), order, check="race") == []
 
 
 GLOBAL_RACE = r"""
@@ -585,6 +639,36 @@ def test_a_float4_8_bytes_off_16_under_memcheck_stops_as_a_misaligned_access(no_
     message = str(info.value)
     # not "the launch again inside `with llmcupy.sim.settings(check="memory"):` names the line"
     assert "misaligned 16-byte access" in message and "memcheck passed it" in message, message
+
+
+DEVICE_HEAP = r"""
+extern "C" __global__ void heap(float* out, int past) {
+    float* a = (float*)malloc(4 * sizeof(float));
+    float* b = new float[4];
+    int i = threadIdx.x % 4;
+    a[i] = 1.0f;
+    b[i] = 2.0f;
+    if (past && threadIdx.x == 0) b[4] = 3.0f;                 // PAST
+    out[threadIdx.x] = a[i] + b[i];
+    free(a);
+    delete[] b;
+}
+"""
+
+
+def test_memory_from_a_kernels_own_malloc_and_new_is_known_to_memcheck(no_hazards):
+    # CUDA gives kernels a heap (malloc/free, new/delete). Before, memcheck knew only the launch's
+    # arguments, so every access to such a block stopped the launch as "invalid 4-byte write ...
+    # 53472 bytes past the end of argument 0"; now the blocks a kernel allocates are memory of the
+    # launch until freed, and a write past one's end is named by it
+    k, code = kernel(DEVICE_HEAP, "heap")
+    out = np.zeros(8, np.float32)
+    assert run_checked(k, (2,), (8,), (out, np.int32(0)), "forward", check="memory") == []
+    np.testing.assert_array_equal(out, 3.0)
+    reports = run_checked(k, (1,), (8,), (out, np.int32(1)), "forward", check="memory")
+    assert len(reports) == 1 and reports[0].line == line_of(code, "PAST"), [r.describe() for r in reports]
+    assert "0 bytes past the end of a 16-byte block from the kernel's malloc or new" in reports[0].where, \
+        reports[0].where
 
 
 def test_a_plain_launch_faulting_on_a_misaligned_float4_says_misaligned():

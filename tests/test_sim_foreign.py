@@ -15,6 +15,7 @@ import pytest
 
 import llmcupy
 from llmcupy import sim
+from llmcupy.runtime import LaunchBoundsError
 
 ORDERS = ("forward", "reverse", "random")
 
@@ -1548,3 +1549,71 @@ def test_minimal_flash_attention_forward_matches_softmax_attention(no_hazards):
                    shared_mem=(3 * Bc * d + Bc * Bc) * 4)
         # float32 exponentials and two rescalings against a float64 reference
         np.testing.assert_allclose(o, want, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the preprocessor leaves: variables and kernels in disabled #if branches
+# ---------------------------------------------------------------------------------------------
+
+CONDITIONAL = r"""
+#define TABLE __constant__
+#ifdef USE_CONST
+TABLE float
+    weights[16];
+#else
+__device__ float weights_rw[16];
+#endif
+#if 0
+__constant__ float gone[4];
+__global__ void removed(float* out) { out[0] = gone[0]; }
+#endif
+#if defined(BIG) && BIG > 1
+__global__ void __launch_bounds__(512) pick(float* out) {
+    extern __shared__ float dyn[];
+#else
+__global__ void __launch_bounds__(64) pick(float* out) {
+    __shared__ float dyn[64];
+#endif
+    dyn[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+#ifdef USE_CONST
+    out[threadIdx.x] = dyn[threadIdx.x] + weights[threadIdx.x % 16];
+#else
+    out[threadIdx.x] = dyn[threadIdx.x] + weights_rw[threadIdx.x % 16];
+#endif
+}
+"""
+
+
+@pytest.mark.parametrize("options, table", [((), "weights_rw"), (("-DUSE_CONST", "-DBIG=2"), "weights")])
+def test_declarations_in_disabled_branches_are_not_scanned(options, table):
+    # the variables and kernels are those the compiler sees after the preprocessor: one defined only in
+    # a disabled branch (#ifdef, #if 0, #if defined(X) && X > 1) is no build error and no get_global
+    # name; a macro that expands to __constant__ and a declaration split over lines are found
+    mod = module(CONDITIONAL, options=options)
+    assert mod.variable_names == [table]
+    assert mod.kernel_names == ["pick"]
+    mod.global_array(table, np.float32)[:] = np.arange(16, dtype=np.float32)
+    big = "-DBIG=2" in options
+    out = np.zeros(64, np.float32)
+    mod.get_function("pick")((1,), (64,), (out,), shared_mem=64 * 4 if big else 0)
+    t = np.arange(64)
+    assert (out == t + t % 16).all()
+    # the bound of the branch compiled: 512 threads with -DBIG=2, 64 without
+    with pytest.raises(LaunchBoundsError):
+        mod.get_function("pick")((1,), (1024 if big else 128,), (np.zeros(1024, np.float32),),
+                                 shared_mem=1024 * 4 if big else 0)
+    with pytest.raises(AttributeError, match="no __constant__ or __device__ variable 'gone'"):
+        mod.get_global("gone")
+
+
+def test_a_source_with_its_own_line_directives_keeps_its_variables():
+    # generated code renumbers its lines (#line 40 "gen.cu"): the preprocessed scan could not map them
+    # back to the source and would lose what follows; such a source is scanned as written
+    mod = module('#line 40 "gen.cu"\n__constant__ float scale[2];\n'
+                 '__global__ void k(float* out) { out[threadIdx.x] = scale[threadIdx.x]; }\n')
+    assert mod.variable_names == ["scale"] and mod.kernel_names == ["k"]
+    mod.global_array("scale", np.float32)[:] = [3, 4]
+    out = np.zeros(2, np.float32)
+    mod.get_function("k")((1,), (2,), (out,))
+    assert out.tolist() == [3, 4]

@@ -500,7 +500,8 @@ class RawModule:
             # Without name expressions CuPy looks a kernel up by its plain name, but a kernel that is
             # not extern "C" is in the cubin only under its C++ mangled name (_Z5scalePfPKffi for
             # `scale`): name every __global__ function of the source, plus the user's expressions.
-            expressions = sim_compiler.global_kernel_names(code)
+            # as NVRTC will see the source: a kernel in a disabled #if branch would fail the compile
+            expressions = sim_compiler.compiled_kernel_names(code, self.options, self.filename)
             expressions += [e for e in self.name_expressions if e not in expressions]
             self.cuda_name_expressions = expressions
             kwargs = {}
@@ -544,6 +545,9 @@ class RawModule:
                     self._refuse_unknown_expressions(code)
                     raise
                 _SIM_LIBRARIES[memo_key] = self._sim_library
+            # as the compiler saw the source: a kernel or variable in a disabled #if branch is not there
+            self.kernel_names = [n for n in names if n in self._sim_library.kernels]
+            self.variable_names = list(self._sim_library.variables)
         else:
             raise ValueError(f"unknown target {self.backend!r}")
 

@@ -30,7 +30,9 @@ is a separate library under its own cache key; plain builds are unchanged.
 
 Kernels inside namespaces are found with their qualified names (``ops::scale``), as CuPy's
 ``name_expressions`` spell them; ``__constant__`` and ``__device__`` variables get an exported
-accessor for ``RawModule.get_global``. The fiber stack a kernel needs is taken from
+accessor for ``RawModule.get_global``. When building, both are looked for again in the source as the
+preprocessor leaves it (``g++ -E`` with the build's own flags), so one inside a disabled ``#if`` branch
+gets no entry point; the library's ``.names`` file lists those it has. The fiber stack a kernel needs is taken from
 ``-fstack-usage`` and stored next to the library.
 
 For every kernel an ``extern "C"`` entry point is appended; it unpacks a ``void**`` argument array
@@ -51,10 +53,12 @@ import difflib
 import errno
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -739,6 +743,97 @@ def uses_volatile(code: str) -> bool:
     return bool(_VOLATILE.search(blanked))
 
 
+# The CUDA keywords the scans look for, each defined as itself after the emulator's header (which
+# defines them away: empty, or `static thread_local`), so that the preprocessed text still shows them.
+_KEEP_KEYWORDS = "".join(f"#undef {word}\n#define {word} {word}\n"
+                         for word in ("__global__", "__device__", "__constant__", "__shared__")) + (
+    "#undef __launch_bounds__\n#define __launch_bounds__(...) __launch_bounds__(__VA_ARGS__)\n")
+_LINEMARKER = re.compile(r'^# (\d+) "((?:[^"\\]|\\.)*)"')
+_LINE_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(?:line\b|\d)", re.M)
+
+
+def _preprocessed_source(command: list[str], prefix: str, code: str, safe_name: str, tmp: Path) -> str | None:
+    """The source as the compiler sees it after the preprocessor, one line per line of ``code``: a line
+    of a disabled branch (#if 0, an #ifdef the -D options turn off) is empty, macros are expanded
+    (a `#define TABLE __constant__` declares a __constant__ variable), the CUDA keywords kept.
+    ``command`` is the compile command up to the source, so the same defines, include folders and
+    predefined macros apply. None when the preprocessor fails: the compile then says why."""
+    if _LINE_DIRECTIVE.search(code):
+        return None   # its own #line directives renumber the lines: the markers would not map back
+    src = tmp / "scan.cpp"
+    src.write_text(f'{prefix}{_KEEP_KEYWORDS}#line 1 "{safe_name}"\n{code}\n')
+    proc = subprocess.run([*command, "-E", str(src), "-o", str(tmp / "scan.i")], capture_output=True, text=True,
+                          cwd=tmp, env=_compiler_env())
+    if proc.returncode != 0:
+        return None
+    lines = [""] * (code.count("\n") + 1)
+    in_source, number = False, 0
+    with open(tmp / "scan.i", errors="replace") as fh:
+        for row in fh:
+            marker = _LINEMARKER.match(row)
+            if marker:
+                in_source, number = marker[2] == safe_name, int(marker[1])
+                continue
+            if in_source and 1 <= number <= len(lines):
+                lines[number - 1] += row.rstrip("\n")
+            number += 1
+    return "\n".join(lines)
+
+
+def _kernel_base(name: str) -> str:
+    """The unqualified name of a kernel name or name expression: "k" of "&ops::k<float>"."""
+    return name.strip().lstrip("&:").split("<", 1)[0].strip().rpartition("::")[2]
+
+
+_CONDITIONAL = re.compile(r"^[ \t]*#[ \t]*if", re.M)
+
+
+def _left_by_preprocessor(kernels, code: str, preprocessed: str) -> list[str]:
+    """The kernel names whose __global__ function the preprocessor left; a name written nowhere in the
+    source is kept, so that the compile fails naming it (a misspelt name expression)."""
+    left = set(global_function_names(preprocessed))
+    written = set(global_function_names(code))
+    return [k for k in kernels if _kernel_base(k) in left or _kernel_base(k) not in written]
+
+
+def compiled_kernel_names(code: str, options=(), filename: str = "kernel.cu") -> list[str]:
+    """``global_kernel_names`` of the source as NVRTC will see it after the preprocessor, for the GPU
+    path's name expressions: a kernel inside a disabled #if branch (#ifdef X without -DX, #if 0) is no
+    name expression, which NVRTC would refuse ('identifier "k" is undefined' in __nv_name_map). Found
+    with the host compiler's preprocessor and the emulator's stand-ins for CUDA's headers, only for a
+    source with an #if (about 0.15 s); without a compiler, or where it fails, the names as written."""
+    names = global_kernel_names(code)
+    if not _CONDITIONAL.search(code):
+        return names
+    try:
+        flags, include_dirs = translate_options(options, filename)
+    except SimCompileError:
+        return names   # NVRTC says what is wrong with the options
+    if not any(f.startswith("-std=") for f in flags):
+        flags.append("-std=c++17")
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        return names
+    command = [cxx, *flags, f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
+    safe_name = re.sub(r"[^\w.-]", "_", filename)
+    try:
+        with tempfile.TemporaryDirectory(prefix="llmcupy-scan-") as tmp:
+            preprocessed = _preprocessed_source(command, '#include "llmcupy_sim.h"\n', code, safe_name, Path(tmp))
+    except OSError:
+        return names
+    return names if preprocessed is None else _left_by_preprocessor(names, code, preprocessed)
+
+
+def built_names(lib: Path, kernels, variables) -> tuple[list[str], list[str]]:
+    """The kernels and variables the library at ``lib`` has entry points for, by index: those of the
+    request that the preprocessor left (see build_library)."""
+    try:
+        found = json.loads(Path(str(lib) + ".names").read_text())
+        return list(found["kernels"]), list(found["variables"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return list(kernels), list(variables)
+
+
 def stack_requirement(lib: Path) -> int:
     """Bytes of fiber stack the library's kernels need (0: the default is enough)."""
     try:
@@ -877,10 +972,28 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     if lib.exists():
         return lib
 
-    body = rewrite_asm(rewrite_shared(code))
     volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
+    includes = [f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
+    try:
+        with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
+            return _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile, instrument, asan,
+                                        out_dir, lib, filename, safe_name, kernels, variables, code, Path(tmp))
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):   # writing the unit or the library
+            raise _cache_full(out_dir, filename) from None
+        raise
+
+
+# malloc, calloc, realloc, free; operator new, new[], delete, delete[] and their sized forms (Itanium names)
+_DEVICE_HEAP_FUNCTIONS = ("malloc", "calloc", "realloc", "free", "_Znwm", "_Znam", "_ZdlPv", "_ZdaPv", "_ZdlPvm",
+                          "_ZdaPvm")
+
+
+def _entry_points(scanned: str, kernels, variables) -> str:
+    """The ``extern "C"`` functions appended to the source: per kernel its launch, signature and
+    launch bound; per variable its address and size."""
     entries = []
-    bounds = launch_bounds(code)
+    bounds = launch_bounds(scanned)
     for i, name in enumerate(kernels):
         qualified = name.lstrip(":")
         head = qualified.split("<", 1)[0].strip()   # "ops::k" of "ops::k<float, ns::Tag>"
@@ -906,77 +1019,84 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
             f'extern "C" LLMCUPY_SIM_EXPORT void* llmcupy_sim_global_{i}(unsigned long long* size) '
             f"{{ *size = sizeof({name}); return (void*)&{name}; }}\n"
         )
+    return "".join(entries)
+
+
+def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile, instrument, asan, out_dir, lib,
+                         filename, safe_name, kernels, variables, code, tmp: Path) -> Path:
+    tsan_flags = TSAN_FLAGS_CLANG if is_clang(cxx) else TSAN_FLAGS
+    sanitize_flags = check_flags + (tsan_flags if volatile or instrument else [])
+    command = [cxx, *[f for f in base_flags if f != "-shared"], *sanitize_flags, "-fstack-usage", *flags, *includes]
+    prefix = ("#define LLMCUPY_SIM_VOLATILE_HOOKS 1\n" if volatile else "") + '#include "llmcupy_sim.h"\n'
+    # The names were found in the source as written; the preprocessor may leave some out (a variable or
+    # kernel inside #if 0, or an #ifdef the -D options turn off), and an entry point naming one would
+    # fail the build. Scanned again as the compiler sees the source (about 0.15 s, only when building).
+    preprocessed = _preprocessed_source(command, prefix, code, safe_name, tmp)
+    scanned = code if preprocessed is None else preprocessed
+    if preprocessed is not None:
+        variables = device_variables(preprocessed)
+        kernels = _left_by_preprocessor(kernels, code, preprocessed)
+    body = rewrite_asm(rewrite_shared(code))
     unit = (
-        ("#define LLMCUPY_SIM_VOLATILE_HOOKS 1\n" if volatile else "")
-        + '#include "llmcupy_sim.h"\n'
-        f'#line 1 "{safe_name}"\n'
+        prefix
+        + f'#line 1 "{safe_name}"\n'
         f"{body}\n"
-        + _constant_bank_check(code, safe_name)
+        + _constant_bank_check(scanned, safe_name)
         + '#line 1 "llmcupy_sim_entries"\n'
-        + "".join(entries)
+        + _entry_points(scanned, kernels, variables)
     )
-    includes = [f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
-
-    try:
-        return _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, volatile, instrument, asan,
-                                    out_dir, lib, filename, kernels, code)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):   # writing the unit or the library
-            raise _cache_full(out_dir, filename) from None
-        raise
-
-
-def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, volatile, instrument, asan, out_dir,
-                         lib, filename, kernels, code) -> Path:
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
-        src = Path(tmp) / "unit.cpp"
-        src.write_text(unit)
-        tmp_lib = Path(tmp) / "lib.so"
-        # compile instrumented, link without the sanitizers' runtimes (the header defines the hooks)
-        obj = Path(tmp) / "unit.o"
-        tsan_flags = TSAN_FLAGS_CLANG if is_clang(cxx) else TSAN_FLAGS
-        sanitize_flags = check_flags + (tsan_flags if volatile or instrument else [])
-        steps = [[cxx, *[f for f in base_flags if f != "-shared"], *sanitize_flags, "-fstack-usage", *flags,
-                  *includes, "-c", str(src), "-o", str(obj)],
-                 [cxx, "-shared", "-pthread", *(["-fsanitize=address"] if asan else []), str(obj), "-o", str(tmp_lib)]]
-        for cmd in steps:
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
-            if proc.returncode != 0:
-                from .platform import refused_option
-                refused_option(cxx, proc.stderr)   # the compiler refused the emulator's own options
-                if "No space left on device" in proc.stderr or "Disk quota exceeded" in proc.stderr:
-                    raise _cache_full(out_dir, filename)   # g++ or the assembler could not write its output
-                errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
-                hint = ""
-                unclosed = _unclosed_brace_line(code)
-                launch, unsupported = _launch_line(code), _unsupported_features(proc.stderr)
-                if unclosed:
-                    # the entry points appended after the source land inside the unclosed block, and g++
-                    # blames them: say where the block opened instead
-                    hint = (f"\n({filename} ends inside a block: a '}}' is missing (the outermost '{{' left open is on "
-                            f"line {unclosed}); the errors in llmcupy_sim_entries, the emulator's code appended after "
-                            "the source, follow from it)")
-                elif launch or unsupported:
-                    if launch:
-                        # g++ reads `k<<<1, 32>>>(x)` as shifts and comparisons: "expected primary-expression"
-                        hint = (f"\n(line {launch} launches a kernel with <<<...>>>: a RawModule source "
-                                "is device code, as NVRTC compiles it, without host code or launches from a kernel "
-                                "(dynamic parallelism); launch each kernel from Python: "
-                                "mod.get_function(name)(grid, block, args))")
-                    if unsupported:
-                        hint += f"\n({unsupported})"
-                elif errors and all(line.startswith("llmcupy_sim_entries:") for line in errors):
-                    # the source compiled; only the emulator's entry points naming each kernel did not
-                    hint = (f"\n(the source compiles, but a kernel name or name expression ({', '.join(kernels)}) "
-                            "does not name a __global__ function as written: a template kernel needs its "
-                            "arguments, \"k<float>\", a plain one none; one in a namespace its qualified name)")
-                raise SimCompileError(f"the emulator could not compile {filename}:\n{proc.stderr.strip()}{hint}")
-        stack = Path(tmp) / "lib.stack"
-        stack.write_text(str(_stack_from_su(Path(tmp))))
-        # Atomic publish: a concurrent reader sees either no library or a complete one (the stack
-        # size goes first: a library without it would run with the default stack).
-        os.replace(stack, Path(str(lib) + ".stack"))
-        os.replace(tmp_lib, lib)
+    src = tmp / "unit.cpp"
+    src.write_text(unit)
+    tmp_lib = tmp / "lib.so"
+    # compile instrumented, link without the sanitizers' runtimes (the header defines the hooks)
+    obj = tmp / "unit.o"
+    # memcheck knows the blocks a kernel allocates (malloc, new) through wrappers of those functions
+    # (llmcupy_sim_check.h, "The device heap"); GNU ld and lld take --wrap, macOS's linker does not
+    heap = [f"-Wl,--wrap={name}" for name in _DEVICE_HEAP_FUNCTIONS] if instrument and sys.platform.startswith("linux") else []
+    steps = [[*command, "-c", str(src), "-o", str(obj)],
+             [cxx, "-shared", "-pthread", *(["-fsanitize=address"] if asan else []), *heap, str(obj), "-o", str(tmp_lib)]]
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
+        if proc.returncode != 0:
+            from .platform import refused_option
+            refused_option(cxx, proc.stderr)   # the compiler refused the emulator's own options
+            if "No space left on device" in proc.stderr or "Disk quota exceeded" in proc.stderr:
+                raise _cache_full(out_dir, filename)   # g++ or the assembler could not write its output
+            errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+            hint = ""
+            # the braces of the branches compiled: `#if A { #else { #endif` opens one block, not two
+            unclosed = _unclosed_brace_line(scanned)
+            launch, unsupported = _launch_line(code), _unsupported_features(proc.stderr)
+            if unclosed:
+                # the entry points appended after the source land inside the unclosed block, and g++
+                # blames them: say where the block opened instead
+                hint = (f"\n({filename} ends inside a block: a '}}' is missing (the outermost '{{' left open is on "
+                        f"line {unclosed}); the errors in llmcupy_sim_entries, the emulator's code appended after "
+                        "the source, follow from it)")
+            elif launch or unsupported:
+                if launch:
+                    # g++ reads `k<<<1, 32>>>(x)` as shifts and comparisons: "expected primary-expression"
+                    hint = (f"\n(line {launch} launches a kernel with <<<...>>>: a RawModule source "
+                            "is device code, as NVRTC compiles it, without host code or launches from a kernel "
+                            "(dynamic parallelism); launch each kernel from Python: "
+                            "mod.get_function(name)(grid, block, args))")
+                if unsupported:
+                    hint += f"\n({unsupported})"
+            elif errors and all(line.startswith("llmcupy_sim_entries:") for line in errors):
+                # the source compiled; only the emulator's entry points naming each kernel did not
+                hint = (f"\n(the source compiles, but a kernel name or name expression ({', '.join(kernels)}) "
+                        "does not name a __global__ function as written: a template kernel needs its "
+                        "arguments, \"k<float>\", a plain one none; one in a namespace its qualified name)")
+            raise SimCompileError(f"the emulator could not compile {filename}:\n{proc.stderr.strip()}{hint}")
+    stack = tmp / "lib.stack"
+    stack.write_text(str(_stack_from_su(tmp)))
+    names = tmp / "lib.names"
+    names.write_text(json.dumps({"kernels": list(kernels), "variables": list(variables)}))
+    # Atomic publish: a concurrent reader sees either no library or a complete one (the stack size and
+    # the names go first: a library without them would run with the default stack, or the names requested).
+    os.replace(stack, Path(str(lib) + ".stack"))
+    os.replace(names, Path(str(lib) + ".names"))
+    os.replace(tmp_lib, lib)
     return lib
 
 

@@ -39,7 +39,7 @@ import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
 from . import metrics as _metrics
-from .compiler import build_library, stack_requirement
+from .compiler import build_library, built_names, stack_requirement
 
 ORDERS = {"forward": 0, "reverse": 1, "random": 2}
 
@@ -375,9 +375,11 @@ class SimLibrary:
         self._checked: SimLibrary | None = None
         self.instrumented = instrument
         self.path = build_library(code, kernels, options, filename, list(variables), instrument=instrument)
-        self._variables = {name: i for i, name in enumerate(variables)}
+        # those the preprocessor left: a kernel or variable inside a disabled #if has no entry point
+        self.kernels, self.variables = built_names(self.path, kernels, variables)
+        self._variables = {name: i for i, name in enumerate(self.variables)}
         self._lib = ctypes.CDLL(str(self.path))
-        self._index = {name: i for i, name in enumerate(kernels)}
+        self._index = {name: i for i, name in enumerate(self.kernels)}
         self.stack_bytes = stack_requirement(self.path)
 
     def signature(self, name: str) -> str:

@@ -22,8 +22,8 @@
 //               checks the value, so a stale read costs a retry, not a wrong answer ("Validated reads").
 //   memory (2): an access outside every root allocation passed to the launch, the shared arrays
 //               (their registered extents; dynamic: the launch's shared_mem), the thread's own fiber
-//               stack and the library's own image (__device__ / __constant__ variables) -> the
-//               launch stops before the access happens.
+//               stack, the library's own image (__device__ / __constant__ variables) and the blocks
+//               kernels allocated ("The device heap") -> the launch stops before the access happens.
 //   init (4):   a shared-memory read of a byte no thread of the block wrote in this launch.
 // Detection is by shadow state per byte (epoch of the last barrier, last writer, two readers), not
 // by watching interleavings: the emulator runs each thread from one sync point to the next, so a
@@ -32,6 +32,8 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <map>
+#include <unordered_map>
 
 namespace llmcupy_sim {
 namespace check {
@@ -96,7 +98,8 @@ struct BlockState {
     std::vector<std::pair<unsigned, unsigned>> seen;   // vector clock: (block + 1, clock) acquired, sorted
     uintptr_t pending_acquire = 0;       // a volatile load's address, acquired at the block's next access
     std::vector<Suspect> suspects;   // plain reads racing only with atomics, until a CAS validates them
-    struct LastRead { uintptr_t addr; const void* pc; unsigned clock; };
+    // value: what the read returned (the bytes there when its hook ran), which its CAS must compare
+    struct LastRead { uintptr_t addr; const void* pc; unsigned clock; unsigned size; unsigned long long value; };
     std::vector<LastRead> last_read;    // per thread: its last plain read of a launch buffer
 };
 // A pointer, not an object: a thread_local with a constructor is initialised by a compiler-made
@@ -207,7 +210,8 @@ __attribute__((no_sanitize_thread)) inline void add_report(Worker* w, const char
 // its CAS without yielding). Between blocks another block's CAS may land in between: its WAR against
 // the plain read is kept aside (g_deferred) and reported at the launch's end unless the reading
 // thread validated that read. On global memory, which other blocks change while the hooks run, the
-// value read is not known exactly: there a CAS on the address validates the read.
+// value read is not known exactly: there the CAS's compare must be the value the read's hook saw or the
+// value its own hook sees (checks_value).
 // ---------------------------------------------------------------------------------------------
 __attribute__((no_sanitize_thread)) inline bool hold_suspect(Worker* w, BlockState& bs, const Access& a,
                                                              const char* kind, int space, int warp,
@@ -229,11 +233,23 @@ __attribute__((no_sanitize_thread)) inline bool hold_suspect(Worker* w, BlockSta
     return true;
 }
 
+// Does a CAS with `compare` check the value a plain read returned? `value`: the bytes at the address when
+// the read's hook ran, just before the load; `current`: those when the CAS's hook runs. Where no other
+// block writes (shared memory) the load returned `value`. On global memory another block's write may land
+// between a read's hook and its load, so the load may have returned a value the hook did not see; the
+// CAS loop then compares that value, which is the current one if no further write came (a CAS that
+// fails retries with the value it found, which is current again). A CAS of another value (a constant, a
+// value read elsewhere) checks nothing and validates nothing.
+__attribute__((no_sanitize_thread)) inline bool checks_value(bool exact, unsigned long long value,
+                                                             unsigned long long current, unsigned long long compare) {
+    return compare == value || (!exact && compare == current);
+}
+
 __attribute__((no_sanitize_thread)) inline void validate(BlockState& bs, unsigned tid, uintptr_t addr, unsigned size,
-                                                         unsigned long long compare) {
+                                                         unsigned long long compare, unsigned long long current) {
     auto& v = bs.suspects;
     v.erase(std::remove_if(v.begin(), v.end(), [&](const Suspect& s) {
-        return s.tid == tid && s.addr == addr && s.size == size && (!s.exact || s.value == compare);
+        return s.tid == tid && s.addr == addr && s.size == size && checks_value(s.exact, s.value, current, compare);
     }), v.end());
 }
 
@@ -356,6 +372,61 @@ __attribute__((no_sanitize_thread)) inline Region& region_for(BlockState& bs, co
 }
 
 // The nearest known memory to a bad address, as "N bytes past the end of argument 2 (...)".
+// ---------------------------------------------------------------------------------------------
+// The device heap
+//
+// CUDA gives kernels a heap: malloc/free and new/delete in device code. The instrumented library is
+// linked with those functions wrapped (-Wl,--wrap, sim/compiler.py; Linux), so a block a kernel thread
+// allocates is recorded, kept across launches until freed (as a GPU's heap is), and memcheck takes it
+// as memory of the launch. The emulator's own allocations are not recorded: its observers run quiet
+// and its scheduler off the fibers.
+// ---------------------------------------------------------------------------------------------
+inline std::mutex g_heap_mutex;
+inline std::map<uintptr_t, size_t> g_heap;   // start -> bytes, of the blocks kernels hold
+inline std::atomic<size_t> g_heap_blocks{0};
+
+__attribute__((no_sanitize_thread)) inline bool kernel_is_running() {
+    Worker* w = tls_worker;
+    return w != nullptr && w->in_fiber && !tls_quiet;
+}
+
+// quiet while the map allocates or frees its nodes: those go through the same wrappers
+__attribute__((no_sanitize_thread)) inline void heap_record(void* p, size_t n) {
+    if (p == nullptr) return;
+    ++tls_quiet;
+    {
+        std::lock_guard<std::mutex> lk(g_heap_mutex);
+        g_heap[uintptr_t(p)] = n ? n : 1;
+        g_heap_blocks.store(g_heap.size(), std::memory_order_relaxed);
+    }
+    --tls_quiet;
+}
+
+__attribute__((no_sanitize_thread)) inline void heap_forget(void* p) {
+    if (p == nullptr || tls_quiet || g_heap_blocks.load(std::memory_order_relaxed) == 0) return;
+    ++tls_quiet;
+    {
+        std::lock_guard<std::mutex> lk(g_heap_mutex);
+        g_heap.erase(uintptr_t(p));
+        g_heap_blocks.store(g_heap.size(), std::memory_order_relaxed);
+    }
+    --tls_quiet;
+}
+
+// The block that holds [a, end), or the nearest ones below and above a (lo == hi: none).
+struct HeapBlock { uintptr_t lo, hi; };
+__attribute__((no_sanitize_thread)) inline bool heap_block(uintptr_t a, uintptr_t end, HeapBlock* below = nullptr,
+                                                           HeapBlock* above = nullptr) {
+    if (g_heap_blocks.load(std::memory_order_relaxed) == 0) return false;
+    std::lock_guard<std::mutex> lk(g_heap_mutex);
+    auto it = g_heap.upper_bound(a);
+    if (above && it != g_heap.end()) *above = HeapBlock{it->first, it->first + it->second};
+    if (it == g_heap.begin()) return false;
+    --it;
+    if (below) *below = HeapBlock{it->first, it->first + it->second};
+    return end <= it->first + it->second;
+}
+
 __attribute__((no_sanitize_thread)) inline void nearest(Worker* w, uintptr_t a, unsigned size, char* out, size_t n) {
     unsigned long long best = ~0ull;
     std::snprintf(out, n, "no buffer of the launch");
@@ -377,6 +448,14 @@ __attribute__((no_sanitize_thread)) inline void nearest(Worker* w, uintptr_t a, 
     for (int i = 0; i < na; ++i) {
         describe_area(what, sizeof what, areas[i]);
         consider(uintptr_t(areas[i].lo), uintptr_t(areas[i].hi));
+    }
+    HeapBlock near[2] = {{0, 0}, {0, 0}};
+    heap_block(a, a + size, &near[0], &near[1]);
+    for (const HeapBlock& b : near) {
+        if (b.lo == b.hi) continue;
+        std::snprintf(what, sizeof what, "a %llu-byte block from the kernel's malloc or new at %#llx",
+                      (unsigned long long)(b.hi - b.lo), (unsigned long long)b.lo);
+        consider(b.lo, b.hi);
     }
 }
 
@@ -410,7 +489,11 @@ namespace between {
 using Clock = std::vector<std::pair<unsigned, unsigned>>;   // (block + 1, clock), sorted by block
 
 // Validated reads between blocks (see "Validated reads"): a WAR of an atomic write against another
-// block's plain read, and the plain reads their threads validated, matched at the launch's end.
+// block's plain read waits until the reading block ends, and is dropped if the reading thread validated
+// that read by then (a later CAS cannot: the block is gone). Both are kept per reading block while it
+// runs, each WAR as the few fields its report is rebuilt from, so the memory held is that of the blocks
+// running, not of the grid: a CAS loop over a 1024 x 256 grid used to keep a whole report per deferred
+// WAR until the launch's end (about 50 MB); llmcupy_sim_check_deferred_peak_bytes() says how much.
 struct ReadKey {
     unsigned block, tid;   // block: linear index + 1
     const void* pc;
@@ -419,30 +502,91 @@ struct ReadKey {
         return std::tie(block, tid, pc, clock) < std::tie(o.block, o.tid, o.pc, o.clock);
     }
 };
-struct Deferred { Report report; unsigned block, tid; const void* pc; unsigned clock; };
+struct Deferred {
+    ReadKey read;          // the plain read
+    const void* pc;        // the atomic write, by thread `tid` of block `block` (linear index + 1)
+    uintptr_t addr;
+    unsigned block, tid, size;
+    int arg;
+};
+struct PendingReads { std::vector<ReadKey> validated; std::vector<Deferred> deferred; };
 inline std::mutex g_validated_mutex;
-inline std::vector<Deferred> g_deferred;
-inline std::vector<ReadKey> g_validated;
+inline std::unordered_map<unsigned, PendingReads> g_pending;   // by reading block (linear index + 1)
+inline std::vector<bool> g_settled;      // by linear index: the block ended and its reads were settled
+inline size_t g_pending_bytes = 0, g_pending_peak = 0;
 
-// A kernel's atomicCAS on a launch buffer: the thread's last plain read of that address is validated.
-__attribute__((no_sanitize_thread)) inline void validate_last_read(BlockState& bs, unsigned t, uintptr_t addr) {
-    if (t >= bs.last_read.size() || bs.last_read[t].addr != addr) return;
-    BlockState::LastRead& r = bs.last_read[t];
-    std::lock_guard<std::mutex> lk(g_validated_mutex);
-    g_validated.push_back(ReadKey{bs.linear, t, r.pc, r.clock});
-    r.addr = 0;
+__attribute__((no_sanitize_thread)) inline void count_pending(long long bytes) {
+    g_pending_bytes += size_t(bytes);
+    if (g_pending_bytes > g_pending_peak) g_pending_peak = g_pending_bytes;
 }
 
+__attribute__((no_sanitize_thread)) inline void report_war(const Deferred& d) {
+    auto xyz = [](unsigned linear1, unsigned* out) {
+        unsigned b = linear1 - 1;
+        out[0] = b % g_grid_dim.x, out[1] = (b / g_grid_dim.x) % g_grid_dim.y, out[2] = b / (g_grid_dim.x * g_grid_dim.y);
+    };
+    Report r{};
+    std::snprintf(r.kind, sizeof r.kind, "WAR");
+    r.space = 1, r.warp = 0, r.pc = d.pc, r.prev_pc = d.read.pc;
+    xyz(d.block, r.block);
+    xyz(d.read.block, r.prev_block);
+    r.tid = d.tid, r.prev_tid = d.read.tid, r.addr = d.addr, r.size = d.size, r.write = 1, r.count = 1;
+    describe_memory(r.where, sizeof r.where, nullptr, d.arg);
+    keep_report(r);
+}
+
+// With g_validated_mutex held: the block's deferred WARs that no validated read answers are reported.
+__attribute__((no_sanitize_thread)) inline void settle_locked(std::unordered_map<unsigned, PendingReads>::iterator it) {
+    std::vector<ReadKey>& validated = it->second.validated;
+    // sorted, not searched in turn: a CAS loop validates a read per thread and may defer a WAR per thread
+    std::sort(validated.begin(), validated.end());
+    for (const Deferred& d : it->second.deferred)
+        if (!std::binary_search(validated.begin(), validated.end(), d.read)) report_war(d);
+    count_pending(-(long long)(validated.size() * sizeof(ReadKey) + it->second.deferred.size() * sizeof(Deferred)));
+    g_pending.erase(it);
+}
+
+// The reading block has ended: its reads are validated or never will be.
+__attribute__((no_sanitize_thread)) inline void settle_block(unsigned block) {
+    std::lock_guard<std::mutex> lk(g_validated_mutex);
+    auto it = g_pending.find(block);
+    if (it != g_pending.end()) settle_locked(it);
+    if (g_settled.size() < block) g_settled.resize(block);
+    g_settled[block - 1] = true;
+}
+
+// Called with the cell's lock held (the read is still in the shadow), so a WAR found before the reading
+// thread's CAS updated the cell is recorded before that block can end.
+__attribute__((no_sanitize_thread)) inline void defer_war(const Deferred& d) {
+    std::lock_guard<std::mutex> lk(g_validated_mutex);
+    if (d.read.block - 1 < g_settled.size() && g_settled[d.read.block - 1]) {
+        report_war(d);   // its block ended without validating it (a validating CAS clears the read)
+        return;
+    }
+    g_pending[d.read.block].deferred.push_back(d);
+    count_pending(sizeof(Deferred));
+}
+
+// A kernel's atomicCAS on a launch buffer: the thread's last plain read of that address is validated
+// when the CAS checks its value (checks_value); a CAS of another value leaves it for the next one.
+__attribute__((no_sanitize_thread)) inline bool validate_last_read(BlockState& bs, unsigned t, uintptr_t addr,
+                                                                   unsigned size, unsigned long long compare,
+                                                                   unsigned long long current) {
+    if (t >= bs.last_read.size() || bs.last_read[t].addr != addr) return false;
+    BlockState::LastRead& r = bs.last_read[t];
+    if (r.size != size || !checks_value(false, r.value, current, compare)) return false;
+    std::lock_guard<std::mutex> lk(g_validated_mutex);
+    g_pending[bs.linear].validated.push_back(ReadKey{bs.linear, t, r.pc, r.clock});
+    count_pending(sizeof(ReadKey));
+    r.addr = 0;
+    return true;
+}
+
+// The launch's end: the blocks that did not end (a stopped launch) are settled as they stand.
 __attribute__((no_sanitize_thread)) inline void report_deferred() {
     std::lock_guard<std::mutex> lk(g_validated_mutex);
-    // sorted, not searched in turn: a CAS loop over one address from a large grid validates a read per
-    // thread and defers a WAR per interleaved CAS, and a scan per deferred WAR took minutes at launch end
-    std::sort(g_validated.begin(), g_validated.end());
-    for (const Deferred& d : g_deferred)
-        if (!std::binary_search(g_validated.begin(), g_validated.end(), ReadKey{d.block, d.tid, d.pc, d.clock}))
-            keep_report(d.report);
-    g_deferred.clear();
-    g_validated.clear();
+    while (!g_pending.empty()) settle_locked(g_pending.begin());
+    g_settled.clear();
 }
 
 __attribute__((no_sanitize_thread)) inline unsigned clock_of(const Clock& vc, unsigned block) {
@@ -520,8 +664,9 @@ __attribute__((no_sanitize_thread)) inline void release_shadow() {
     g_buffers.clear();
     g_buffer_of.clear();
     g_shadow_bytes = 0;
-    g_deferred.clear();
-    g_validated.clear();
+    g_pending.clear();
+    g_settled.clear();
+    g_pending_bytes = 0;
     for (auto& p : g_published) p.clear();
     std::memset(g_cell_locks, 0, sizeof g_cell_locks);
     std::memset(g_sync_locks, 0, sizeof g_sync_locks);
@@ -529,6 +674,7 @@ __attribute__((no_sanitize_thread)) inline void release_shadow() {
 
 __attribute__((no_sanitize_thread)) inline void begin_launch(const LaunchConfig* cfg) {
     release_shadow();
+    g_pending_peak = 0;
     if (!(cfg->check & CHECK_RACE)) return;
     for (unsigned i = 0; i < cfg->nbuffers; ++i) {
         uintptr_t lo = uintptr_t(cfg->buffers[2 * i]), hi = uintptr_t(cfg->buffers[2 * i + 1]);
@@ -573,9 +719,10 @@ __attribute__((no_sanitize_thread)) inline void block_xyz(unsigned linear1, unsi
     out[2] = b / (g_grid_dim.x * g_grid_dim.y);
 }
 
-// One access of argument `arg` (a global buffer of the launch) against other blocks' accesses.
+// One access of argument `arg` (a global buffer of the launch) against other blocks' accesses;
+// `validating`: the access is the thread's atomicCAS that validated its last plain read.
 __attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f, BlockState& bs, const Access& a,
-                                                             int arg) {
+                                                             int arg, bool validating) {
     if (arg < 0 || size_t(arg) >= g_buffer_of.size() || g_buffer_of[size_t(arg)] < 0) return;
     const Buffer& b = g_buffers[size_t(g_buffer_of[size_t(arg)])];
     uintptr_t p = uintptr_t(a.addr), end = p + a.size;
@@ -618,15 +765,29 @@ __attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f
             else if (c->w_block[0] != 0 && c->w_block[0] != me) c->w_block[1] = 0;   // replaces a plain write
             c->w_pc[k] = a.pc, c->w_block[k] = me, c->w_clock[k] = bs.clock, c->w_tid[k] = (unsigned short)t;
             c->w_bits[k] = (unsigned char)(mask | atomic);
-            for (int r = 0; r < 2; ++r)   // the reads it covers were checked against it
-                if ((c->r_bits[r] & 0xF & ~mask) == 0) c->r_block[r] = 0;
+            // the reads it covers were checked against it, and a later access that conflicts with one
+            // conflicts with it too; but an atomic stands for a plain read only when it is the reading
+            // thread's CAS that validated it: another atomic would hide the read from other blocks'
+            // atomics, and a settled block's reads left in the shadow are ones it never validated
+            for (int r = 0; r < 2; ++r)
+                if ((c->r_bits[r] & 0xF & ~mask) == 0 &&
+                    (!atomic || (c->r_bits[r] & kAtomic) || (validating && c->r_block[r] == me && c->r_tid[r] == t)))
+                    c->r_block[r] = 0;
         } else {
-            if (!atomic) bs.last_read[t] = BlockState::LastRead{p, a.pc, bs.clock};
+            if (!atomic) {
+                unsigned long long value = 0;
+                std::memcpy(&value, a.addr, a.size < 8 ? a.size : 8);
+                bs.last_read[t] = BlockState::LastRead{p, a.pc, bs.clock, a.size, value};
+            }
             int k = (c->r_block[0] == 0 || c->r_block[0] == me) ? 0 : 1;
             c->r_pc[k] = a.pc, c->r_block[k] = me, c->r_clock[k] = bs.clock, c->r_tid[k] = (unsigned short)t;
             c->r_bits[k] = (unsigned char)(mask | atomic);
         }
+        // a WAR of an atomic against a plain read: the reader's CAS may yet validate the read
+        bool deferred = kind != nullptr && std::strcmp(kind, "WAR") == 0 && !prev_atomic && (a.flags & ACCESS_ATOMIC);
+        if (deferred) defer_war(Deferred{ReadKey{prev_block, prev_tid, prev_pc, prev_clock}, a.pc, p, me, t, a.size, arg});
         unlock(l);
+        if (deferred) return;
         if (kind != nullptr) {
             char where[240];
             unsigned other[3];
@@ -635,13 +796,6 @@ __attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f
             if (!write && !atomic && prev_atomic &&
                 hold_suspect(w, bs, a, kind, 1, 0, prev_pc, t, prev_tid, other, where))
                 return;
-            if (std::strcmp(kind, "WAR") == 0 && !prev_atomic && (a.flags & ACCESS_ATOMIC)) {   // the reader may validate it
-                Deferred d{{}, prev_block, prev_tid, prev_pc, prev_clock};
-                fill_report(d.report, w, kind, 1, 0, a.pc, prev_pc, t, prev_tid, a.addr, a.size, write, where, other);
-                std::lock_guard<std::mutex> lk(g_validated_mutex);
-                g_deferred.push_back(d);
-                return;
-            }
             add_report(w, kind, 1, 0, a.pc, prev_pc, t, prev_tid, a.addr, a.size, write, where, other);
             return;   // one report per access
         }
@@ -754,10 +908,13 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
     uintptr_t p = uintptr_t(a.addr), end = p + a.size;
     BlockState& bs = *tls_block;
     if ((bits & CHECK_RACE) && bs.pending_acquire) between::acquire_pending(bs);
+    bool validating = false;
     if ((bits & CHECK_RACE) && (a.flags & ACCESS_ATOMIC) && tls_cas_addr == a.addr) {   // the kernel's atomicCAS
         tls_cas_addr = nullptr;
-        validate(bs, unsigned(f->linear), p, a.size, tls_cas_compare);
-        between::validate_last_read(bs, unsigned(f->linear), p);
+        unsigned long long current = 0;
+        std::memcpy(&current, a.addr, a.size < 8 ? a.size : 8);
+        validate(bs, unsigned(f->linear), p, a.size, tls_cas_compare, current);
+        validating = between::validate_last_read(bs, unsigned(f->linear), p, a.size, tls_cas_compare, current);
     }
     if (p - uintptr_t(f->stack) < f->stack_size) return;  // the thread's own local memory
     char where[240];
@@ -801,7 +958,7 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
                     if (c == nullptr) break;
                     check_cells(w, f, c, 1, a, 1, nullptr, int(i));
                 }
-                between::check_access(w, f, bs, a, int(i));
+                between::check_access(w, f, bs, a, int(i), validating);
             }
             return;
         }
@@ -809,6 +966,7 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
     if (!(bits & CHECK_MEMORY)) return;
     for (int i = 0; i < g_nimage; ++i)
         if (p >= g_image_lo[i] && end <= g_image_hi[i]) return;
+    if (heap_block(p, end)) return;   // the kernel's own malloc or new
     nearest(w, p, a.size, where, sizeof where);
     add_report(w, "OOB", 2, 0, a.pc, nullptr, unsigned(f->linear), unsigned(f->linear), a.addr, a.size,
                a.flags & ACCESS_WRITE, where);
@@ -847,7 +1005,7 @@ __attribute__((no_sanitize_thread)) inline void on_block_begin(Worker* w) {
     bs.suspects.clear();
     bs.global_used = 0;
     bs.gen.assign(size_t(w->nthreads), 0);
-    bs.last_read.assign(size_t(w->nthreads), BlockState::LastRead{0, nullptr, 0});
+    bs.last_read.assign(size_t(w->nthreads), BlockState::LastRead{0, nullptr, 0, 0, 0});
     int nwarps = (w->nthreads + 31) / 32;
     bs.warp_events.assign(size_t(nwarps), 0);
     bs.history.assign(size_t(nwarps) * kHistory, Event{0, 0});
@@ -861,6 +1019,7 @@ __attribute__((no_sanitize_thread)) inline void on_block_barrier(Worker* w) {
 
 __attribute__((no_sanitize_thread)) inline void on_block_end(Worker* w) {
     if (tls_block && !tls_block->suspects.empty()) report_suspects(w, *tls_block);
+    if (tls_block && (g_check & CHECK_RACE) && tls_block->linear) between::settle_block(tls_block->linear);
 }
 
 __attribute__((no_sanitize_thread)) inline void on_warp_sync(Worker*, int warp, unsigned lanes) {
@@ -878,6 +1037,50 @@ inline Register registered;
 
 }  // namespace check
 }  // namespace llmcupy_sim
+
+// The device heap's allocation functions (see "The device heap"), bound in by -Wl,--wrap=NAME where
+// the library is linked with it (Linux: sim/compiler.py); elsewhere a kernel's heap is unknown to memcheck.
+#if defined(__linux__)
+extern "C" {
+void* __real_malloc(size_t);
+void* __real_calloc(size_t, size_t);
+void* __real_realloc(void*, size_t);
+void __real_free(void*);
+void* __real__Znwm(size_t);
+void* __real__Znam(size_t);
+void __real__ZdlPv(void*);
+void __real__ZdaPv(void*);
+void __real__ZdlPvm(void*, size_t);
+void __real__ZdaPvm(void*, size_t);
+#define LLMCUPY_SIM_HEAP_FN __attribute__((no_sanitize_thread, used, visibility("default")))
+#define LLMCUPY_SIM_HEAP_NEW(CALL, BYTES)                                                                   \
+    bool kernel_ = llmcupy_sim::check::kernel_is_running();                                             \
+    void* p_ = CALL;                                                                                    \
+    if (kernel_) llmcupy_sim::check::heap_record(p_, BYTES);                                            \
+    return p_
+LLMCUPY_SIM_HEAP_FN void* __wrap_malloc(size_t n) { LLMCUPY_SIM_HEAP_NEW(__real_malloc(n), n); }
+LLMCUPY_SIM_HEAP_FN void* __wrap_calloc(size_t k, size_t n) { LLMCUPY_SIM_HEAP_NEW(__real_calloc(k, n), k * n); }
+LLMCUPY_SIM_HEAP_FN void* __wrap_realloc(void* old, size_t n) {
+    llmcupy_sim::check::heap_forget(old);
+    LLMCUPY_SIM_HEAP_NEW(__real_realloc(old, n), n);
+}
+LLMCUPY_SIM_HEAP_FN void* __wrap__Znwm(size_t n) { LLMCUPY_SIM_HEAP_NEW(__real__Znwm(n), n); }
+LLMCUPY_SIM_HEAP_FN void* __wrap__Znam(size_t n) { LLMCUPY_SIM_HEAP_NEW(__real__Znam(n), n); }
+LLMCUPY_SIM_HEAP_FN void __wrap_free(void* p) { llmcupy_sim::check::heap_forget(p); __real_free(p); }
+LLMCUPY_SIM_HEAP_FN void __wrap__ZdlPv(void* p) { llmcupy_sim::check::heap_forget(p); __real__ZdlPv(p); }
+LLMCUPY_SIM_HEAP_FN void __wrap__ZdaPv(void* p) { llmcupy_sim::check::heap_forget(p); __real__ZdaPv(p); }
+LLMCUPY_SIM_HEAP_FN void __wrap__ZdlPvm(void* p, size_t n) { llmcupy_sim::check::heap_forget(p); __real__ZdlPvm(p, n); }
+LLMCUPY_SIM_HEAP_FN void __wrap__ZdaPvm(void* p, size_t n) { llmcupy_sim::check::heap_forget(p); __real__ZdaPvm(p, n); }
+#undef LLMCUPY_SIM_HEAP_NEW
+}
+#endif
+
+// The most bytes the last checked launch held at once for the WARs it deferred and the reads it
+// validated between blocks (racecheck; tests/test_sim_check.py bounds it for a large grid).
+extern "C" LLMCUPY_SIM_EXPORT __attribute__((no_sanitize_thread)) unsigned long long
+llmcupy_sim_check_deferred_peak_bytes() {
+    return llmcupy_sim::check::between::g_pending_peak;
+}
 
 // The last launch's reports as text, one per line, tab-separated:
 // kind space warp pc prev_pc bx by bz tid prev_tid addr size write count prev_bx prev_by prev_bz where
