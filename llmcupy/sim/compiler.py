@@ -714,6 +714,94 @@ def translate_options(options, filename: str = "kernel.cu") -> tuple[list[str], 
     return flags, include_dirs
 
 
+# --- host C/C++ headers ---------------------------------------------------------------------------
+
+# NVRTC has no host C or C++ library: with the include paths CuPy gives it, `#include <cmath>` (any
+# header of the C and C++ standard libraries) fails with 'cannot open source file "cmath"' (measured
+# with NVRTC 12.4, 12.9 and 13.5; tests/test_nvrtc.py keeps checking each name against the NVRTCs it
+# has). g++ would take the host's, so a kernel built here and failed on a GPU. The emulator puts a
+# refusing stand-in in front of each (host_header_dir); its own headers, which need the host's, say so
+# with LLMCUPY_SIM_HOST_HEADERS.
+NVRTC_VERSIONS_WITHOUT_HOST_HEADERS = "12.4 to 13.5"
+HOST_HEADERS = tuple("""
+    algorithm any array atomic bit bitset cassert ccomplex cctype cerrno cfenv cfloat charconv chrono cinttypes
+    ciso646 climits clocale cmath codecvt compare complex concepts condition_variable csetjmp csignal cstdalign
+    cstdarg cstdbool cstddef cstdint cstdio cstdlib cstring ctgmath ctime cuchar cwchar cwctype deque exception
+    execution filesystem forward_list fstream functional future initializer_list iomanip ios iosfwd iostream
+    istream iterator limits list locale map memory memory_resource mutex new numbers numeric optional ostream
+    queue random ratio regex scoped_allocator set shared_mutex span sstream stack stdexcept streambuf string
+    string_view system_error thread tuple type_traits typeindex typeinfo unordered_map unordered_set utility
+    valarray variant vector version
+    assert.h complex.h ctype.h errno.h fenv.h float.h inttypes.h iso646.h limits.h locale.h math.h setjmp.h
+    signal.h stdalign.h stdarg.h stdbool.h stddef.h stdint.h stdio.h stdlib.h string.h tgmath.h time.h uchar.h
+    wchar.h wctype.h""".split())
+# What compiles on both instead (each checked with NVRTC by tests/test_nvrtc.py), by header; a C header
+# and its <cNAME> twin share the advice.
+_BUILT_IN = "are built into NVRTC: drop the include"
+_HOST_HEADER_ADVICE = {
+    "cassert": "device assert() needs no header under NVRTC (it is built in): drop the include, or include "
+               "<cuda/std/cassert>",
+    "cmath": f"the math functions (sqrtf, expf, fmaxf, isnan, ...) {_BUILT_IN}; INFINITY and NAN are not: write "
+             "CUDART_INF_F and CUDART_NAN_F from <math_constants.h>; for std:: overloads include <cuda/std/cmath> "
+             "(cuda::std::sqrt)",
+    "cstdint": "include <cuda/std/cstdint> (uint32_t, int64_t, ...)",
+    "cfloat": "include <cuda/std/cfloat> (FLT_MAX, FLT_EPSILON, ...)",
+    "climits": "include <cuda/std/climits> (INT_MAX, UINT_MAX, ...)",
+    "cstdio": f"device printf() needs no header: it and the rest of the kernel's I/O {_BUILT_IN}",
+    "cstring": f"memcpy() and memset() {_BUILT_IN}",
+    "cstdlib": f"device malloc(), free() and abs() {_BUILT_IN}",
+    "cstddef": "size_t needs no header under NVRTC; for the rest include <cuda/std/cstddef>",
+}
+# host headers whose libcu++ twin (<cuda/std/NAME>, cuda::std::) the emulator has
+LIBCUXX_TWINS = ("array", "atomic", "bit", "complex", "functional", "initializer_list", "limits", "ratio", "tuple",
+                 "type_traits", "utility")
+
+
+def host_header_advice(name: str) -> str:
+    """What a kernel includes or writes instead of the host header ``name`` under NVRTC."""
+    twin = "c" + name[:-2] if name.endswith(".h") else name
+    if twin in _HOST_HEADER_ADVICE:
+        return _HOST_HEADER_ADVICE[twin]
+    if name in LIBCUXX_TWINS:
+        return f"include libcu++'s <cuda/std/{name}> (cuda::std::), which compiles on both"
+    return "a kernel has no host library under NVRTC: drop the include (libcu++'s <cuda/std/...> headers hold " \
+           "what CUDA offers of it on the device)"
+
+
+def _host_header_stand_in(name: str) -> str:
+    message = (f"<{name}> is a host header, which NVRTC does not have (NVRTC {NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: "
+               f"'cannot open source file'), so this kernel would not compile on a GPU; {host_header_advice(name)}")
+    return ("// The emulator's stand-in for a host header NVRTC does not have (sim/compiler.py, HOST_HEADERS): refused\n"
+            "// in the kernel's source and its headers, the host's own for the emulator's headers.\n"
+            "#if defined(LLMCUPY_SIM_USER_SOURCE) && !defined(LLMCUPY_SIM_HOST_HEADERS)\n"
+            f'#error "{message}"\n'
+            "#else\n"
+            f"#include_next <{name}>\n"
+            "#endif\n")
+
+
+def host_header_dir(root: Path) -> Path:
+    """The folder of refusing stand-ins for HOST_HEADERS, made once under ``root`` (the compile cache):
+    searched after the kernel's own -I folders and before the host's (-isystem), so a header of the
+    user's that happens to share a name is still found first, as NVRTC finds it."""
+    files = {name: _host_header_stand_in(name) for name in HOST_HEADERS}
+    digest = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in files.items()).encode()).hexdigest()[:16]
+    folder = Path(root) / f"host-headers-{digest}"
+    if not (folder / ".complete").is_file():
+        # written aside and renamed into place: a concurrent build sees all of the folder or none of it
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=".host-headers-"))
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        (tmp / ".complete").write_text("")
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)   # another process made it first
+            if not (folder / ".complete").is_file():
+                raise
+    return folder
+
+
 # ThreadSanitizer's instrumentation without its runtime: the hooks live in llmcupy_sim.h.
 TSAN_FLAGS = ["-fsanitize=thread", "--param", "tsan-distinguish-volatile=1",
               "--param", "tsan-instrument-func-entry-exit=0"]
@@ -891,7 +979,8 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     unit = (
         ("#define LLMCUPY_SIM_VOLATILE_HOOKS 1\n" if volatile else "")
         + '#include "llmcupy_sim.h"\n'
-        f'#line 1 "{safe_name}"\n'
+        + "#define LLMCUPY_SIM_USER_SOURCE 1\n"   # from here on a host header is refused (HOST_HEADERS)
+        + f'#line 1 "{safe_name}"\n'
         f"{body}\n"
         + _constant_bank_check(code, safe_name)
         + '#line 1 "llmcupy_sim_entries"\n'
@@ -900,6 +989,7 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     includes = [f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
 
     try:
+        includes += ["-isystem", str(host_header_dir(out_dir))]
         return _compile_and_publish(cxx, base_flags, check_flags, flags, includes, unit, volatile, instrument, asan,
                                     out_dir, lib, filename, kernels, code)
     except OSError as exc:

@@ -2434,8 +2434,9 @@ inline const char* signature(void (*)(A...)) {
 
 }  // namespace llmcupy_sim
 
-// A device assert() fails the launch with a Python exception instead of aborting the process (the
-// emulator's <assert.h> / <cassert> route here too).
+// A device assert() fails the launch with a Python exception instead of aborting the process. As
+// under NVRTC, where assert() is built in, a kernel needs no header for it (<assert.h> and <cassert>
+// are host headers, which NVRTC refuses; <cuda/std/cassert> routes here).
 #undef assert
 #ifdef NDEBUG
 #define assert(e) ((void)0)

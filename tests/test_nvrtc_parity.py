@@ -1,0 +1,206 @@
+"""The emulator refuses what NVRTC refuses: small sources compiled by both, each with its verdict.
+
+The promise: a kernel that compiles in the emulator compiles on a GPU, and the emulator's refusal
+says what NVRTC would. Each table below holds sources and NVRTC's verdict, measured with NVRTC 12.4
+(the oldest the test extra allows), 12.9 and 13.5 under the options CuPy gives a user's
+``llmcupy.RawModule`` (``nvrtc.module_options``). The NVRTC tests compile the tables with every
+NVRTC at hand (the test extra's; those of ``LLMCUPY_OLDEST_CUDA`` and ``LLMCUPY_CUDA13`` in a child
+process, as in test_nvrtc.py), so a CUDA release that changes a verdict fails here; the emulator
+tests check the emulator's verdict against the same tables, one compile per table.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llmcupy
+from llmcupy import nvrtc
+from llmcupy.sim import compiler as sim_compiler
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] = 1.0f; }\n'
+
+# ----------------------------------------------------------------------------------------------
+# NVRTC: in this process (the test extra's), or another NVRTC and its headers in a child
+
+# (environment variable, the wheels' library and include folder), as in test_nvrtc.py
+OTHER_CUDAS = {
+    "oldest": ("LLMCUPY_OLDEST_CUDA", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "nvidia/cuda_runtime/include"),
+    "cuda13": ("LLMCUPY_CUDA13", "nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cu13/include"),
+}
+WHICH = ["installed", *sorted(OTHER_CUDAS)]
+
+# the child: _compile_all with another NVRTC (a second libnvrtc cannot be loaded into this process)
+_CHILD = """
+import json, sys
+from llmcupy import nvrtc
+options, out = nvrtc.module_options(80), {}
+for name, code in json.load(sys.stdin).items():
+    res = nvrtc.compile_source(code, 80, filename="probe.cu", options=options, name_expressions=[])
+    out[name] = [res.ok, res.log]
+print(json.dumps(out))
+"""
+
+
+def _compile_all(sources: dict) -> dict:
+    """{name: (compiled, log)} with the NVRTC of this process."""
+    options = nvrtc.module_options(80)
+    out = {}
+    for name, code in sources.items():
+        res = nvrtc.compile_source(code, 80, filename="probe.cu", options=options, name_expressions=[])
+        out[name] = (res.ok, res.log)
+    return out
+
+
+def nvrtc_verdicts(which: str, sources: dict) -> dict:
+    """{name: (compiled, log)} for each source, compiled by the NVRTC ``which`` names."""
+    if which == "installed":
+        return _compile_all(sources)
+    var, lib_rel, include_rel = OTHER_CUDAS[which]
+    root = os.environ.get(var)
+    if not root:
+        if os.environ.get("CI") or os.environ.get("LLMCUPY_REQUIRE_NVRTC"):
+            pytest.fail(f"CI must compile against the {which} NVRTC too: set {var} (.ci/run does)")
+        pytest.skip(f"{var} is not set (.ci/run unpacks that NVRTC and its headers there)")
+    env = dict(os.environ, LLMCUPY_NVRTC=str(Path(root) / lib_rel), LLMCUPY_CUDA_INCLUDE=str(Path(root) / include_rel),
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(sources), env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {name: tuple(v) for name, v in json.loads(proc.stdout.splitlines()[-1]).items()}
+
+
+def test_module_options_are_cupys(have_nvrtc):
+    # the premise of every verdict here: the options are the ones CuPy really passes for a RawModule
+    core = pytest.importorskip("cupy._core.core")
+    if not hasattr(core, "assemble_cupy_compiler_options"):
+        pytest.skip("this CuPy assembles its options elsewhere")
+    for user in ((), ("-DN=4",), ("--use_fast_math", "-std=c++20")):
+        cupy_options = list(core.assemble_cupy_compiler_options(tuple(user))) + ["-ftz=true", "-arch=sm_80",
+                                                                                 "--device-as-default-execution-space"]
+        assert nvrtc.module_options(80, user) == cupy_options
+
+
+# ----------------------------------------------------------------------------------------------
+# host C/C++ headers: NVRTC has none of them
+
+def _header_probe(name: str) -> str:
+    return f"#include <{name}>\n{KERNEL}"
+
+
+# What the refusals advise instead (sim.compiler.host_header_advice), in one kernel: it compiles
+# under every NVRTC and in the emulator, and runs there.
+ADVISED = r"""
+#include <cuda/std/cassert>
+#include <cuda/std/cmath>
+#include <cuda/std/cstdint>
+#include <cuda/std/cfloat>
+#include <cuda/std/climits>
+#include <cuda/std/cstddef>
+#include <cuda/std/array>
+#include <cuda/std/atomic>
+#include <cuda/std/bit>
+#include <cuda/std/complex>
+#include <cuda/std/functional>
+#include <cuda/std/initializer_list>
+#include <cuda/std/limits>
+#include <cuda/std/ratio>
+#include <cuda/std/tuple>
+#include <cuda/std/type_traits>
+#include <cuda/std/utility>
+#include <math_constants.h>
+extern "C" __global__ void advised(float* p, int n) {
+    assert(n > 0);                                          // built in: no header
+    p[0] = sqrtf(p[1]) + expf(p[2]) + fmaxf(p[3], 1.0f) + (isnan(p[4]) ? 1.0f : 0.0f) + cuda::std::sqrt(4.0f);
+    p[1] = CUDART_INF_F;
+    p[2] = CUDART_NAN_F;
+    uint32_t u = n;
+    int64_t i = n;
+    size_t s = n;
+    cuda::std::size_t t = n;
+    p[3] = (float)(u + i + s + t);
+    p[4] = (FLT_MAX > 1e38f) + (INT_MAX > 0) + (UINT_MAX > 0u) + (FLT_EPSILON < 1e-6f);
+    memset(p + 5, 0, sizeof(float));                         // built in
+    memcpy(p + 6, p + 4, sizeof(float));
+    p[7] = (float)abs(-n);
+    p[8] = cuda::std::numeric_limits<float>::max() > 1e38f ? cuda::std::is_same<float, float>::value : 0;
+    float a = 1.0f, b = 2.0f;
+    cuda::std::swap(a, b);
+    p[9] = a;
+}
+"""
+
+
+def test_nvrtc_lacks_every_host_header_the_emulator_refuses(have_nvrtc):
+    # the emulator refuses each of HOST_HEADERS, saying NVRTC has none of them: true of this NVRTC
+    verdicts = nvrtc_verdicts("installed", {h: _header_probe(h) for h in sim_compiler.HOST_HEADERS})
+    found = [h for h, (ok, _) in verdicts.items() if ok]
+    assert not found, f"NVRTC compiles these, which the emulator refuses: {found}"
+    for h, (_, log) in verdicts.items():
+        assert f'cannot open source file "{h}"' in log, (h, log)
+
+
+@pytest.mark.parametrize("which", sorted(OTHER_CUDAS))
+def test_other_supported_nvrtcs_lack_the_host_headers_too(which):
+    # the message names NVRTC 12.4 to 13.5: the oldest supported and CUDA 13 (whose NVRTC has libcu++'s
+    # headers built in, not the host's)
+    verdicts = nvrtc_verdicts(which, {h: _header_probe(h) for h in sim_compiler.HOST_HEADERS})
+    found = [h for h, (ok, _) in verdicts.items() if ok]
+    assert not found, f"the {which} NVRTC compiles these, which the emulator refuses: {found}"
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_what_the_refusals_advise_compiles_under_nvrtc(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {"advised": ADVISED})
+    ok, log = verdicts["advised"]
+    assert ok, log
+
+
+def test_the_emulator_refuses_host_headers_naming_each_and_what_to_use():
+    # before: the emulator compiled `#include <cmath>` (<cstdint>, <assert.h>, ...) with the host's
+    # headers, and NVRTC refused the same kernel on a GPU: "cannot open source file"
+    probed = ["assert.h", "cassert", "math.h", "cmath", "stdint.h", "cstdint", "stdio.h", "cstdio", "float.h",
+              "cfloat", "limits.h", "climits", "string.h", "cstring", "stdlib.h", "cstdlib", "type_traits",
+              "utility", "limits", "vector", "cstddef"]
+    code = "".join(f"#include <{h}>\n" for h in probed) + KERNEL
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="host.cu")
+    assert set(probed) <= set(sim_compiler.HOST_HEADERS)   # the list the NVRTC tests above check
+    text = str(info.value)
+    for line, h in enumerate(probed, 1):
+        assert f"In file included from host.cu:{line}:" in text
+        assert (f'error: #error "<{h}> is a host header, which NVRTC does not have (NVRTC 12.4 to 13.5: '
+                f"'cannot open source file'), so this kernel would not compile on a GPU; "
+                f'{sim_compiler.host_header_advice(h)}"') in text, h
+    assert "needs no header under NVRTC (it is built in)" in sim_compiler.host_header_advice("assert.h")
+    assert "<cuda/std/cstdint>" in sim_compiler.host_header_advice("stdint.h")
+    assert "<cuda/std/limits>" in sim_compiler.host_header_advice("limits")
+    assert "CUDART_INF_F" in sim_compiler.host_header_advice("cmath")
+
+
+def test_what_the_refusals_advise_compiles_and_runs_in_the_emulator():
+    # the emulator's own headers that need the host's (cuda/std/*, cuda_pipeline.h, ...) still work
+    p = np.full(10, 3.0, np.float32)
+    llmcupy.RawModule(code=ADVISED, target="sim").get_function("advised")((1,), (1,), (p, np.int32(2)))
+    assert p[0] == pytest.approx(np.sqrt(3) + np.exp(3) + 3 + 0 + 2, rel=1e-6)
+    assert np.isinf(p[1]) and np.isnan(p[2]) and p[3] == 8 and p[4] == 4
+    assert p[5] == 0 and p[6] == 4 and p[7] == 2 and p[8] == 1 and p[9] == 2
+
+
+def test_a_host_header_in_the_kernels_own_header_is_refused(tmp_path):
+    # NVRTC refuses <cstdint> from a header found through -I as from the source
+    (tmp_path / "mine.cuh").write_text("#pragma once\n#include <cstdint>\n")
+    with pytest.raises(sim_compiler.SimCompileError, match=r"(?s)In file included from .*mine\.cuh:2.*"
+                                                           r"<cstdint> is a host header"):
+        llmcupy.RawModule(code='#include "mine.cuh"\n' + KERNEL, options=(f"-I{tmp_path}",), target="sim")
+
+
+def test_a_host_header_behind_a_guard_nvrtc_skips_is_not_refused():
+    # the refusal is the preprocessor's, so code kept from NVRTC (#ifndef __CUDACC_RTC__) is kept from it too
+    code = "#ifndef __CUDACC_RTC__\n#include <cmath>\n#endif\n" + KERNEL
+    llmcupy.RawModule(code=code, target="sim")
