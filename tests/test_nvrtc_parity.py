@@ -204,3 +204,82 @@ def test_a_host_header_behind_a_guard_nvrtc_skips_is_not_refused():
     # the refusal is the preprocessor's, so code kept from NVRTC (#ifndef __CUDACC_RTC__) is kept from it too
     code = "#ifndef __CUDACC_RTC__\n#include <cmath>\n#endif\n" + KERNEL
     llmcupy.RawModule(code=code, target="sim")
+
+
+# ----------------------------------------------------------------------------------------------
+# warpSize: a built-in variable under NVRTC, a run-time value in a register
+
+# (name, one line of source, NVRTC compiles it, the emulator's refusal: _WARP_SIZE_MESSAGE's
+# key, or "constant" where g++ itself refuses a non-constant, or None where both compile)
+WARP_SIZE = [
+    ("local", "__global__ void local(int* p) { int w = warpSize; const int c = warpSize; p[0] = w + c; }", True, None),
+    ("arithmetic", "__global__ void arithmetic(int* p) { for (int o = warpSize / 2; o > 0; o /= 2) "
+                   "p[o] = threadIdx.x % warpSize + (p[0] & warpSize) + (p[1] && warpSize); }", True, None),
+    ("reference", "__global__ void reference(int* p) { const int& r = warpSize; auto& a = warpSize; p[0] = r + a; }",
+     True, None),
+    ("unevaluated", "__global__ void unevaluated(int* p) { decltype(warpSize) w = 3; p[0] = sizeof(warpSize) + w; }",
+     True, None),
+    ("lambda", "__global__ void lambda(int* p) { auto f = [&]() { return warpSize; }; p[0] = f(); }", True, None),
+    ("default_argument", "__device__ int lanes(int w = warpSize) { return w; }", True, None),
+    ("member_initializer", "struct Lanes { int w = warpSize; };", True, None),
+    ("size_constant", "const unsigned long WORD = sizeof(warpSize);", True, None),
+    ("address", "__global__ void address(const int** p) { *p = &warpSize; }", False, "address"),
+    ("address_returned", "__device__ const int* where() { return &(warpSize); }", False, "address"),
+    ("static_local", "__global__ void static_local(int* p) { static int w = warpSize; p[0] = w; }", False, "static"),
+    ("static_const_local", "__device__ int lanes2() { static const int w = warpSize; return w; }", False, "static"),
+    ("static_array", "__device__ int lanes3() { static int w[2] = {1, warpSize}; return w[1]; }", False, "static"),
+    ("namespace_const", "const int WARP = warpSize;", False, "namespace"),
+    ("namespace_static", "static const int HALF_WARP = warpSize / 2;", False, "namespace"),
+    ("namespace_device", "__device__ int lanes_g = warpSize;", False, "namespace"),
+    ("static_member", "struct Tile { static const int w; }; const int Tile::w = warpSize;", False, "namespace"),
+    ("constexpr", "constexpr int WARP_C = warpSize;", False, "constant"),
+    ("array_bound", "__global__ void array_bound(int* p) { int a[warpSize]; a[0] = 1; p[0] = a[p[1]]; }", False,
+     "constant"),
+]
+
+
+def _warp_size_source(rows):
+    return "".join(line + "\n" for _, line, _, _ in rows)
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_verdicts_on_warp_size(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {name: line + "\n" for name, line, _, _ in WARP_SIZE})
+    wrong = {name: verdicts[name][1] for name, _, compiles, _ in WARP_SIZE if verdicts[name][0] != compiles}
+    assert not wrong, wrong
+
+
+def test_the_emulator_refuses_warp_size_where_nvrtc_does_and_only_there():
+    # before: `static int w = warpSize;`, `const int W = warpSize;` at namespace scope and `&warpSize`
+    # compiled and ran here, and NVRTC refused each ("dynamic initialization is not supported ...",
+    # "cannot take address of builtin variable")
+    refused = [row for row in WARP_SIZE if row[3] in _WARP_SIZE_MESSAGE]
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=_warp_size_source(refused), target="sim", filename="warp.cu")
+    errors = [line for line in str(info.value).splitlines() if ": error: " in line]
+    for line, (name, _, _, why) in enumerate(refused, 1):
+        said = [e for e in errors if e.startswith(f"warp.cu:{line}:")]
+        assert said and _WARP_SIZE_MESSAGE[why] in said[0], (name, said)
+    assert len(errors) == len(refused), errors
+    accepted = [row for row in WARP_SIZE if row[3] is None]
+    p = np.zeros(2, np.int32)
+    mod = llmcupy.RawModule(code=_warp_size_source(accepted), target="sim")
+    mod.get_function("local")((1,), (1,), (p,))
+    assert p[0] == 64
+
+
+_WARP_SIZE_MESSAGE = {
+    "address": 'static assertion failed: cannot take the address of warpSize (NVRTC refuses it too: cannot take '
+               'address of builtin variable "warpSize")',
+    "static": "static assertion failed: a static variable cannot be initialized from warpSize (NVRTC refuses it too: "
+              "dynamic initialization is not supported for a function-scope static __device__ variable)",
+    "namespace": "static assertion failed: a variable at namespace scope cannot be initialized from warpSize (NVRTC "
+                 "refuses it too: dynamic initialization is not supported for a __device__ variable)",
+}
+
+
+@pytest.mark.parametrize("name, line", [(name, line) for name, line, _, why in WARP_SIZE if why == "constant"])
+def test_warp_size_where_a_constant_is_needed_is_refused_as_before(name, line):
+    # g++ refuses these itself (the header's warpSize has a run-time initializer), with a hint in NVRTC's words
+    with pytest.raises(sim_compiler.SimCompileError, match="NVRTC refuses it"):
+        llmcupy.RawModule(code=line + "\n", target="sim", filename="warp.cu")

@@ -11,7 +11,9 @@ deadlock reports point at the right lines of the .cu file):
   scope: an object that does the same at every use);
 * ``asm("...")`` statements with a PTX idiom the emulator knows (``%laneid``, ``%warpid``,
   ``%smid``, ``%clock``, ``ld.global.nc``, fences) become the equivalent C++; any other inline PTX
-  is refused at compile time with the instruction named.
+  is refused at compile time with the instruction named;
+* a ``warpSize`` NVRTC refuses and g++ takes (its address, a static or namespace-scope variable's
+  initializer) becomes an expression that fails to compile, saying why in NVRTC's words.
 
 A source that uses ``volatile`` is compiled with GCC's ThreadSanitizer instrumentation, whose hooks
 (defined by the emulator's header, no TSan runtime involved) let a thread yield at every volatile
@@ -374,6 +376,104 @@ def _constant_bank_check(code: str, filename: str) -> str:
             f'hold more than the 64 KiB (65536 bytes) of a GPU\'s constant bank (NVRTC refuses it too: ptxas reports '
             f'the bytes as cmem[3] and the compile fails); keep a large table in global memory: pass it as a '
             f'const pointer argument");\n')
+
+
+# --- warpSize where NVRTC refuses it ----------------------------------------------------------------
+
+# warpSize is a built-in variable under NVRTC: a run-time value in a register. The header's stand-in
+# (an int with a run-time initializer) makes g++ refuse it where a constant is needed; these are the
+# uses g++ takes and NVRTC refuses (measured with NVRTC 12.4, 12.9 and 13.5, tests/test_nvrtc_parity.py):
+# its address, and the initializer of a variable that is initialised once, before any thread runs (a
+# namespace-scope variable, which is a __device__ variable under CuPy's --device-as-default-execution-
+# space, or a static one). The warpSize there becomes an expression that fails to compile with NVRTC's
+# meaning (same value, same line).
+_WARP_SIZE_REFUSALS = {
+    "address": 'cannot take the address of warpSize (NVRTC refuses it too: cannot take address of builtin variable '
+               '\\"warpSize\\"): a GPU keeps it in a register; copy it first (int w = warpSize;) and take &w',
+    "static": "a static variable cannot be initialized from warpSize (NVRTC refuses it too: dynamic initialization "
+              "is not supported for a function-scope static __device__ variable); drop the static (int w = "
+              "warpSize;), or write a constant of your own: constexpr int WARP_SIZE = 32;",
+    "namespace": "a variable at namespace scope cannot be initialized from warpSize (NVRTC refuses it too: dynamic "
+                 "initialization is not supported for a __device__ variable); read warpSize inside the kernel, or "
+                 "write a constant of your own: constexpr int WARP_SIZE = 32;",
+}
+_WARP_SIZE = re.compile(r"\bwarpSize\b")
+# a static variable's declaration up to its initializer: `static const int w = `, `static int a[2] = {`
+_STATIC_INITIALIZER = re.compile(r"\bstatic\s+[\w:<>,\s*&]*?\b[A-Za-z_]\w*\s*(?:\[[^\]]*\]\s*)*(?:=\s*\{?|\{)"
+                                 r"(?P<init>[^;{}]*)")
+# an operand that only asks for warpSize's type or size: a constant, which NVRTC takes anywhere
+_UNEVALUATED = re.compile(r"\b(?:sizeof|decltype|alignof|noexcept)\s*\(?\s*$")
+
+
+def _enclosing_brace(text: str, pos: int) -> int:
+    """Index of the innermost '{' still open at ``pos`` (-1: none)."""
+    stack = []
+    for m in re.finditer(r"[{}]", text[:pos]):
+        if m.group(0) == "{":
+            stack.append(m.start())
+        elif stack:
+            stack.pop()
+    return stack[-1] if stack else -1
+
+
+def _warp_size_refusal(text: str, pos: int, scopes: "_Scopes", statics: list) -> str | None:
+    """Which of _WARP_SIZE_REFUSALS the warpSize at ``pos`` of the blanked ``text`` meets, or None."""
+    before = text[:pos].rstrip()
+    while before.endswith("("):   # &(warpSize)
+        before = before[:-1].rstrip()
+    if before.endswith("&") and not before.endswith("&&"):
+        rest = before[:-1].rstrip()
+        word = re.search(r"(\w+)$", rest)
+        # a unary '&' follows an operator or punctuation, or `return`; a binary one follows an operand
+        if not rest or rest[-1] not in ")]" and not (word and word.group(1) not in ("return", "case", "throw")):
+            return "address"
+    if _UNEVALUATED.search(text[:pos]):
+        return None
+    for start, end, init_start in statics:
+        if init_start <= pos < end:
+            if re.search(r"\bconstexpr\b", text[start:init_start]):
+                return None   # g++ refuses it as a constant expression (_WARP_SIZE_NOT_CONSTANT says why)
+            if scopes.file_scope(start):
+                return "namespace"
+            brace = _enclosing_brace(text, start)
+            # a static data member's initializer (struct S { static const int w = warpSize; }) needs a
+            # constant, and g++ already refuses it
+            return None if re.search(r"\b(?:struct|class|union)\b[^;{}()]*$", text[:brace]) else "static"
+    if not scopes.file_scope(pos):
+        return None
+    statement = text[max(text.rfind(";", 0, pos), text.rfind("}", 0, pos), text.rfind("{", 0, pos)) + 1:pos]
+    if re.search(r"\b(?:template|using|typedef|constexpr)\b", statement):
+        return None
+    depth = 0
+    for i, ch in enumerate(statement):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif (ch == "=" and depth == 0 and statement[i + 1:i + 2] != "=" and
+              (i == 0 or statement[i - 1] not in "=!<>+-*/%&|^")):
+            return "namespace"   # `const int W = warpSize;`, not a default argument `int f(int w = warpSize)`
+    return None
+
+
+def rewrite_warp_size(code: str) -> str:
+    """Line-preserving: each warpSize NVRTC refuses (_WARP_SIZE_REFUSALS) becomes a lambda that reads it
+    and fails to compile, saying why."""
+    if "warpSize" not in code:
+        return code
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
+    scopes = _Scopes(text)
+    statics = [(m.start(), m.end(), m.start("init")) for m in _STATIC_INITIALIZER.finditer(text)]
+    out, last = [], 0
+    for m in _WARP_SIZE.finditer(text):
+        why = _warp_size_refusal(text, m.start(), scopes, statics)
+        if why is None:
+            continue
+        out.append(code[last:m.start()] + '([]() -> const int& { static_assert(llmcupy_sim::always_false<__LINE__>, '
+                   f'"{_WARP_SIZE_REFUSALS[why]}"); return ::warpSize; }}())')
+        last = m.end()
+    out.append(code[last:])
+    return "".join(out)
 
 
 # --- inline PTX ---------------------------------------------------------------------------------
@@ -947,7 +1047,7 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     if lib.exists():
         return lib
 
-    body = rewrite_asm(rewrite_shared(code))
+    body = rewrite_asm(rewrite_shared(rewrite_warp_size(code)))
     volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
     entries = []
     bounds = launch_bounds(code)

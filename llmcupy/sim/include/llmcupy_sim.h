@@ -531,7 +531,9 @@ LLMCUPY_SIM_NOSAN_FN inline dim3 grid_dim() { return g_grid_dim; }
 #endif
 // warpSize is a built-in variable on a GPU, not a compile-time constant: NVRTC refuses it in an array
 // size, a template argument, constexpr, static_assert or a case label ("expression must have a
-// constant value"). A run-time initializer makes g++ refuse the same uses; every other use reads 32.
+// constant value"). A run-time initializer makes g++ refuse the same uses; its address and a static
+// initializer, which g++ takes and NVRTC refuses, are refused by sim/compiler.py (rewrite_warp_size);
+// every other use reads 32.
 namespace llmcupy_sim {
 inline int warp_size_read_at_run_time() { return 32; }
 }  // namespace llmcupy_sim
