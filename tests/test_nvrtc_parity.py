@@ -283,3 +283,66 @@ def test_warp_size_where_a_constant_is_needed_is_refused_as_before(name, line):
     # g++ refuses these itself (the header's warpSize has a run-time initializer), with a hint in NVRTC's words
     with pytest.raises(sim_compiler.SimCompileError, match="NVRTC refuses it"):
         llmcupy.RawModule(code=line + "\n", target="sim", filename="warp.cu")
+
+
+# ----------------------------------------------------------------------------------------------
+# other C++ that g++ takes and NVRTC refuses in device code
+
+# (name, one line of source, NVRTC compiles it, what the emulator's refusal says at that line, or None)
+DEVICE_CODE = [
+    ("thread_local", "thread_local int per_thread = 0;", False,
+     "error: thread_local is not available in device code (NVRTC refuses it too: cannot use thread_local"),
+    ("static_thread_local", "__device__ int counter() { static thread_local int n = 0; return ++n; }", False,
+     "error: thread_local is not available in device code"),
+    ("int128", "__device__ unsigned long long high(unsigned long long a) { return (unsigned __int128)a * a >> 64; }",
+     False, 'error: __int128 is not available in device code (NVRTC refuses it too: 128-bit integer type is only '
+            'supported in Linux with the "--device-int128" flag in NVRTC)'),
+    ("throw", "__global__ void throws(int* p) { if (p[0] < 0) throw 1; }", False,
+     "error: exception handling disabled"),
+    ("try", "__global__ void tries(int* p) { try { p[0] = 1; } catch (...) { p[0] = 2; } }", False,
+     "error: exception handling disabled"),   # g++ says it once per file: compiled alone below
+    ("typeid", "__global__ void type_id(unsigned long* p) { p[0] = sizeof(typeid(p[0])); }", False,
+     "error: cannot use ‘typeid’ with ‘-fno-rtti’"),
+    ("dynamic_cast", "struct Base { __device__ virtual ~Base() {} }; struct Derived : Base {}; "
+                     "__global__ void derived(Base** b, int* p) { p[0] = dynamic_cast<Derived*>(b[0]) != nullptr; }",
+     False,
+     "error: ‘dynamic_cast’ not permitted with ‘-fno-rtti’"),
+    ("virtual", "struct Shape { __device__ virtual int sides() { return 0; } }; "
+                "struct Square : Shape { __device__ int sides() override { return 4; } };", True, None),
+    ("new_delete", "__global__ void heap(float* p, int n) { float* q = new float[n]; q[0] = 1; p[0] = q[0]; "
+                   "delete[] q; }", True, None),
+    ("recursion", "__device__ int fact(int x) { return x <= 1 ? 1 : x * fact(x - 1); }", True, None),
+    ("variadic", "template <class... T> __device__ int count(T... t) { return sizeof...(t); } "
+                 "__device__ int counted() { return count(1, 2.0f, 'c'); }", True, None),
+    ("long_double", "__device__ float widen(int n) { long double x = n; return (float)x; }", True, None),
+    ("printf_string", '__global__ void says(int n) { const char* s = "abc"; printf("%s %d\\n", s, n); }', True, None),
+]
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_verdicts_on_device_code(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {name: line + "\n" for name, line, _, _ in DEVICE_CODE})
+    wrong = {name: verdicts[name][1] for name, _, compiles, _ in DEVICE_CODE if verdicts[name][0] != compiles}
+    assert not wrong, wrong
+
+
+def test_the_emulator_refuses_device_code_nvrtc_refuses():
+    # before: each refused line compiled and ran here (g++ has thread_local, __int128, exceptions and RTTI)
+    refused = [row for row in DEVICE_CODE if row[3] and row[0] != "try"]
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code="".join(line + "\n" for _, line, _, _ in refused), target="sim", filename="dev.cu")
+    text = str(info.value)
+    for line, (name, _, _, said) in enumerate(refused, 1):
+        assert any(e.startswith(f"dev.cu:{line}:") and said in e for e in text.splitlines()), (name, text)
+    assert "(exceptions are not CUDA: NVRTC refuses them ('device code does not support exception handling')" in text
+    assert "typeid and dynamic_cast are not CUDA: NVRTC fails on them too" in text
+    tries = next(row for row in DEVICE_CODE if row[0] == "try")
+    with pytest.raises(sim_compiler.SimCompileError, match=f"dev.cu:1:[0-9]+: {tries[3]}"):
+        llmcupy.RawModule(code=tries[1] + "\n", target="sim", filename="dev.cu")
+
+
+def test_the_emulator_takes_the_device_code_nvrtc_takes():
+    accepted = "".join(line + "\n" for _, line, _, said in DEVICE_CODE if said is None)
+    llmcupy.RawModule(code=accepted, target="sim")
+    # __int128 with NVRTC's option for it
+    llmcupy.RawModule(code=DEVICE_CODE[2][1] + "\n", options=("--device-int128",), target="sim")

@@ -476,6 +476,44 @@ def rewrite_warp_size(code: str) -> str:
     return "".join(out)
 
 
+# --- C++ that NVRTC refuses in device code --------------------------------------------------------
+
+# Words g++ takes and NVRTC refuses (measured with NVRTC 12.4, 12.9 and 13.5, tests/test_nvrtc_parity.py),
+# by word: (NVRTC's words, what to do). Each one the source writes gets a `#pragma GCC error` at its place,
+# so the refusal names the line and, being the preprocessor's, skips code NVRTC does not see either
+# (#ifndef __CUDACC_RTC__). Exceptions and RTTI need no word list: the emulator compiles with
+# -fno-exceptions -fno-rtti (_unsupported_features words g++'s refusal).
+_REFUSED_WORDS = {
+    "thread_local": ("cannot use thread_local specifier for variable declarations in device code",
+                     "a GPU thread has no thread-local storage beyond its locals: keep the value in a local "
+                     "variable, or in an array indexed by thread"),
+    "__int128": ('128-bit integer type is only supported in Linux with the "--device-int128" flag in NVRTC',
+                 "pass the option --device-int128 (NVRTC and the emulator take it), or use unsigned long long "
+                 "with __umul64hi"),
+}
+
+
+def rewrite_refused_words(code: str, options=()) -> str:
+    """Line-preserving: each word of _REFUSED_WORDS in the source is preceded by a preprocessor error
+    saying why NVRTC refuses it (``__int128`` is allowed with ``--device-int128``, as under NVRTC)."""
+    words = [w for w in _REFUSED_WORDS if w in code]
+    if "__int128" in words and any(isinstance(o, str) and o.lstrip("-") == "device-int128" for o in options or ()):
+        words.remove("__int128")
+    if not words:
+        return code
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
+    out, last = [], 0
+    for m in re.finditer(rf"\b(?:{'|'.join(words)})\b", text):
+        nvrtc_says, advice = _REFUSED_WORDS[m.group(0)]
+        message = (f"{m.group(0)} is not available in device code (NVRTC refuses it too: {nvrtc_says}); {advice}"
+                   .replace("\\", "\\\\").replace('"', '\\"'))
+        pragma = f'GCC error "{message}"'.replace("\\", "\\\\").replace('"', '\\"')
+        out.append(code[last:m.start()] + f'_Pragma("{pragma}") ')
+        last = m.start()
+    out.append(code[last:])
+    return "".join(out)
+
+
 # --- inline PTX ---------------------------------------------------------------------------------
 
 _SPECIAL_REGISTERS = {
@@ -990,7 +1028,10 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     # -Werror=vla: a local array sized at run time (float buf[n]) is a g++/clang extension NVRTC refuses;
     # warnings are otherwise on as the compiler's defaults (no -w: it would silence this error too), and
     # only a failed build shows them (the catalogue builds without one)
+    # -fno-exceptions -fno-rtti: device code has neither (NVRTC: "device code does not support exception
+    # handling"; typeid and dynamic_cast fail to compile), and the emulator's header uses neither
     base_flags = ["-O2", "-g0", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread", "-Werror=vla",
+                  "-fno-exceptions", "-fno-rtti",
                   "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique", "-fstack-clash-protection"]
     # Only for the compile step: linked with -fsanitize, g++ would make the library load UBSan's
     # runtime (not wanted, and not on every machine).
@@ -1047,7 +1088,7 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     if lib.exists():
         return lib
 
-    body = rewrite_asm(rewrite_shared(rewrite_warp_size(code)))
+    body = rewrite_asm(rewrite_shared(rewrite_warp_size(rewrite_refused_words(code, options))))
     volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
     entries = []
     bounds = launch_bounds(code)
@@ -1211,6 +1252,16 @@ def _unsupported_features(stderr: str) -> str:
         said.append("a local array sized at run time is not CUDA: NVRTC refuses it ('expression must have a "
                     "constant value'); size it with a constant (a template parameter, a constexpr, 32 rather "
                     "than warpSize), or use dynamic shared memory or a buffer passed as an argument")
+    if re.search(r"error: exception handling disabled", stderr):   # g++'s words for -fno-exceptions; clang's:
+        said.append("exceptions are not CUDA: NVRTC refuses them ('device code does not support exception "
+                    "handling'); report a failure through an output (an error flag) or stop with assert()")
+    elif re.search(r"error: cannot use .(?:try|throw). with exceptions disabled", stderr):
+        said.append("exceptions are not CUDA: NVRTC refuses them ('device code does not support exception "
+                    "handling'); report a failure through an output (an error flag) or stop with assert()")
+    if re.search(r"error: (?:cannot use .typeid. with .-fno-rtti|.dynamic_cast. not permitted with .-fno-rtti"
+                 r"|use of typeid requires -frtti|use of dynamic_cast requires -frtti)", stderr):
+        said.append("typeid and dynamic_cast are not CUDA: NVRTC fails on them too (no RTTI in device code); "
+                    "dispatch on a type tag or a virtual function instead")
     if _WARP_SIZE_NOT_CONSTANT.search(stderr):
         said.append("warpSize is no compile-time constant in CUDA: NVRTC refuses it too in an array size, a template "
                     "argument, constexpr, static_assert or a case label ('expression must have a constant value'); "
