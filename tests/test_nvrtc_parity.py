@@ -102,6 +102,8 @@ ADVISED = r"""
 #include <cuda/std/cfloat>
 #include <cuda/std/climits>
 #include <cuda/std/cstddef>
+#include <cuda/std/cstdlib>
+#include <cuda/std/cstring>
 #include <cuda/std/array>
 #include <cuda/std/atomic>
 #include <cuda/std/bit>
@@ -125,9 +127,12 @@ extern "C" __global__ void advised(float* p, int n) {
     cuda::std::size_t t = n;
     p[3] = (float)(u + i + s + t);
     p[4] = (FLT_MAX > 1e38f) + (INT_MAX > 0) + (UINT_MAX > 0u) + (FLT_EPSILON < 1e-6f);
+    int a0 = 0;
     memset(p + 5, 0, sizeof(float));                         // built in
     memcpy(p + 6, p + 4, sizeof(float));
-    p[7] = (float)abs(-n);
+    p[7] = (float)abs(-n) + (float)cuda::std::abs(0);
+    cuda::std::memcpy(&a0, &n, sizeof(int));
+    p[4] += a0 - n;
     p[8] = cuda::std::numeric_limits<float>::max() > 1e38f ? cuda::std::is_same<float, float>::value : 0;
     float a = 1.0f, b = 2.0f;
     cuda::std::swap(a, b);
