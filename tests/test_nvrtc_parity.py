@@ -11,6 +11,7 @@ tests check the emulator's verdict against the same tables, one compile per tabl
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -350,3 +351,57 @@ def test_the_emulator_takes_the_device_code_nvrtc_takes():
     llmcupy.RawModule(code=accepted, target="sim")
     # __int128 with NVRTC's option for it
     llmcupy.RawModule(code=DEVICE_CODE[2][1] + "\n", options=("--device-int128",), target="sim")
+
+
+# ----------------------------------------------------------------------------------------------
+# variables initialized before any thread runs: NVRTC takes only a constant initializer
+
+# (name, source, NVRTC compiles it)
+CONSTANT_INIT = [
+    ("device_call", "__device__ int three() { return 3; } __device__ int from_call = three();", False),
+    ("constant_call", "__device__ float two() { return 2.0f; } __constant__ float from_two = two();", False),
+    ("device_constructor", "struct Counter { int v; __device__ Counter() : v(3) {} }; __device__ Counter counter;",
+     False),
+    ("device_make_float2", "__device__ float2 pair = make_float2(1.0f, 2.0f);", False),
+    ("static_from_argument", "__global__ void from_argument(int* p, int n) { static int s = n; p[0] = s; }", False),
+    ("static_from_block", "__global__ void from_block(int* p) { static unsigned s = blockDim.x; p[0] = s; }", False),
+    ("device_constants", "__device__ int twelve = 3 * 4; __device__ float zeros[4]; "
+                         "__constant__ float table[3] = {1, 2, 3}; __device__ float2 braced = {1.0f, 2.0f};", True),
+    ("device_constexpr", "struct Seven { int v; constexpr Seven() : v(7) {} }; __device__ Seven seven; "
+                         "__device__ constexpr float HALF = 0.5f;", True),
+    ("static_constants", "__device__ int counted() { static int c = 0; static const float t[2] = {1, 2}; "
+                         "static int z; return ++c + (int)t[1] + z; }", True),
+    ("static_members", "struct Sizes { static const int w = 4; static constexpr int z = 2; }; "
+                       "static __device__ int file_static = 2;", True),
+    ("static_lambda", "__global__ void lambda_static(int* p) { static auto inc = [](int x) { return x + 1; }; "
+                      "p[0] = inc(p[1]); }", True),
+]
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_verdicts_on_constant_initialization(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {name: line + "\n" for name, line, _ in CONSTANT_INIT})
+    wrong = {name: verdicts[name][1] for name, _, compiles in CONSTANT_INIT if verdicts[name][0] != compiles}
+    assert not wrong, wrong
+    for name, _, compiles in CONSTANT_INIT:
+        assert compiles or "dynamic initialization is not supported" in verdicts[name][1], name
+
+
+def test_the_emulator_refuses_a_run_time_initializer_where_nvrtc_does():
+    # before: each compiled and ran here (g++ runs the initializer at load or first use)
+    refused = [line for _, line, compiles in CONSTANT_INIT if not compiles]
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code="".join(line + "\n" for line in refused), target="sim", filename="init.cu")
+    text = str(info.value)
+    for number in range(1, len(refused) + 1):
+        assert re.search(rf"^init\.cu:{number}:\d+: error: .*constant initializer", text, re.M), (number, text)
+    assert ("(a __device__ or __constant__ variable, or a static local, is initialized before any thread runs: "
+            "NVRTC refuses a value computed at run time there ('dynamic initialization is not supported for a "
+            "__device__ variable')") in text
+
+
+def test_the_emulator_takes_constant_initializers():
+    accepted = "".join(line + "\n" for _, line, compiles in CONSTANT_INIT if compiles)
+    p = np.array([0, 41], np.int32)
+    llmcupy.RawModule(code=accepted, target="sim").get_function("lambda_static")((1,), (1,), (p,))
+    assert p[0] == 42

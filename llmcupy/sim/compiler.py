@@ -476,6 +476,55 @@ def rewrite_warp_size(code: str) -> str:
     return "".join(out)
 
 
+# --- variables initialized before any thread runs -------------------------------------------------
+
+# A __device__ or __constant__ variable at namespace scope, and a static local, are initialized once,
+# before the kernel runs; NVRTC takes only a constant initializer for them ("dynamic initialization is
+# not supported for a __device__ variable", "... for a function-scope static __device__ variable"), where
+# g++ would run any code at load or first use. Each gets C++20's constinit (GCC's __constinit in any -std,
+# clang's attribute), so g++ refuses what NVRTC refuses; _unsupported_features says why in NVRTC's words.
+# (GCC folds the C library's math calls, expf(1.0f), into constants, so those few still pass here.)
+_STATIC_SPECIFIER = re.compile(r"\bstatic\s+")
+_NOT_CONSTANT_INITIALIZER = re.compile(r"does not have a constant initializer")
+
+
+def rewrite_constant_initialization(code: str) -> str:
+    """Line-preserving: ``LLMCUPY_SIM_CONSTANT_INIT`` (llmcupy_sim.h) before each namespace-scope
+    __device__/__constant__ variable definition and after each function-scope ``static``."""
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
+    if "static" not in text and "__device__" not in text and "__constant__" not in text:
+        return code
+    scopes = _Scopes(text)
+    inserts = []
+
+    def declaration(start: int) -> str:
+        end = text.find(";", start)
+        return text[start:end if end >= 0 else len(text)]
+
+    for m in _DEVICE_VAR.finditer(text):
+        before = text[max(0, m.start() - 40):m.start()]
+        if (not scopes.file_scope(m.start()) or re.search(r"\b(?:template|typedef|using|extern|constexpr)\b", m["rest"])
+                or re.search(r"\b(?:extern\s*(?:\"C\"\s*)?|constexpr\s+)$", before) or "warpSize" in m.group(0)):
+            continue   # a declaration without storage, a constant already, or warpSize's own refusal
+        inserts.append(m.start())
+    for m in _STATIC_SPECIFIER.finditer(text):
+        decl = declaration(m.end())
+        if scopes.file_scope(m.start()) or re.match(r"(?:__shared__|thread_local|constexpr|inline)\b", decl):
+            continue
+        if re.search(r"\b(?:constexpr|__shared__)\b", decl.split("=")[0]) or "warpSize" in decl:
+            continue
+        brace = _enclosing_brace(text, m.start())
+        if re.search(r"\b(?:struct|class|union)\b[^;{}()]*$", text[:brace]):
+            continue   # a static data member: in-class initializers must be constant already
+        inserts.append(m.end())
+    out, last = [], 0
+    for pos in sorted(set(inserts)):
+        out.append(code[last:pos] + "LLMCUPY_SIM_CONSTANT_INIT ")
+        last = pos
+    out.append(code[last:])
+    return "".join(out)
+
+
 # --- C++ that NVRTC refuses in device code --------------------------------------------------------
 
 # Words g++ takes and NVRTC refuses (measured with NVRTC 12.4, 12.9 and 13.5, tests/test_nvrtc_parity.py),
@@ -1088,7 +1137,9 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     if lib.exists():
         return lib
 
-    body = rewrite_asm(rewrite_shared(rewrite_warp_size(rewrite_refused_words(code, options))))
+    # constant initialization before warpSize's refusals: a declaration warpSize refuses is left to them
+    body = rewrite_asm(rewrite_shared(rewrite_warp_size(rewrite_constant_initialization(
+        rewrite_refused_words(code, options)))))
     volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
     entries = []
     bounds = launch_bounds(code)
@@ -1262,6 +1313,11 @@ def _unsupported_features(stderr: str) -> str:
                  r"|use of typeid requires -frtti|use of dynamic_cast requires -frtti)", stderr):
         said.append("typeid and dynamic_cast are not CUDA: NVRTC fails on them too (no RTTI in device code); "
                     "dispatch on a type tag or a virtual function instead")
+    if _NOT_CONSTANT_INITIALIZER.search(stderr):
+        said.append("a __device__ or __constant__ variable, or a static local, is initialized before any thread runs: "
+                    "NVRTC refuses a value computed at run time there ('dynamic initialization is not supported for a "
+                    "__device__ variable'); give it constants (a constexpr constructor for a class), or set it in "
+                    "the kernel")
     if _WARP_SIZE_NOT_CONSTANT.search(stderr):
         said.append("warpSize is no compile-time constant in CUDA: NVRTC refuses it too in an array size, a template "
                     "argument, constexpr, static_assert or a case label ('expression must have a constant value'); "

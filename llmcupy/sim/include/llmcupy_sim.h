@@ -118,6 +118,13 @@
 #define __builtin_align__(n) alignas(n)
 // Not `static`: RawModule.get_global finds __constant__ and __device__ variables by address.
 #define __constant__
+// What sim/compiler.py puts on a __device__/__constant__ variable and a static local: NVRTC takes only a
+// constant initializer there, and so does constinit (GCC's spelling works in C++17, clang's is an attribute).
+#if defined(__clang__)
+#define LLMCUPY_SIM_CONSTANT_INIT __attribute__((require_constant_initialization))
+#else
+#define LLMCUPY_SIM_CONSTANT_INIT __constinit
+#endif
 // The Python side rewrites every `__shared__` declaration it recognises (see sim/compiler.py) so
 // that it is poisoned per block; anything it does not recognise still works, unpoisoned.
 #define __shared__ static thread_local
