@@ -253,6 +253,22 @@ def compile_options(arch: int, kernels_dir: Path | None = None, extra=()) -> lis
     return opts + list(extra)
 
 
+def module_options(arch: int, options=()) -> list[str]:
+    """The NVRTC options of ``llmcupy.RawModule(code=..., options=options)`` on a GPU, as CuPy 14 gives
+    them (``assemble_cupy_compiler_options``, then its NVRTC path): the CCCL folders first, the user's
+    options, ``--std=c++17`` unless they set one, CuPy's and the CUDA headers, ``-ftz=true``, the
+    architecture and ``--device-as-default-execution-space``. What a user's kernel source is compiled
+    with, where :func:`compile_options` is what the catalogue's files are."""
+    dirs = cuda_include_dirs()
+    runtime = next(d for d in dirs if (d / "cooperative_groups.h").is_file())
+    cccl = [d for d in dirs if d.parent.name == "_cccl" or (d / "nv" / "target").is_file()]
+    cupy_include = [d for d in dirs if (d / "cupy" / "complex.cuh").is_file()]
+    options = list(options)
+    std = [] if any("-std=" in o for o in options) else ["--std=c++17"]
+    return ([f"-I{d}" for d in cccl if d != runtime] + options + std + [f"-I{d}" for d in cupy_include]
+            + [f"-I{runtime}", "-ftz=true", f"-arch=sm_{int(arch)}", "--device-as-default-execution-space"])
+
+
 # ----------------------------------------------------------------------------------------------
 # ptxas -v log parsing
 

@@ -1174,7 +1174,7 @@ def test_trap_fails_the_launch_with_the_place_and_the_process_lives_on():
     assert x.sum() == 32
 
 
-DIVIDE = r"""#include <climits>
+DIVIDE = r"""#include <cuda/std/climits>
 __global__ void share(int* y, int parts) {
     y[threadIdx.x] = 100 / parts;
 }

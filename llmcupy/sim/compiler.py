@@ -11,7 +11,9 @@ deadlock reports point at the right lines of the .cu file):
   scope: an object that does the same at every use);
 * ``asm("...")`` statements with a PTX idiom the emulator knows (``%laneid``, ``%warpid``,
   ``%smid``, ``%clock``, ``ld.global.nc``, fences) become the equivalent C++; any other inline PTX
-  is refused at compile time with the instruction named.
+  is refused at compile time with the instruction named;
+* a ``warpSize`` NVRTC refuses and g++ takes (its address, a static or namespace-scope variable's
+  initializer) becomes an expression that fails to compile, saying why in NVRTC's words.
 
 A source that uses ``volatile`` is compiled with GCC's ThreadSanitizer instrumentation, whose hooks
 (defined by the emulator's header, no TSan runtime involved) let a thread yield at every volatile
@@ -380,6 +382,191 @@ def _constant_bank_check(code: str, filename: str) -> str:
             f'const pointer argument");\n')
 
 
+# --- warpSize where NVRTC refuses it ----------------------------------------------------------------
+
+# warpSize is a built-in variable under NVRTC: a run-time value in a register. The header's stand-in
+# (an int with a run-time initializer) makes g++ refuse it where a constant is needed; these are the
+# uses g++ takes and NVRTC refuses (measured with NVRTC 12.4, 12.9 and 13.5, tests/test_nvrtc_parity.py):
+# its address, and the initializer of a variable that is initialised once, before any thread runs (a
+# namespace-scope variable, which is a __device__ variable under CuPy's --device-as-default-execution-
+# space, or a static one). The warpSize there becomes an expression that fails to compile with NVRTC's
+# meaning (same value, same line).
+_WARP_SIZE_REFUSALS = {
+    "address": 'cannot take the address of warpSize (NVRTC refuses it too: cannot take address of builtin variable '
+               '\\"warpSize\\"): a GPU keeps it in a register; copy it first (int w = warpSize;) and take &w',
+    "static": "a static variable cannot be initialized from warpSize (NVRTC refuses it too: dynamic initialization "
+              "is not supported for a function-scope static __device__ variable); drop the static (int w = "
+              "warpSize;), or write a constant of your own: constexpr int WARP_SIZE = 32;",
+    "namespace": "a variable at namespace scope cannot be initialized from warpSize (NVRTC refuses it too: dynamic "
+                 "initialization is not supported for a __device__ variable); read warpSize inside the kernel, or "
+                 "write a constant of your own: constexpr int WARP_SIZE = 32;",
+}
+_WARP_SIZE = re.compile(r"\bwarpSize\b")
+# a static variable's declaration up to its initializer: `static const int w = `, `static int a[2] = {`
+_STATIC_INITIALIZER = re.compile(r"\bstatic\s+[\w:<>,\s*&]*?\b[A-Za-z_]\w*\s*(?:\[[^\]]*\]\s*)*(?:=\s*\{?|\{)"
+                                 r"(?P<init>[^;{}]*)")
+# an operand that only asks for warpSize's type or size: a constant, which NVRTC takes anywhere
+_UNEVALUATED = re.compile(r"\b(?:sizeof|decltype|alignof|noexcept)\s*\(?\s*$")
+
+
+def _enclosing_brace(text: str, pos: int) -> int:
+    """Index of the innermost '{' still open at ``pos`` (-1: none)."""
+    stack = []
+    for m in re.finditer(r"[{}]", text[:pos]):
+        if m.group(0) == "{":
+            stack.append(m.start())
+        elif stack:
+            stack.pop()
+    return stack[-1] if stack else -1
+
+
+def _warp_size_refusal(text: str, pos: int, scopes: "_Scopes", statics: list) -> str | None:
+    """Which of _WARP_SIZE_REFUSALS the warpSize at ``pos`` of the blanked ``text`` meets, or None."""
+    before = text[:pos].rstrip()
+    while before.endswith("("):   # &(warpSize)
+        before = before[:-1].rstrip()
+    if before.endswith("&") and not before.endswith("&&"):
+        rest = before[:-1].rstrip()
+        word = re.search(r"(\w+)$", rest)
+        # a unary '&' follows an operator or punctuation, or `return`; a binary one follows an operand
+        if not rest or rest[-1] not in ")]" and not (word and word.group(1) not in ("return", "case", "throw")):
+            return "address"
+    if _UNEVALUATED.search(text[:pos]):
+        return None
+    for start, end, init_start in statics:
+        if init_start <= pos < end:
+            if re.search(r"\bconstexpr\b", text[start:init_start]):
+                return None   # g++ refuses it as a constant expression (_WARP_SIZE_NOT_CONSTANT says why)
+            if scopes.file_scope(start):
+                return "namespace"
+            brace = _enclosing_brace(text, start)
+            # a static data member's initializer (struct S { static const int w = warpSize; }) needs a
+            # constant, and g++ already refuses it
+            return None if re.search(r"\b(?:struct|class|union)\b[^;{}()]*$", text[:brace]) else "static"
+    if not scopes.file_scope(pos):
+        return None
+    statement = text[max(text.rfind(";", 0, pos), text.rfind("}", 0, pos), text.rfind("{", 0, pos)) + 1:pos]
+    if re.search(r"\b(?:template|using|typedef|constexpr)\b", statement):
+        return None
+    depth = 0
+    for i, ch in enumerate(statement):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif (ch == "=" and depth == 0 and statement[i + 1:i + 2] != "=" and
+              (i == 0 or statement[i - 1] not in "=!<>+-*/%&|^")):
+            return "namespace"   # `const int W = warpSize;`, not a default argument `int f(int w = warpSize)`
+    return None
+
+
+def rewrite_warp_size(code: str) -> str:
+    """Line-preserving: each warpSize NVRTC refuses (_WARP_SIZE_REFUSALS) becomes a lambda that reads it
+    and fails to compile, saying why."""
+    if "warpSize" not in code:
+        return code
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
+    scopes = _Scopes(text)
+    statics = [(m.start(), m.end(), m.start("init")) for m in _STATIC_INITIALIZER.finditer(text)]
+    out, last = [], 0
+    for m in _WARP_SIZE.finditer(text):
+        why = _warp_size_refusal(text, m.start(), scopes, statics)
+        if why is None:
+            continue
+        out.append(code[last:m.start()] + '([]() -> const int& { static_assert(llmcupy_sim::always_false<__LINE__>, '
+                   f'"{_WARP_SIZE_REFUSALS[why]}"); return ::warpSize; }}())')
+        last = m.end()
+    out.append(code[last:])
+    return "".join(out)
+
+
+# --- variables initialized before any thread runs -------------------------------------------------
+
+# A __device__ or __constant__ variable at namespace scope, and a static local, are initialized once,
+# before the kernel runs; NVRTC takes only a constant initializer for them ("dynamic initialization is
+# not supported for a __device__ variable", "... for a function-scope static __device__ variable"), where
+# g++ would run any code at load or first use. Each gets C++20's constinit (GCC's __constinit in any -std,
+# clang's attribute), so g++ refuses what NVRTC refuses; _unsupported_features says why in NVRTC's words.
+# (GCC folds the C library's math calls, expf(1.0f), into constants, so those few still pass here.)
+_STATIC_SPECIFIER = re.compile(r"\bstatic\s+")
+_NOT_CONSTANT_INITIALIZER = re.compile(r"does not have a constant initializer")
+
+
+def rewrite_constant_initialization(code: str) -> str:
+    """Line-preserving: ``LLMCUPY_SIM_CONSTANT_INIT`` (llmcupy_sim.h) before each namespace-scope
+    __device__/__constant__ variable definition and after each function-scope ``static``."""
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
+    if "static" not in text and "__device__" not in text and "__constant__" not in text:
+        return code
+    scopes = _Scopes(text)
+    inserts = []
+
+    def declaration(start: int) -> str:
+        end = text.find(";", start)
+        return text[start:end if end >= 0 else len(text)]
+
+    for m in _DEVICE_VAR.finditer(text):
+        before = text[max(0, m.start() - 40):m.start()]
+        if (not scopes.file_scope(m.start()) or re.search(r"\b(?:template|typedef|using|extern|constexpr)\b", m["rest"])
+                or re.search(r"\b(?:extern\s*(?:\"C\"\s*)?|constexpr\s+)$", before) or "warpSize" in m.group(0)):
+            continue   # a declaration without storage, a constant already, or warpSize's own refusal
+        inserts.append(m.start())
+    for m in _STATIC_SPECIFIER.finditer(text):
+        decl = declaration(m.end())
+        if scopes.file_scope(m.start()) or re.match(r"(?:__shared__|thread_local|constexpr|inline)\b", decl):
+            continue
+        if re.search(r"\b(?:constexpr|__shared__)\b", decl.split("=")[0]) or "warpSize" in decl:
+            continue
+        brace = _enclosing_brace(text, m.start())
+        if re.search(r"\b(?:struct|class|union)\b[^;{}()]*$", text[:brace]):
+            continue   # a static data member: in-class initializers must be constant already
+        inserts.append(m.end())
+    out, last = [], 0
+    for pos in sorted(set(inserts)):
+        out.append(code[last:pos] + "LLMCUPY_SIM_CONSTANT_INIT ")
+        last = pos
+    out.append(code[last:])
+    return "".join(out)
+
+
+# --- C++ that NVRTC refuses in device code --------------------------------------------------------
+
+# Words g++ takes and NVRTC refuses (measured with NVRTC 12.4, 12.9 and 13.5, tests/test_nvrtc_parity.py),
+# by word: (NVRTC's words, what to do). Each one the source writes gets a `#pragma GCC error` at its place,
+# so the refusal names the line and, being the preprocessor's, skips code NVRTC does not see either
+# (#ifndef __CUDACC_RTC__). Exceptions and RTTI need no word list: the emulator compiles with
+# -fno-exceptions -fno-rtti (_unsupported_features words g++'s refusal).
+_REFUSED_WORDS = {
+    "thread_local": ("cannot use thread_local specifier for variable declarations in device code",
+                     "a GPU thread has no thread-local storage beyond its locals: keep the value in a local "
+                     "variable, or in an array indexed by thread"),
+    "__int128": ('128-bit integer type is only supported in Linux with the "--device-int128" flag in NVRTC',
+                 "pass the option --device-int128 (NVRTC and the emulator take it), or use unsigned long long "
+                 "with __umul64hi"),
+}
+
+
+def rewrite_refused_words(code: str, options=()) -> str:
+    """Line-preserving: each word of _REFUSED_WORDS in the source is preceded by a preprocessor error
+    saying why NVRTC refuses it (``__int128`` is allowed with ``--device-int128``, as under NVRTC)."""
+    words = [w for w in _REFUSED_WORDS if w in code]
+    if "__int128" in words and any(isinstance(o, str) and o.lstrip("-") == "device-int128" for o in options or ()):
+        words.remove("__int128")
+    if not words:
+        return code
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
+    out, last = [], 0
+    for m in re.finditer(rf"\b(?:{'|'.join(words)})\b", text):
+        nvrtc_says, advice = _REFUSED_WORDS[m.group(0)]
+        message = (f"{m.group(0)} is not available in device code (NVRTC refuses it too: {nvrtc_says}); {advice}"
+                   .replace("\\", "\\\\").replace('"', '\\"'))
+        pragma = f'GCC error "{message}"'.replace("\\", "\\\\").replace('"', '\\"')
+        out.append(code[last:m.start()] + f'_Pragma("{pragma}") ')
+        last = m.start()
+    out.append(code[last:])
+    return "".join(out)
+
+
 # --- inline PTX ---------------------------------------------------------------------------------
 
 _SPECIAL_REGISTERS = {
@@ -723,6 +910,94 @@ def translate_options(options, filename: str = "kernel.cu") -> tuple[list[str], 
 # this `char c = 200; int i = c;` gave 200 in the emulator on ARM Linux and -56 on the GPU.
 GPU_LANGUAGE_FLAGS = ("-fsigned-char",)
 
+# --- host C/C++ headers ---------------------------------------------------------------------------
+
+# NVRTC has no host C or C++ library: with the include paths CuPy gives it, `#include <cmath>` (any
+# header of the C and C++ standard libraries) fails with 'cannot open source file "cmath"' (measured
+# with NVRTC 12.4, 12.9 and 13.5; tests/test_nvrtc.py keeps checking each name against the NVRTCs it
+# has). g++ would take the host's, so a kernel built here and failed on a GPU. The emulator puts a
+# refusing stand-in in front of each (host_header_dir); its own headers, which need the host's, say so
+# with LLMCUPY_SIM_HOST_HEADERS.
+NVRTC_VERSIONS_WITHOUT_HOST_HEADERS = "12.4 to 13.5"
+HOST_HEADERS = tuple("""
+    algorithm any array atomic bit bitset cassert ccomplex cctype cerrno cfenv cfloat charconv chrono cinttypes
+    ciso646 climits clocale cmath codecvt compare complex concepts condition_variable csetjmp csignal cstdalign
+    cstdarg cstdbool cstddef cstdint cstdio cstdlib cstring ctgmath ctime cuchar cwchar cwctype deque exception
+    execution filesystem forward_list fstream functional future initializer_list iomanip ios iosfwd iostream
+    istream iterator limits list locale map memory memory_resource mutex new numbers numeric optional ostream
+    queue random ratio regex scoped_allocator set shared_mutex span sstream stack stdexcept streambuf string
+    string_view system_error thread tuple type_traits typeindex typeinfo unordered_map unordered_set utility
+    valarray variant vector version
+    assert.h complex.h ctype.h errno.h fenv.h float.h inttypes.h iso646.h limits.h locale.h math.h setjmp.h
+    signal.h stdalign.h stdarg.h stdbool.h stddef.h stdint.h stdio.h stdlib.h string.h tgmath.h time.h uchar.h
+    wchar.h wctype.h""".split())
+# What compiles on both instead (each checked with NVRTC by tests/test_nvrtc.py), by header; a C header
+# and its <cNAME> twin share the advice.
+_BUILT_IN = "are built into NVRTC: drop the include"
+_HOST_HEADER_ADVICE = {
+    "cassert": "device assert() needs no header under NVRTC (it is built in): drop the include, or include "
+               "<cuda/std/cassert>",
+    "cmath": f"the math functions (sqrtf, expf, fmaxf, isnan, ...) {_BUILT_IN}; INFINITY and NAN are not: write "
+             "CUDART_INF_F and CUDART_NAN_F from <math_constants.h>; for std:: overloads include <cuda/std/cmath> "
+             "(cuda::std::sqrt)",
+    "cstdint": "include <cuda/std/cstdint> (uint32_t, int64_t, ...)",
+    "cfloat": "include <cuda/std/cfloat> (FLT_MAX, FLT_EPSILON, ...)",
+    "climits": "include <cuda/std/climits> (INT_MAX, UINT_MAX, ...)",
+    "cstdio": f"device printf() needs no header: it and the rest of the kernel's I/O {_BUILT_IN}",
+    "cstring": f"memcpy() and memset() {_BUILT_IN}",
+    "cstdlib": f"device malloc(), free() and abs() {_BUILT_IN}",
+    "cstddef": "size_t needs no header under NVRTC; for the rest include <cuda/std/cstddef>",
+}
+# host headers whose libcu++ twin (<cuda/std/NAME>, cuda::std::) the emulator has
+LIBCUXX_TWINS = ("array", "atomic", "bit", "complex", "functional", "initializer_list", "limits", "ratio", "tuple",
+                 "type_traits", "utility")
+
+
+def host_header_advice(name: str) -> str:
+    """What a kernel includes or writes instead of the host header ``name`` under NVRTC."""
+    twin = "c" + name[:-2] if name.endswith(".h") else name
+    if twin in _HOST_HEADER_ADVICE:
+        return _HOST_HEADER_ADVICE[twin]
+    if name in LIBCUXX_TWINS:
+        return f"include libcu++'s <cuda/std/{name}> (cuda::std::), which compiles on both"
+    return "a kernel has no host library under NVRTC: drop the include (libcu++'s <cuda/std/...> headers hold " \
+           "what CUDA offers of it on the device)"
+
+
+def _host_header_stand_in(name: str) -> str:
+    message = (f"<{name}> is a host header, which NVRTC does not have (NVRTC {NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: "
+               f"'cannot open source file'), so this kernel would not compile on a GPU; {host_header_advice(name)}")
+    return ("// The emulator's stand-in for a host header NVRTC does not have (sim/compiler.py, HOST_HEADERS): refused\n"
+            "// in the kernel's source and its headers, the host's own for the emulator's headers.\n"
+            "#if defined(LLMCUPY_SIM_USER_SOURCE) && !defined(LLMCUPY_SIM_HOST_HEADERS)\n"
+            f'#error "{message}"\n'
+            "#else\n"
+            f"#include_next <{name}>\n"
+            "#endif\n")
+
+
+def host_header_dir(root: Path) -> Path:
+    """The folder of refusing stand-ins for HOST_HEADERS, made once under ``root`` (the compile cache):
+    searched after the kernel's own -I folders and before the host's (-isystem), so a header of the
+    user's that happens to share a name is still found first, as NVRTC finds it."""
+    files = {name: _host_header_stand_in(name) for name in HOST_HEADERS}
+    digest = hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in files.items()).encode()).hexdigest()[:16]
+    folder = Path(root) / f"host-headers-{digest}"
+    if not (folder / ".complete").is_file():
+        # written aside and renamed into place: a concurrent build sees all of the folder or none of it
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=".host-headers-"))
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        (tmp / ".complete").write_text("")
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)   # another process made it first
+            if not (folder / ".complete").is_file():
+                raise
+    return folder
+
+
 # ThreadSanitizer's instrumentation without its runtime: the hooks live in llmcupy_sim.h.
 TSAN_FLAGS = ["-fsanitize=thread", "--param", "tsan-distinguish-volatile=1",
               "--param", "tsan-instrument-func-entry-exit=0"]
@@ -910,7 +1185,10 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     # -Werror=vla: a local array sized at run time (float buf[n]) is a g++/clang extension NVRTC refuses;
     # warnings are otherwise on as the compiler's defaults (no -w: it would silence this error too), and
     # only a failed build shows them (the catalogue builds without one)
+    # -fno-exceptions -fno-rtti: device code has neither (NVRTC: "device code does not support exception
+    # handling"; typeid and dynamic_cast fail to compile), and the emulator's header uses neither
     base_flags = ["-O2", "-g0", "-fPIC", "-shared", "-fno-strict-aliasing", "-pthread", "-Werror=vla",
+                  "-fno-exceptions", "-fno-rtti",
                   "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-fno-gnu-unique", "-fstack-clash-protection",
                   *GPU_LANGUAGE_FLAGS]
     # Only for the compile step: linked with -fsanitize, g++ would make the library load UBSan's
@@ -972,12 +1250,17 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     if lib.exists():
         return lib
 
+    # constant initialization before warpSize's refusals: a declaration warpSize refuses is left to them
+    body = rewrite_asm(rewrite_shared(rewrite_warp_size(rewrite_constant_initialization(
+        rewrite_refused_words(code, options)))))
     volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
     includes = [f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
     try:
+        # the refusing stand-ins for host headers, after the kernel's own folders (host_header_dir)
+        includes += ["-isystem", str(host_header_dir(out_dir))]
         with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
             return _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile, instrument, asan,
-                                        out_dir, lib, filename, safe_name, kernels, variables, code, Path(tmp))
+                                        out_dir, lib, filename, safe_name, kernels, variables, code, body, Path(tmp))
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):   # writing the unit or the library
             raise _cache_full(out_dir, filename) from None
@@ -1023,7 +1306,7 @@ def _entry_points(scanned: str, kernels, variables) -> str:
 
 
 def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile, instrument, asan, out_dir, lib,
-                         filename, safe_name, kernels, variables, code, tmp: Path) -> Path:
+                         filename, safe_name, kernels, variables, code, body, tmp: Path) -> Path:
     tsan_flags = TSAN_FLAGS_CLANG if is_clang(cxx) else TSAN_FLAGS
     sanitize_flags = check_flags + (tsan_flags if volatile or instrument else [])
     command = [cxx, *[f for f in base_flags if f != "-shared"], *sanitize_flags, "-fstack-usage", *flags, *includes]
@@ -1036,9 +1319,9 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
     if preprocessed is not None:
         variables = device_variables(preprocessed)
         kernels = _left_by_preprocessor(kernels, code, preprocessed)
-    body = rewrite_asm(rewrite_shared(code))
     unit = (
         prefix
+        + "#define LLMCUPY_SIM_USER_SOURCE 1\n"   # from here on a host header is refused (HOST_HEADERS)
         + f'#line 1 "{safe_name}"\n'
         f"{body}\n"
         + _constant_bank_check(scanned, safe_name)
@@ -1159,6 +1442,21 @@ def _unsupported_features(stderr: str) -> str:
         said.append("a local array sized at run time is not CUDA: NVRTC refuses it ('expression must have a "
                     "constant value'); size it with a constant (a template parameter, a constexpr, 32 rather "
                     "than warpSize), or use dynamic shared memory or a buffer passed as an argument")
+    if re.search(r"error: exception handling disabled", stderr):   # g++'s words for -fno-exceptions; clang's:
+        said.append("exceptions are not CUDA: NVRTC refuses them ('device code does not support exception "
+                    "handling'); report a failure through an output (an error flag) or stop with assert()")
+    elif re.search(r"error: cannot use .(?:try|throw). with exceptions disabled", stderr):
+        said.append("exceptions are not CUDA: NVRTC refuses them ('device code does not support exception "
+                    "handling'); report a failure through an output (an error flag) or stop with assert()")
+    if re.search(r"error: (?:cannot use .typeid. with .-fno-rtti|.dynamic_cast. not permitted with .-fno-rtti"
+                 r"|use of typeid requires -frtti|use of dynamic_cast requires -frtti)", stderr):
+        said.append("typeid and dynamic_cast are not CUDA: NVRTC fails on them too (no RTTI in device code); "
+                    "dispatch on a type tag or a virtual function instead")
+    if _NOT_CONSTANT_INITIALIZER.search(stderr):
+        said.append("a __device__ or __constant__ variable, or a static local, is initialized before any thread runs: "
+                    "NVRTC refuses a value computed at run time there ('dynamic initialization is not supported for a "
+                    "__device__ variable'); give it constants (a constexpr constructor for a class), or set it in "
+                    "the kernel")
     if _WARP_SIZE_NOT_CONSTANT.search(stderr):
         said.append("warpSize is no compile-time constant in CUDA: NVRTC refuses it too in an array size, a template "
                     "argument, constexpr, static_assert or a case label ('expression must have a constant value'); "

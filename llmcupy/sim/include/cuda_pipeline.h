@@ -13,9 +13,12 @@
 #pragma once
 #include "llmcupy_sim.h"
 
+#pragma push_macro("LLMCUPY_SIM_HOST_HEADERS")  // the host's own header, not the user's (HOST_HEADERS in sim/compiler.py)
+#define LLMCUPY_SIM_HOST_HEADERS 1
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#pragma pop_macro("LLMCUPY_SIM_HOST_HEADERS")
 
 #ifndef LLMCUPY_SIM_ACCESS_HOOKS
 #define LLMCUPY_SIM_COPY_HELPER

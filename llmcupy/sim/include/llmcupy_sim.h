@@ -122,6 +122,13 @@
 #define __builtin_align__(n) alignas(n)
 // Not `static`: RawModule.get_global finds __constant__ and __device__ variables by address.
 #define __constant__
+// What sim/compiler.py puts on a __device__/__constant__ variable and a static local: NVRTC takes only a
+// constant initializer there, and so does constinit (GCC's spelling works in C++17, clang's is an attribute).
+#if defined(__clang__)
+#define LLMCUPY_SIM_CONSTANT_INIT __attribute__((require_constant_initialization))
+#else
+#define LLMCUPY_SIM_CONSTANT_INIT __constinit
+#endif
 // The Python side rewrites every `__shared__` declaration it recognises (see sim/compiler.py) so
 // that it is poisoned per block; anything it does not recognise still works, unpoisoned.
 #define __shared__ static thread_local
@@ -535,7 +542,9 @@ LLMCUPY_SIM_NOSAN_FN inline dim3 grid_dim() { return g_grid_dim; }
 #endif
 // warpSize is a built-in variable on a GPU, not a compile-time constant: NVRTC refuses it in an array
 // size, a template argument, constexpr, static_assert or a case label ("expression must have a
-// constant value"). A run-time initializer makes g++ refuse the same uses; every other use reads 32.
+// constant value"). A run-time initializer makes g++ refuse the same uses; its address and a static
+// initializer, which g++ takes and NVRTC refuses, are refused by sim/compiler.py (rewrite_warp_size);
+// every other use reads 32.
 namespace llmcupy_sim {
 inline int warp_size_read_at_run_time() { return 32; }
 }  // namespace llmcupy_sim
@@ -2425,8 +2434,9 @@ inline const char* signature(void (*)(A...)) {
 
 }  // namespace llmcupy_sim
 
-// A device assert() fails the launch with a Python exception instead of aborting the process (the
-// emulator's <assert.h> / <cassert> route here too).
+// A device assert() fails the launch with a Python exception instead of aborting the process. As
+// under NVRTC, where assert() is built in, a kernel needs no header for it (<assert.h> and <cassert>
+// are host headers, which NVRTC refuses; <cuda/std/cassert> routes here).
 #undef assert
 #ifdef NDEBUG
 #define assert(e) ((void)0)

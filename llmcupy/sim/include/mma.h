@@ -16,8 +16,11 @@
 #pragma once
 #include "llmcupy_sim.h"
 
+#pragma push_macro("LLMCUPY_SIM_HOST_HEADERS")  // the host's own header, not the user's (HOST_HEADERS in sim/compiler.py)
+#define LLMCUPY_SIM_HOST_HEADERS 1
 #include <cstdint>
 #include <cstring>
+#pragma pop_macro("LLMCUPY_SIM_HOST_HEADERS")
 
 namespace nvcuda {
 namespace wmma {

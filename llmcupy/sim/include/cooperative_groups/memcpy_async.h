@@ -13,9 +13,12 @@
 #pragma once
 #include "../cooperative_groups.h"
 
+#pragma push_macro("LLMCUPY_SIM_HOST_HEADERS")  // the host's own header, not the user's (HOST_HEADERS in sim/compiler.py)
+#define LLMCUPY_SIM_HOST_HEADERS 1
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
+#pragma pop_macro("LLMCUPY_SIM_HOST_HEADERS")
 
 namespace cooperative_groups {
 namespace detail {

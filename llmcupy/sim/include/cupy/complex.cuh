@@ -2,7 +2,10 @@
 // also thrust::complex) is the host's std::complex, with the same operators and functions.
 #pragma once
 #include "../llmcupy_sim.h"
+#pragma push_macro("LLMCUPY_SIM_HOST_HEADERS")  // the host's own header, not the user's (HOST_HEADERS in sim/compiler.py)
+#define LLMCUPY_SIM_HOST_HEADERS 1
 #include <complex>
+#pragma pop_macro("LLMCUPY_SIM_HOST_HEADERS")
 namespace thrust {
 using std::complex;
 using std::abs; using std::arg; using std::conj; using std::exp; using std::log; using std::norm;

@@ -1,0 +1,407 @@
+"""The emulator refuses what NVRTC refuses: small sources compiled by both, each with its verdict.
+
+The promise: a kernel that compiles in the emulator compiles on a GPU, and the emulator's refusal
+says what NVRTC would. Each table below holds sources and NVRTC's verdict, measured with NVRTC 12.4
+(the oldest the test extra allows), 12.9 and 13.5 under the options CuPy gives a user's
+``llmcupy.RawModule`` (``nvrtc.module_options``). The NVRTC tests compile the tables with every
+NVRTC at hand (the test extra's; those of ``LLMCUPY_OLDEST_CUDA`` and ``LLMCUPY_CUDA13`` in a child
+process, as in test_nvrtc.py), so a CUDA release that changes a verdict fails here; the emulator
+tests check the emulator's verdict against the same tables, one compile per table.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llmcupy
+from llmcupy import nvrtc
+from llmcupy.sim import compiler as sim_compiler
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] = 1.0f; }\n'
+
+# ----------------------------------------------------------------------------------------------
+# NVRTC: in this process (the test extra's), or another NVRTC and its headers in a child
+
+# (environment variable, the wheels' library and include folder), as in test_nvrtc.py
+OTHER_CUDAS = {
+    "oldest": ("LLMCUPY_OLDEST_CUDA", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "nvidia/cuda_runtime/include"),
+    "cuda13": ("LLMCUPY_CUDA13", "nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cu13/include"),
+}
+WHICH = ["installed", *sorted(OTHER_CUDAS)]
+
+# the child: _compile_all with another NVRTC (a second libnvrtc cannot be loaded into this process)
+_CHILD = """
+import json, sys
+from llmcupy import nvrtc
+options, out = nvrtc.module_options(80), {}
+for name, code in json.load(sys.stdin).items():
+    res = nvrtc.compile_source(code, 80, filename="probe.cu", options=options, name_expressions=[])
+    out[name] = [res.ok, res.log]
+print(json.dumps(out))
+"""
+
+
+def _compile_all(sources: dict) -> dict:
+    """{name: (compiled, log)} with the NVRTC of this process."""
+    options = nvrtc.module_options(80)
+    out = {}
+    for name, code in sources.items():
+        res = nvrtc.compile_source(code, 80, filename="probe.cu", options=options, name_expressions=[])
+        out[name] = (res.ok, res.log)
+    return out
+
+
+def nvrtc_verdicts(which: str, sources: dict) -> dict:
+    """{name: (compiled, log)} for each source, compiled by the NVRTC ``which`` names."""
+    if which == "installed":
+        return _compile_all(sources)
+    var, lib_rel, include_rel = OTHER_CUDAS[which]
+    root = os.environ.get(var)
+    if not root:
+        if os.environ.get("CI") or os.environ.get("LLMCUPY_REQUIRE_NVRTC"):
+            pytest.fail(f"CI must compile against the {which} NVRTC too: set {var} (.ci/run does)")
+        pytest.skip(f"{var} is not set (.ci/run unpacks that NVRTC and its headers there)")
+    env = dict(os.environ, LLMCUPY_NVRTC=str(Path(root) / lib_rel), LLMCUPY_CUDA_INCLUDE=str(Path(root) / include_rel),
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(sources), env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {name: tuple(v) for name, v in json.loads(proc.stdout.splitlines()[-1]).items()}
+
+
+def test_module_options_are_cupys(have_nvrtc):
+    # the premise of every verdict here: the options are the ones CuPy really passes for a RawModule
+    core = pytest.importorskip("cupy._core.core")
+    if not hasattr(core, "assemble_cupy_compiler_options"):
+        pytest.skip("this CuPy assembles its options elsewhere")
+    for user in ((), ("-DN=4",), ("--use_fast_math", "-std=c++20")):
+        cupy_options = list(core.assemble_cupy_compiler_options(tuple(user))) + ["-ftz=true", "-arch=sm_80",
+                                                                                 "--device-as-default-execution-space"]
+        assert nvrtc.module_options(80, user) == cupy_options
+
+
+# ----------------------------------------------------------------------------------------------
+# host C/C++ headers: NVRTC has none of them
+
+def _header_probe(name: str) -> str:
+    return f"#include <{name}>\n{KERNEL}"
+
+
+# What the refusals advise instead (sim.compiler.host_header_advice), in one kernel: it compiles
+# under every NVRTC and in the emulator, and runs there.
+ADVISED = r"""
+#include <cuda/std/cassert>
+#include <cuda/std/cmath>
+#include <cuda/std/cstdint>
+#include <cuda/std/cfloat>
+#include <cuda/std/climits>
+#include <cuda/std/cstddef>
+#include <cuda/std/cstdlib>
+#include <cuda/std/cstring>
+#include <cuda/std/array>
+#include <cuda/std/atomic>
+#include <cuda/std/bit>
+#include <cuda/std/complex>
+#include <cuda/std/functional>
+#include <cuda/std/initializer_list>
+#include <cuda/std/limits>
+#include <cuda/std/ratio>
+#include <cuda/std/tuple>
+#include <cuda/std/type_traits>
+#include <cuda/std/utility>
+#include <math_constants.h>
+extern "C" __global__ void advised(float* p, int n) {
+    assert(n > 0);                                          // built in: no header
+    p[0] = sqrtf(p[1]) + expf(p[2]) + fmaxf(p[3], 1.0f) + (isnan(p[4]) ? 1.0f : 0.0f) + cuda::std::sqrt(4.0f);
+    p[1] = CUDART_INF_F;
+    p[2] = CUDART_NAN_F;
+    uint32_t u = n;
+    int64_t i = n;
+    size_t s = n;
+    cuda::std::size_t t = n;
+    p[3] = (float)(u + i + s + t);
+    p[4] = (FLT_MAX > 1e38f) + (INT_MAX > 0) + (UINT_MAX > 0u) + (FLT_EPSILON < 1e-6f);
+    int a0 = 0;
+    memset(p + 5, 0, sizeof(float));                         // built in
+    memcpy(p + 6, p + 4, sizeof(float));
+    p[7] = (float)abs(-n) + (float)cuda::std::abs(0);
+    cuda::std::memcpy(&a0, &n, sizeof(int));
+    p[4] += a0 - n;
+    p[8] = cuda::std::numeric_limits<float>::max() > 1e38f ? cuda::std::is_same<float, float>::value : 0;
+    float a = 1.0f, b = 2.0f;
+    cuda::std::swap(a, b);
+    p[9] = a;
+}
+"""
+
+
+def test_nvrtc_lacks_every_host_header_the_emulator_refuses(have_nvrtc):
+    # the emulator refuses each of HOST_HEADERS, saying NVRTC has none of them: true of this NVRTC
+    verdicts = nvrtc_verdicts("installed", {h: _header_probe(h) for h in sim_compiler.HOST_HEADERS})
+    found = [h for h, (ok, _) in verdicts.items() if ok]
+    assert not found, f"NVRTC compiles these, which the emulator refuses: {found}"
+    for h, (_, log) in verdicts.items():
+        assert f'cannot open source file "{h}"' in log, (h, log)
+
+
+@pytest.mark.parametrize("which", sorted(OTHER_CUDAS))
+def test_other_supported_nvrtcs_lack_the_host_headers_too(which):
+    # the message names NVRTC 12.4 to 13.5: the oldest supported and CUDA 13 (whose NVRTC has libcu++'s
+    # headers built in, not the host's)
+    verdicts = nvrtc_verdicts(which, {h: _header_probe(h) for h in sim_compiler.HOST_HEADERS})
+    found = [h for h, (ok, _) in verdicts.items() if ok]
+    assert not found, f"the {which} NVRTC compiles these, which the emulator refuses: {found}"
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_what_the_refusals_advise_compiles_under_nvrtc(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {"advised": ADVISED})
+    ok, log = verdicts["advised"]
+    assert ok, log
+
+
+def test_the_emulator_refuses_host_headers_naming_each_and_what_to_use():
+    # before: the emulator compiled `#include <cmath>` (<cstdint>, <assert.h>, ...) with the host's
+    # headers, and NVRTC refused the same kernel on a GPU: "cannot open source file"
+    probed = ["assert.h", "cassert", "math.h", "cmath", "stdint.h", "cstdint", "stdio.h", "cstdio", "float.h",
+              "cfloat", "limits.h", "climits", "string.h", "cstring", "stdlib.h", "cstdlib", "type_traits",
+              "utility", "limits"]   # under clang's limit of 20 errors
+    code = "".join(f"#include <{h}>\n" for h in probed) + KERNEL
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="host.cu")
+    assert set(probed) <= set(sim_compiler.HOST_HEADERS)   # the list the NVRTC tests above check
+    text = str(info.value)
+    for line, h in enumerate(probed, 1):
+        assert f"In file included from host.cu:{line}:" in text
+        assert (f"<{h}> is a host header, which NVRTC does not have (NVRTC 12.4 to 13.5: 'cannot open source "
+                f"file'), so this kernel would not compile on a GPU; {sim_compiler.host_header_advice(h)}") in text, h
+    assert "needs no header under NVRTC (it is built in)" in sim_compiler.host_header_advice("assert.h")
+    assert "<cuda/std/cstdint>" in sim_compiler.host_header_advice("stdint.h")
+    assert "<cuda/std/limits>" in sim_compiler.host_header_advice("limits")
+    assert "CUDART_INF_F" in sim_compiler.host_header_advice("cmath")
+
+
+def test_what_the_refusals_advise_compiles_and_runs_in_the_emulator():
+    # the emulator's own headers that need the host's (cuda/std/*, cuda_pipeline.h, ...) still work
+    p = np.full(10, 3.0, np.float32)
+    llmcupy.RawModule(code=ADVISED, target="sim").get_function("advised")((1,), (1,), (p, np.int32(2)))
+    assert p[0] == pytest.approx(np.sqrt(3) + np.exp(3) + 3 + 0 + 2, rel=1e-6)
+    assert np.isinf(p[1]) and np.isnan(p[2]) and p[3] == 8 and p[4] == 4
+    assert p[5] == 0 and p[6] == 4 and p[7] == 2 and p[8] == 1 and p[9] == 2
+
+
+def test_a_host_header_in_the_kernels_own_header_is_refused(tmp_path):
+    # NVRTC refuses <cstdint> from a header found through -I as from the source
+    (tmp_path / "mine.cuh").write_text("#pragma once\n#include <cstdint>\n")
+    with pytest.raises(sim_compiler.SimCompileError, match=r"(?s)In file included from .*mine\.cuh:2.*"
+                                                           r"<cstdint> is a host header"):
+        llmcupy.RawModule(code='#include "mine.cuh"\n' + KERNEL, options=(f"-I{tmp_path}",), target="sim")
+
+
+def test_a_host_header_behind_a_guard_nvrtc_skips_is_not_refused():
+    # the refusal is the preprocessor's, so code kept from NVRTC (#ifndef __CUDACC_RTC__) is kept from it too
+    code = "#ifndef __CUDACC_RTC__\n#include <cmath>\n#endif\n" + KERNEL
+    llmcupy.RawModule(code=code, target="sim")
+
+
+# ----------------------------------------------------------------------------------------------
+# warpSize: a built-in variable under NVRTC, a run-time value in a register
+
+# (name, one line of source, NVRTC compiles it, the emulator's refusal: _WARP_SIZE_MESSAGE's
+# key, or "constant" where g++ itself refuses a non-constant, or None where both compile)
+WARP_SIZE = [
+    ("local", "__global__ void local(int* p) { int w = warpSize; const int c = warpSize; p[0] = w + c; }", True, None),
+    ("arithmetic", "__global__ void arithmetic(int* p) { for (int o = warpSize / 2; o > 0; o /= 2) "
+                   "p[o] = threadIdx.x % warpSize + (p[0] & warpSize) + (p[1] && warpSize); }", True, None),
+    ("reference", "__global__ void reference(int* p) { const int& r = warpSize; auto& a = warpSize; p[0] = r + a; }",
+     True, None),
+    ("unevaluated", "__global__ void unevaluated(int* p) { decltype(warpSize) w = 3; p[0] = sizeof(warpSize) + w; }",
+     True, None),
+    ("lambda", "__global__ void lambda(int* p) { auto f = [&]() { return warpSize; }; p[0] = f(); }", True, None),
+    ("default_argument", "__device__ int lanes(int w = warpSize) { return w; }", True, None),
+    ("member_initializer", "struct Lanes { int w = warpSize; };", True, None),
+    ("size_constant", "const unsigned long WORD = sizeof(warpSize);", True, None),
+    ("address", "__global__ void address(const int** p) { *p = &warpSize; }", False, "address"),
+    ("address_returned", "__device__ const int* where() { return &(warpSize); }", False, "address"),
+    ("static_local", "__global__ void static_local(int* p) { static int w = warpSize; p[0] = w; }", False, "static"),
+    ("static_const_local", "__device__ int lanes2() { static const int w = warpSize; return w; }", False, "static"),
+    ("static_array", "__device__ int lanes3() { static int w[2] = {1, warpSize}; return w[1]; }", False, "static"),
+    ("namespace_const", "const int WARP = warpSize;", False, "namespace"),
+    ("namespace_static", "static const int HALF_WARP = warpSize / 2;", False, "namespace"),
+    ("namespace_device", "__device__ int lanes_g = warpSize;", False, "namespace"),
+    ("static_member", "struct Tile { static const int w; }; const int Tile::w = warpSize;", False, "namespace"),
+    ("constexpr", "constexpr int WARP_C = warpSize;", False, "constant"),
+    ("array_bound", "__global__ void array_bound(int* p) { int a[warpSize]; a[0] = 1; p[0] = a[p[1]]; }", False,
+     "constant"),
+]
+
+
+def _warp_size_source(rows):
+    return "".join(line + "\n" for _, line, _, _ in rows)
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_verdicts_on_warp_size(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {name: line + "\n" for name, line, _, _ in WARP_SIZE})
+    wrong = {name: verdicts[name][1] for name, _, compiles, _ in WARP_SIZE if verdicts[name][0] != compiles}
+    assert not wrong, wrong
+
+
+def test_the_emulator_refuses_warp_size_where_nvrtc_does_and_only_there():
+    # before: `static int w = warpSize;`, `const int W = warpSize;` at namespace scope and `&warpSize`
+    # compiled and ran here, and NVRTC refused each ("dynamic initialization is not supported ...",
+    # "cannot take address of builtin variable")
+    refused = [row for row in WARP_SIZE if row[3] in _WARP_SIZE_MESSAGE]
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=_warp_size_source(refused), target="sim", filename="warp.cu")
+    errors = [line for line in str(info.value).splitlines() if ": error: " in line]
+    for line, (name, _, _, why) in enumerate(refused, 1):
+        said = [e for e in errors if e.startswith(f"warp.cu:{line}:")]
+        assert said and _WARP_SIZE_MESSAGE[why] in said[0], (name, said)
+    assert len(errors) == len(refused), errors
+    accepted = [row for row in WARP_SIZE if row[3] is None]
+    p = np.zeros(2, np.int32)
+    mod = llmcupy.RawModule(code=_warp_size_source(accepted), target="sim")
+    mod.get_function("local")((1,), (1,), (p,))
+    assert p[0] == 64
+
+
+_WARP_SIZE_MESSAGE = {
+    "address": "cannot take the address of warpSize (NVRTC refuses it too: cannot take address of builtin "
+               "variable",   # the name follows in quotes, which clang 14 shows escaped
+    "static": "a static variable cannot be initialized from warpSize (NVRTC refuses it too: "
+              "dynamic initialization is not supported for a function-scope static __device__ variable)",
+    "namespace": "a variable at namespace scope cannot be initialized from warpSize (NVRTC "
+                 "refuses it too: dynamic initialization is not supported for a __device__ variable)",
+}
+
+
+@pytest.mark.parametrize("name, line", [(name, line) for name, line, _, why in WARP_SIZE if why == "constant"])
+def test_warp_size_where_a_constant_is_needed_is_refused_as_before(name, line):
+    # g++ refuses these itself (the header's warpSize has a run-time initializer), with a hint in NVRTC's words
+    with pytest.raises(sim_compiler.SimCompileError, match="NVRTC refuses it"):
+        llmcupy.RawModule(code=line + "\n", target="sim", filename="warp.cu")
+
+
+# ----------------------------------------------------------------------------------------------
+# other C++ that g++ takes and NVRTC refuses in device code
+
+# (name, one line of source, NVRTC compiles it, what the emulator's refusal says at that line, or None)
+DEVICE_CODE = [
+    ("thread_local", "thread_local int per_thread = 0;", False,
+     "thread_local is not available in device code (NVRTC refuses it too: cannot use thread_local"),
+    ("static_thread_local", "__device__ int counter() { static thread_local int n = 0; return ++n; }", False,
+     "thread_local is not available in device code"),
+    ("int128", "__device__ unsigned long long high(unsigned long long a) { return (unsigned __int128)a * a >> 64; }",
+     False, '__int128 is not available in device code (NVRTC refuses it too: 128-bit integer type is only '
+            'supported in Linux with the "--device-int128" flag in NVRTC)'),
+    ("throw", "__global__ void throws(int* p) { if (p[0] < 0) throw 1; }", False,
+     "error"),   # the compiler's own words, and the hint checked below
+    ("try", "__global__ void tries(int* p) { try { p[0] = 1; } catch (...) { p[0] = 2; } }", False,
+     "error"),   # the compiler's own words (g++'s, clang's), once per file: compiled alone below
+    ("typeid", "__global__ void type_id(unsigned long* p) { p[0] = sizeof(typeid(p[0])); }", False,
+     "error"),
+    ("dynamic_cast", "struct Base { __device__ virtual ~Base() {} }; struct Derived : Base {}; "
+                     "__global__ void derived(Base** b, int* p) { p[0] = dynamic_cast<Derived*>(b[0]) != nullptr; }",
+     False,
+     "error"),
+    ("virtual", "struct Shape { __device__ virtual int sides() { return 0; } }; "
+                "struct Square : Shape { __device__ int sides() override { return 4; } };", True, None),
+    ("new_delete", "__global__ void heap(float* p, int n) { float* q = new float[n]; q[0] = 1; p[0] = q[0]; "
+                   "delete[] q; }", True, None),
+    ("recursion", "__device__ int fact(int x) { return x <= 1 ? 1 : x * fact(x - 1); }", True, None),
+    ("variadic", "template <class... T> __device__ int count(T... t) { return sizeof...(t); } "
+                 "__device__ int counted() { return count(1, 2.0f, 'c'); }", True, None),
+    ("long_double", "__device__ float widen(int n) { long double x = n; return (float)x; }", True, None),
+    ("printf_string", '__global__ void says(int n) { const char* s = "abc"; printf("%s %d\\n", s, n); }', True, None),
+]
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_verdicts_on_device_code(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {name: line + "\n" for name, line, _, _ in DEVICE_CODE})
+    wrong = {name: verdicts[name][1] for name, _, compiles, _ in DEVICE_CODE if verdicts[name][0] != compiles}
+    assert not wrong, wrong
+
+
+def test_the_emulator_refuses_device_code_nvrtc_refuses():
+    # before: each refused line compiled and ran here (g++ has thread_local, __int128, exceptions and RTTI)
+    refused = [row for row in DEVICE_CODE if row[3] and row[0] != "try"]
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code="".join(line + "\n" for _, line, _, _ in refused), target="sim", filename="dev.cu")
+    text = str(info.value)
+    for line, (name, _, _, said) in enumerate(refused, 1):
+        assert any(e.startswith(f"dev.cu:{line}:") and said in e for e in text.splitlines()), (name, text)
+    assert "(exceptions are not CUDA: NVRTC refuses them ('device code does not support exception handling')" in text
+    assert "typeid and dynamic_cast are not CUDA: NVRTC fails on them too" in text
+    tries = next(row for row in DEVICE_CODE if row[0] == "try")
+    with pytest.raises(sim_compiler.SimCompileError, match=r"(?s)dev.cu:1:[0-9]+: error.*exceptions are not CUDA"):
+        llmcupy.RawModule(code=tries[1] + "\n", target="sim", filename="dev.cu")
+
+
+def test_the_emulator_takes_the_device_code_nvrtc_takes():
+    accepted = "".join(line + "\n" for _, line, _, said in DEVICE_CODE if said is None)
+    llmcupy.RawModule(code=accepted, target="sim")
+    # __int128 with NVRTC's option for it
+    llmcupy.RawModule(code=DEVICE_CODE[2][1] + "\n", options=("--device-int128",), target="sim")
+
+
+# ----------------------------------------------------------------------------------------------
+# variables initialized before any thread runs: NVRTC takes only a constant initializer
+
+# (name, source, NVRTC compiles it)
+CONSTANT_INIT = [
+    ("device_call", "__device__ int three() { return 3; } __device__ int from_call = three();", False),
+    ("constant_call", "__device__ float two() { return 2.0f; } __constant__ float from_two = two();", False),
+    ("device_constructor", "struct Counter { int v; __device__ Counter() : v(3) {} }; __device__ Counter counter;",
+     False),
+    ("device_make_float2", "__device__ float2 pair = make_float2(1.0f, 2.0f);", False),
+    ("static_from_argument", "__global__ void from_argument(int* p, int n) { static int s = n; p[0] = s; }", False),
+    ("static_from_block", "__global__ void from_block(int* p) { static unsigned s = blockDim.x; p[0] = s; }", False),
+    ("device_constants", "__device__ int twelve = 3 * 4; __device__ float zeros[4]; "
+                         "__constant__ float table[3] = {1, 2, 3}; __device__ float2 braced = {1.0f, 2.0f};", True),
+    ("device_constexpr", "struct Seven { int v; constexpr Seven() : v(7) {} }; __device__ Seven seven; "
+                         "__device__ constexpr float HALF = 0.5f;", True),
+    ("static_constants", "__device__ int counted() { static int c = 0; static const float t[2] = {1, 2}; "
+                         "static int z; return ++c + (int)t[1] + z; }", True),
+    ("static_members", "struct Sizes { static const int w = 4; static constexpr int z = 2; }; "
+                       "static __device__ int file_static = 2;", True),
+    ("static_lambda", "__global__ void lambda_static(int* p) { static auto inc = [](int x) { return x + 1; }; "
+                      "p[0] = inc(p[1]); }", True),
+]
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_verdicts_on_constant_initialization(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {name: line + "\n" for name, line, _ in CONSTANT_INIT})
+    wrong = {name: verdicts[name][1] for name, _, compiles in CONSTANT_INIT if verdicts[name][0] != compiles}
+    assert not wrong, wrong
+    for name, _, compiles in CONSTANT_INIT:
+        assert compiles or "dynamic initialization is not supported" in verdicts[name][1], name
+
+
+def test_the_emulator_refuses_a_run_time_initializer_where_nvrtc_does():
+    # before: each compiled and ran here (g++ runs the initializer at load or first use)
+    refused = [line for _, line, compiles in CONSTANT_INIT if not compiles]
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code="".join(line + "\n" for line in refused), target="sim", filename="init.cu")
+    text = str(info.value)
+    for number in range(1, len(refused) + 1):
+        assert re.search(rf"^init\.cu:{number}:\d+: error: .*constant initializer", text, re.M), (number, text)
+    assert ("(a __device__ or __constant__ variable, or a static local, is initialized before any thread runs: "
+            "NVRTC refuses a value computed at run time there ('dynamic initialization is not supported for a "
+            "__device__ variable')") in text
+
+
+def test_the_emulator_takes_constant_initializers():
+    accepted = "".join(line + "\n" for _, line, compiles in CONSTANT_INIT if compiles)
+    p = np.array([0, 41], np.int32)
+    llmcupy.RawModule(code=accepted, target="sim").get_function("lambda_static")((1,), (1,), (p,))
+    assert p[0] == 42
