@@ -752,6 +752,13 @@ __attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f
             if (unordered(c->w_block[k], c->w_clock[k], c->w_bits[k]))
                 kind = write ? "WAW" : "RAW", prev_pc = c->w_pc[k], prev_block = c->w_block[k], prev_tid = c->w_tid[k],
                 prev_atomic = c->w_bits[k] & kAtomic;
+        // the thread's CAS that validated its plain read answers that read, whether the CAS wrote or
+        // failed (a failed CAS is an atomic read, and the loop's next CAS no longer validates anything):
+        // the read leaves the shadow, else another block's atomic after this block ends would find it there
+        // and take it for a read never validated
+        if (validating)
+            for (int r = 0; r < 2; ++r)
+                if (c->r_block[r] == me && c->r_tid[r] == t && !(c->r_bits[r] & kAtomic)) c->r_block[r] = 0;
         if (write) {
             for (int k = 0; k < 2 && kind == nullptr; ++k)
                 if (unordered(c->r_block[k], c->r_clock[k], c->r_bits[k]))
@@ -767,11 +774,10 @@ __attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f
             c->w_bits[k] = (unsigned char)(mask | atomic);
             // the reads it covers were checked against it, and a later access that conflicts with one
             // conflicts with it too; but an atomic stands for a plain read only when it is the reading
-            // thread's CAS that validated it: another atomic would hide the read from other blocks'
-            // atomics, and a settled block's reads left in the shadow are ones it never validated
+            // thread's CAS that validated it (above): another atomic would hide the read from other
+            // blocks' atomics, and a settled block's reads left in the shadow are ones it never validated
             for (int r = 0; r < 2; ++r)
-                if ((c->r_bits[r] & 0xF & ~mask) == 0 &&
-                    (!atomic || (c->r_bits[r] & kAtomic) || (validating && c->r_block[r] == me && c->r_tid[r] == t)))
+                if ((c->r_bits[r] & 0xF & ~mask) == 0 && (!atomic || (c->r_bits[r] & kAtomic)))
                     c->r_block[r] = 0;
         } else {
             if (!atomic) {
@@ -787,7 +793,10 @@ __attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f
         bool deferred = kind != nullptr && std::strcmp(kind, "WAR") == 0 && !prev_atomic && (a.flags & ACCESS_ATOMIC);
         if (deferred) defer_war(Deferred{ReadKey{prev_block, prev_tid, prev_pc, prev_clock}, a.pc, p, me, t, a.size, arg});
         unlock(l);
-        if (deferred) return;
+        // the access's other granules still get their shadow update (a double spans two): returning here
+        // left the reading thread's plain read in the next granule, where another block's atomic found
+        // it after this block ended and took it for a read never validated
+        if (deferred) continue;
         if (kind != nullptr) {
             char where[240];
             unsigned other[3];
