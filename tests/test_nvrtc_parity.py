@@ -405,3 +405,103 @@ def test_the_emulator_takes_constant_initializers():
     p = np.array([0, 41], np.int32)
     llmcupy.RawModule(code=accepted, target="sim").get_function("lambda_static")((1,), (1,), (p,))
     assert p[0] == 42
+
+
+# ----------------------------------------------------------------------------------------------
+# the host C library's macros (INFINITY, FLT_MAX, INT_MAX, M_PI, ...): NVRTC has none without an include
+
+# By header, the macros of MACROS_NVRTC_LACKS it defines under NVRTC, its own and those it brings in (libcu++'s
+# <cuda/std/cmath> includes its <cuda/std/cfloat> and <cuda/std/cstdint>, ...); no CUDA header has HUGE_VALF,
+# M_PI, RAND_MAX, ...
+_FLOAT = [m for m, what in sim_compiler.MACROS_NVRTC_LACKS.items() if what == "include <cuda/std/cfloat>"]
+_LIMITS = [m for m, what in sim_compiler.MACROS_NVRTC_LACKS.items() if what == "include <cuda/std/climits>"]
+_STDINT = [m for m, what in sim_compiler.MACROS_NVRTC_LACKS.items() if what == "include <cuda/std/cstdint>"]
+MACROS_BY_HEADER = {
+    None: [],
+    "cuda/std/cmath": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
+    "cuda/std/cfloat": _FLOAT,
+    "cuda/std/climits": _LIMITS,
+    "cuda/std/cstdint": _LIMITS + _STDINT,
+    "cuda/std/cstdlib": _LIMITS + _STDINT,
+    "cuda/std/cstring": _LIMITS + _STDINT,
+    "cuda/std/limits": _FLOAT + _LIMITS + _STDINT,
+    **dict.fromkeys(("cuda/std/atomic", "cuda/std/bit", "cuda/std/array", "cuda/std/functional", "cuda/std/utility",
+                     "cuda/std/tuple"), _FLOAT + _LIMITS + _STDINT),
+    "cuda/std/type_traits": _LIMITS + _STDINT,
+    "cuda/std/ratio": _LIMITS + _STDINT,
+    "cuda/std/complex": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
+    "cub/block/block_reduce.cuh": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
+    "cub/warp/warp_reduce.cuh": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
+    **dict.fromkeys(("math_constants.h", "cuda/std/cassert", "cuda/std/cstddef", "cuda/std/initializer_list",
+                     "cuda_fp16.h", "cuda_bf16.h", "cuda_pipeline.h", "cuComplex.h"), []),
+    # not <cooperative_groups.h>: NVRTC 12.9 and 13.5 bring in <cuda/std/cfloat>'s, ... through it, 12.4 none;
+    # the emulator follows the oldest, so what it compiles compiles with each
+}
+
+
+def _macro_uses(header) -> str:
+    """A source that uses every macro of MACROS_NVRTC_LACKS, after ``header``."""
+    uses = "".join(f"    p[{i}] = (double)({m});\n" for i, m in enumerate(sim_compiler.MACROS_NVRTC_LACKS))
+    return (f"#include <{header}>\n" if header else "") + f'extern "C" __global__ void uses(double* p) {{\n{uses}}}\n'
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_verdicts_on_c_library_macros(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {str(h): _macro_uses(h) for h in MACROS_BY_HEADER})
+    for header, defined in MACROS_BY_HEADER.items():
+        ok, log = verdicts[str(header)]
+        undefined = set(re.findall(r'identifier "(\w+)" is undefined', log))
+        assert not ok and undefined == set(sim_compiler.MACROS_NVRTC_LACKS) - set(defined), (header, log)
+
+
+def test_the_emulator_defines_the_c_library_macros_where_nvrtc_does_and_only_there():
+    # before: the host's <cmath>, <cfloat>, <climits>, ... under the emulator's header defined them all, so
+    # `float m = -INFINITY;` without an include compiled here and NVRTC refused it
+    macros = list(sim_compiler.MACROS_NVRTC_LACKS)
+    for header, defined in MACROS_BY_HEADER.items():
+        flags = "".join(f"#ifdef {m}\n    p[{i}] = 1;\n#endif\n" for i, m in enumerate(macros))
+        code = (f"#include <{header}>\n" if header else "") + f"__global__ void flags(int* p) {{\n{flags}}}\n"
+        p = np.zeros(len(macros), np.int32)
+        llmcupy.RawModule(code=code, target="sim").get_function("flags")((1,), (1,), (p,))
+        assert {m for m, f in zip(macros, p) if f} == set(defined), header
+
+
+def test_the_libcuxx_macros_have_the_hosts_values_in_the_emulator():
+    names = ["INFINITY", "NAN", "FLT_MAX", "FLT_MIN", "FLT_EPSILON", "FLT_TRUE_MIN", "DBL_MAX", "DBL_EPSILON",
+             "INT_MIN", "UINT_MAX", "LLONG_MIN", "ULLONG_MAX", "CHAR_MIN", "INT64_MIN", "UINT64_MAX", "SIZE_MAX"]
+    uses = "".join(f"    p[{i}] = (double)({m});\n" for i, m in enumerate(names))
+    p = np.zeros(len(names))
+    llmcupy.RawModule(code=f"#include <cuda/std/cmath>\n__global__ void values(double* p) {{\n{uses}}}\n",
+                      target="sim").get_function("values")((1,), (1,), (p,))
+    f32, f64 = np.finfo(np.float32), np.finfo(np.float64)
+    want = [np.inf, np.nan, f32.max, f32.tiny, f32.eps, f32.smallest_subnormal, f64.max, f64.eps, -2**31, 2**32 - 1,
+            -2**63, 2**64 - 1, -128, -2**63, 2**64 - 1, 2**64 - 1]
+    np.testing.assert_array_equal(p, np.array(want, np.float64))
+
+
+def test_a_c_library_macro_without_its_header_names_what_provides_it():
+    # before: g++ compiled these (the host's headers defined them); now the compiler's "not declared" comes
+    # with the header or constant that NVRTC has for each
+    code = KERNEL.replace("1.0f", "-INFINITY + NAN + FLT_MAX + INT_MAX + SIZE_MAX + M_PI + HUGE_VALF + RAND_MAX")
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="macros.cu")
+    text = str(info.value)
+    said = "NVRTC does not define {0} either (NVRTC 12.4 to 13.5: 'identifier \"{0}\" is undefined'): {1}"
+    for name, what in [("INFINITY", "include <cuda/std/cmath>, or write CUDART_INF_F from <math_constants.h>"),
+                       ("NAN", "include <cuda/std/cmath>, or write CUDART_NAN_F"),
+                       ("FLT_MAX", "include <cuda/std/cfloat>"), ("INT_MAX", "include <cuda/std/climits>"),
+                       ("SIZE_MAX", "include <cuda/std/cstdint>"),
+                       ("M_PI", "no CUDA header defines it: write <math_constants.h>'s CUDART_* constants"),
+                       ("HUGE_VALF", "no CUDA header defines it: write CUDART_INF_F"),
+                       ("RAND_MAX", "no CUDA header defines it (device code has no rand() or exit())")]:
+        assert re.search(r"macros\.cu:1:\d+: error: .*\b" + name + r"\b", text), (name, text)
+        assert f"'{name}': " + said.format(name, what) in text, name
+
+
+def test_a_c_library_macro_the_options_define_is_kept():
+    # -DM_PI=... defines it under NVRTC too: the emulator's #undef of the host's leaves the user's
+    p = np.zeros(1)
+    mod = llmcupy.RawModule(code="__global__ void pi(double* p) { p[0] = M_PI; }\n", options=("-DM_PI=3.0",),
+                            target="sim")
+    mod.get_function("pi")((1,), (1,), (p,))
+    assert p[0] == 3.0

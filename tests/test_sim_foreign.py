@@ -1487,6 +1487,7 @@ def test_sgemm_vectorized_rung_with_its_template_bound(order, no_hazards):
 
 
 FLASH_MINIMAL = r"""
+#include <cuda/std/cmath>  // INFINITY: the original builds with nvcc, which has the host's <math.h>; NVRTC does not
 // one block per (batch, head), Bc = Br = blockDim.x rows; Q_i, K_j, V_j and S in dynamic shared memory
 __global__ void flash_forward(const float* Q, const float* K, const float* V, int N, int d, int Tc, int Tr,
                               int Bc, int Br, float scale, float* l, float* m, float* O) {

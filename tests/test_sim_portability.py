@@ -236,6 +236,9 @@ def test_the_address_sanitizer_build_with_clang_says_to_use_gxx(clang, monkeypat
     # clang, also Apple's g++
     ("kernel.cu:1:19: error: unknown type name 'cudaTextureObject_t'", "cudaTextureObject_t"),
     ("kernel.cu:1:38: error: use of undeclared identifier 'cudaMalloc'", "cudaMalloc"),
+    # a host C-library macro NVRTC lacks (sim.compiler.MACROS_NVRTC_LACKS), in both wordings
+    ("kernel.cu:1:45: error: 'INFINITY' was not declared in this scope", "INFINITY"),
+    ("kernel.cu:1:45: error: use of undeclared identifier 'FLT_MAX'", "FLT_MAX"),
 ])
 def test_undeclared_cuda_names_are_read_in_either_compilers_wording(stderr, name):
     # before: only g++'s wording was read, so with clang the hint that names the missing feature was lost

@@ -931,6 +931,38 @@ HOST_HEADERS = tuple("""
     assert.h complex.h ctype.h errno.h fenv.h float.h inttypes.h iso646.h limits.h locale.h math.h setjmp.h
     signal.h stdalign.h stdarg.h stdbool.h stddef.h stdint.h stdio.h stdlib.h string.h tgmath.h time.h uchar.h
     wchar.h wctype.h""".split())
+# C-library macros that the host headers under llmcupy_sim.h define and NVRTC does not without an include
+# ('identifier "INFINITY" is undefined', NVRTC 12.4, 12.9 and 13.5; tests/test_nvrtc_parity.py keeps
+# measuring each): #undef-ed where the user's source starts, so a kernel that uses one without its header
+# fails here as on a GPU. The emulator's stand-ins for the libcu++ headers that define them under NVRTC
+# define them again (cuda/std/cfloat, climits, cstdint and cmath, and those that include these under NVRTC:
+# cuda/std/limits, complex, atomic, ..., cub's block_reduce.cuh and warp_reduce.cuh; not cooperative_groups.h,
+# through which NVRTC 12.9 and 13.5 bring in FLT_MAX, ... and 12.4 does not). By name: what a kernel includes or
+# writes for it under NVRTC. (Not FP_NAN, FP_ZERO, ...: glibc declares them as enumerators too, which an
+# #undef leaves.)
+_FLOAT_MACROS = ("FLT_MAX FLT_MIN FLT_EPSILON FLT_TRUE_MIN FLT_DIG FLT_MANT_DIG FLT_MAX_EXP FLT_MIN_EXP FLT_RADIX "
+                 "DBL_MAX DBL_MIN DBL_EPSILON DBL_TRUE_MIN DBL_DIG DBL_MANT_DIG DBL_MAX_EXP DBL_MIN_EXP").split()
+_LIMITS_MACROS = ("CHAR_BIT SCHAR_MIN SCHAR_MAX UCHAR_MAX CHAR_MIN CHAR_MAX SHRT_MIN SHRT_MAX USHRT_MAX INT_MIN "
+                  "INT_MAX UINT_MAX LONG_MIN LONG_MAX ULONG_MAX LLONG_MIN LLONG_MAX ULLONG_MAX").split()
+_STDINT_MACROS = ("INT8_MIN INT8_MAX UINT8_MAX INT16_MIN INT16_MAX UINT16_MAX INT32_MIN INT32_MAX UINT32_MAX "
+                  "INT64_MIN INT64_MAX UINT64_MAX SIZE_MAX").split()
+_MATH_CONSTANTS = "<math_constants.h>'s CUDART_* constants (CUDART_PI_F, CUDART_PIO2_F, CUDART_SQRT_TWO_F, " \
+                  "CUDART_LN2_F, ...; without _F for double), or a constexpr of your own"
+MACROS_NVRTC_LACKS = {
+    "INFINITY": "include <cuda/std/cmath>, or write CUDART_INF_F from <math_constants.h>",
+    "NAN": "include <cuda/std/cmath>, or write CUDART_NAN_F from <math_constants.h>",
+    "HUGE_VALF": "no CUDA header defines it: write CUDART_INF_F from <math_constants.h>",
+    "HUGE_VAL": "no CUDA header defines it: write CUDART_INF from <math_constants.h>",
+    **dict.fromkeys(("M_PI M_PI_2 M_PI_4 M_1_PI M_2_PI M_2_SQRTPI M_E M_LOG2E M_LOG10E M_LN2 M_LN10 M_SQRT2 "
+                     "M_SQRT1_2").split(), f"no CUDA header defines it: write {_MATH_CONSTANTS}"),
+    **dict.fromkeys(_FLOAT_MACROS, "include <cuda/std/cfloat>"),
+    **dict.fromkeys(_LIMITS_MACROS, "include <cuda/std/climits>"),
+    **dict.fromkeys(_STDINT_MACROS, "include <cuda/std/cstdint>"),
+    **dict.fromkeys(("RAND_MAX", "EXIT_SUCCESS", "EXIT_FAILURE"),
+                    "no CUDA header defines it (device code has no rand() or exit()): define a constant of your own"),
+}
+
+
 # What compiles on both instead (each checked with NVRTC by tests/test_nvrtc.py), by header; a C header
 # and its <cNAME> twin share the advice.
 _BUILT_IN = "are built into NVRTC: drop the include"
@@ -1319,9 +1351,16 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
     if preprocessed is not None:
         variables = device_variables(preprocessed)
         kernels = _left_by_preprocessor(kernels, code, preprocessed)
+    # The host's headers under llmcupy_sim.h redefine a -DM_PI=... of the user's: set again after the #undef,
+    # so the user's value holds, as under NVRTC
+    user_macros = "".join(f"#define {d.partition('=')[0]} {d.partition('=')[2] if '=' in d else '1'}\n"
+                          for d in (f[2:] for f in flags if f.startswith("-D"))
+                          if d.partition("=")[0] in MACROS_NVRTC_LACKS)
     unit = (
         prefix
         + "#define LLMCUPY_SIM_USER_SOURCE 1\n"   # from here on a host header is refused (HOST_HEADERS)
+        + "".join(f"#undef {name}\n" for name in MACROS_NVRTC_LACKS)   # as NVRTC lacks them
+        + user_macros
         + f'#line 1 "{safe_name}"\n'
         f"{body}\n"
         + _constant_bank_check(scanned, safe_name)
@@ -1393,6 +1432,9 @@ _UNSUPPORTED = {
                      "tex2DLayered", "texCubemap", "tex2Dgather", "tex2DLod", "texture"),
                     "texture objects are not emulated: pass the data as a const pointer (read with __ldg if "
                     "you like), which runs on both backends"),
+    # the host C library's macros, which NVRTC lacks too (MACROS_NVRTC_LACKS)
+    **{name: f"NVRTC does not define {name} either (NVRTC {NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: 'identifier "
+             f"\"{name}\" is undefined'): {what}" for name, what in MACROS_NVRTC_LACKS.items()},
     **dict.fromkeys(("cudaSurfaceObject_t", "surf1Dread", "surf1Dwrite", "surf2Dread", "surf2Dwrite", "surf3Dread",
                      "surf3Dwrite"),
                     "surface objects are not emulated: pass the data as a pointer"),
