@@ -354,6 +354,45 @@ def test_the_emulator_takes_the_device_code_nvrtc_takes():
 
 
 # ----------------------------------------------------------------------------------------------
+# a kernel returns nothing: NVRTC refuses any other return type
+
+# (name, source, NVRTC compiles it)
+KERNEL_RETURNS = [
+    ("int", 'extern "C" __global__ int counts(float* p) { p[0] = 1; return 0; }', False),
+    ("pointer_after_bounds", "__global__ __launch_bounds__(256) float* where(float* p) { return p; }", False),
+    ("template", "template <class T> __global__ T first(T* p) { return p[0]; }\n"
+                 "template __global__ float first<float>(float*);", False),
+    ("unsigned_long_long", "__global__ static unsigned long long ticks() { return 0; }", False),
+    ("void_by_macro", "#define KERNEL_RESULT void\n__global__ KERNEL_RESULT fills(float* p) { p[0] = 1; }", True),
+    ("bounds_after_void", "__launch_bounds__(128, 2) __global__ void __noinline__ fills(float* p) { p[0] = 1; }", True),
+]
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_verdicts_on_kernel_return_types(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {name: code + "\n" for name, code, _ in KERNEL_RETURNS})
+    wrong = {name: verdicts[name][1] for name, _, compiles in KERNEL_RETURNS if verdicts[name][0] != compiles}
+    assert not wrong, wrong
+    for name, _, compiles in KERNEL_RETURNS:
+        assert compiles or "a __global__ function must have a void return type" in verdicts[name][1], name
+
+
+@pytest.mark.parametrize("name, code, compiles", KERNEL_RETURNS, ids=[row[0] for row in KERNEL_RETURNS])
+def test_the_emulator_refuses_a_kernel_that_returns_a_value(name, code, compiles):
+    # before: g++ compiled `__global__ int k(...)` as a plain function, and the module then said
+    # "no kernel 'k' in kernel.cu; kernels: none", with no word of the return type
+    if compiles:
+        llmcupy.RawModule(code=code + "\n", target="sim")
+        return
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code + "\n", target="sim", filename="ret.cu")
+    kernel = next(w for w in re.findall(r"(\w+)\s*\(", code.split("__global__", 1)[1]) if w != "__launch_bounds__")
+    assert re.search(rf"ret.cu:1: error: a __global__ function must have a void return type: '{kernel}' returns \S",
+                     str(info.value)), str(info.value)
+    assert "write the result through a pointer argument" in str(info.value)
+
+
+# ----------------------------------------------------------------------------------------------
 # variables initialized before any thread runs: NVRTC takes only a constant initializer
 
 # (name, source, NVRTC compiles it)

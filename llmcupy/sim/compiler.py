@@ -1087,6 +1087,33 @@ def _preprocessed_source(command: list[str], prefix: str, code: str, safe_name: 
     return "\n".join(lines)
 
 
+# `__global__ int k(...)`: g++ compiles it as a plain function, so the kernel would be missing from the
+# module ("no kernel 'k'") with no word of why; NVRTC says why, and so does the emulator, in its words
+_NON_VOID_GLOBAL = re.compile(
+    rf"\b__global__\s+(?:{_SPECIFIERS}(?:(?:inline|__inline__|__forceinline__|__noinline__)\s+)?)*"
+    r"(?!void\b)(?P<type>(?:(?:const|unsigned|signed|long|short)\s+)*[A-Za-z_][\w:]*(?:\s*<[^;{}()]*>)?[\s*&]*?)"
+    r"\s*\b(?P<name>[A-Za-z_]\w*)\s*\(")
+
+
+def non_void_kernels(preprocessed: str) -> list[tuple[int, str, str]]:
+    """(line, name, return type) of each ``__global__`` function declared to return something, in the
+    source as the preprocessor leaves it (a macro standing for `void` is expanded)."""
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(preprocessed))
+    return [(text.count("\n", 0, m.start()) + 1, m["name"], " ".join(m["type"].split()))
+            for m in _NON_VOID_GLOBAL.finditer(text)]
+
+
+def _refuse_non_void_kernels(preprocessed: str, filename: str) -> None:
+    found = non_void_kernels(preprocessed)
+    if found:
+        raise SimCompileError(
+            f"the emulator could not compile {filename}:\n"
+            + "\n".join(f"{filename}:{line}: error: a __global__ function must have a void return type: "
+                        f"'{name}' returns {rtype}" for line, name, rtype in found)
+            + "\n(NVRTC refuses it too, in those words: a kernel's launch returns nothing to the host; write "
+              "the result through a pointer argument, or make it a __device__ function called from a kernel)")
+
+
 def _kernel_base(name: str) -> str:
     """The unqualified name of a kernel name or name expression: "k" of "&ops::k<float>"."""
     return name.strip().lstrip("&:").split("<", 1)[0].strip().rpartition("::")[2]
@@ -1349,6 +1376,7 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
     preprocessed = _preprocessed_source(command, prefix, code, safe_name, tmp)
     scanned = code if preprocessed is None else preprocessed
     if preprocessed is not None:
+        _refuse_non_void_kernels(preprocessed, filename)
         variables = device_variables(preprocessed)
         kernels = _left_by_preprocessor(kernels, code, preprocessed)
     # The host's headers under llmcupy_sim.h redefine a -DM_PI=... of the user's: set again after the #undef,
