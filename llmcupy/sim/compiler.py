@@ -56,6 +56,7 @@ import errno
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -155,17 +156,23 @@ class _Scopes:
     def __init__(self, text: str):
         self.positions: list[int] = []  # every brace, with the stack of scopes after it
         self.stacks: list[list[tuple[str, str]]] = []
+        self.innermost: list[int] = []  # and the innermost '{' still open after it (-1: none)
         stack: list[tuple[str, str]] = []
+        opened: list[int] = []
         for m in re.finditer(r"[{}]", text):
             i = m.start()
             if text[i] == "{":
                 before = text[max(0, i - 200):i]
                 found = self._OPENER.search(before) if ("namespace" in before or "extern" in before) else None
                 stack = stack + [("ns", found["ns"] or "") if found else ("code", "")]
+                opened.append(i)
             else:
                 stack = stack[:-1]
+                if opened:
+                    opened.pop()
             self.positions.append(i)
             self.stacks.append(stack)
+            self.innermost.append(opened[-1] if opened else -1)
 
     def at(self, pos: int) -> list[tuple[str, str]]:
         k = bisect.bisect_right(self.positions, pos) - 1
@@ -176,6 +183,11 @@ class _Scopes:
 
     def namespace(self, pos: int) -> str:
         return "::".join(name for kind, name in self.at(pos) if kind == "ns" and name)
+
+    def enclosing_brace(self, pos: int) -> int:
+        """Index of the innermost '{' still open just before ``pos`` (-1: none)."""
+        k = bisect.bisect_left(self.positions, pos) - 1
+        return self.innermost[k] if k >= 0 else -1
 
 
 def _same_lines(original: str, replacement: str) -> str:
@@ -409,40 +421,45 @@ _STATIC_INITIALIZER = re.compile(r"\bstatic\s+[\w:<>,\s*&]*?\b[A-Za-z_]\w*\s*(?:
 _UNEVALUATED = re.compile(r"\b(?:sizeof|decltype|alignof|noexcept)\s*\(?\s*$")
 
 
-def _enclosing_brace(text: str, pos: int) -> int:
-    """Index of the innermost '{' still open at ``pos`` (-1: none)."""
-    stack = []
-    for m in re.finditer(r"[{}]", text[:pos]):
-        if m.group(0) == "{":
-            stack.append(m.start())
-        elif stack:
-            stack.pop()
-    return stack[-1] if stack else -1
+def _opens_aggregate(text: str, brace: int) -> bool:
+    """Does the '{' at ``brace`` open a struct, class or union body (its head, back to the last ';', brace
+    or parenthesis, names one)?"""
+    head = max(text.rfind(c, 0, brace) for c in ";{}()") + 1
+    return bool(re.search(r"\b(?:struct|class|union)\b", text[head:brace]))
 
 
 def _warp_size_refusal(text: str, pos: int, scopes: "_Scopes", statics: list) -> str | None:
-    """Which of _WARP_SIZE_REFUSALS the warpSize at ``pos`` of the blanked ``text`` meets, or None."""
-    before = text[:pos].rstrip()
-    while before.endswith("("):   # &(warpSize)
-        before = before[:-1].rstrip()
-    if before.endswith("&") and not before.endswith("&&"):
-        rest = before[:-1].rstrip()
-        word = re.search(r"(\w+)$", rest)
+    """Which of _WARP_SIZE_REFUSALS the warpSize at ``pos`` of the blanked ``text`` meets, or None.
+    ``statics`` holds _STATIC_INITIALIZER's matches as (start, end, start of the initializer), in order.
+    Each question looks back a few characters only, not over the whole source: a file has many warpSizes."""
+    def skip_back(i: int, chars: str = "") -> int:
+        while i > 0 and (text[i - 1].isspace() or text[i - 1] in chars):
+            i -= 1
+        return i
+
+    amp = skip_back(pos, "(")   # &(warpSize)
+    if amp > 0 and text[amp - 1] == "&" and (amp < 2 or text[amp - 2] != "&"):
+        rest = skip_back(amp - 1)
+        word_start = rest
+        while word_start > 0 and (text[word_start - 1].isalnum() or text[word_start - 1] == "_"):
+            word_start -= 1
+        word = text[word_start:rest]
         # a unary '&' follows an operator or punctuation, or `return`; a binary one follows an operand
-        if not rest or rest[-1] not in ")]" and not (word and word.group(1) not in ("return", "case", "throw")):
+        if rest == 0 or text[rest - 1] not in ")]" and not (word and word not in ("return", "case", "throw")):
             return "address"
-    if _UNEVALUATED.search(text[:pos]):
+    if _UNEVALUATED.search(text, max(0, pos - 200), pos):
         return None
-    for start, end, init_start in statics:
+    # the matches do not overlap: only the last one starting before pos can hold it
+    k = bisect.bisect_right(statics, (pos, math.inf, math.inf)) - 1
+    for start, end, init_start in statics[max(k, 0):k + 1]:
         if init_start <= pos < end:
             if re.search(r"\bconstexpr\b", text[start:init_start]):
                 return None   # g++ refuses it as a constant expression (_WARP_SIZE_NOT_CONSTANT says why)
             if scopes.file_scope(start):
                 return "namespace"
-            brace = _enclosing_brace(text, start)
             # a static data member's initializer (struct S { static const int w = warpSize; }) needs a
             # constant, and g++ already refuses it
-            return None if re.search(r"\b(?:struct|class|union)\b[^;{}()]*$", text[:brace]) else "static"
+            return None if _opens_aggregate(text, scopes.enclosing_brace(start)) else "static"
     if not scopes.file_scope(pos):
         return None
     statement = text[max(text.rfind(";", 0, pos), text.rfind("}", 0, pos), text.rfind("{", 0, pos)) + 1:pos]
@@ -517,8 +534,7 @@ def rewrite_constant_initialization(code: str) -> str:
             continue
         if re.search(r"\b(?:constexpr|__shared__)\b", decl.split("=")[0]) or "warpSize" in decl:
             continue
-        brace = _enclosing_brace(text, m.start())
-        if re.search(r"\b(?:struct|class|union)\b[^;{}()]*$", text[:brace]):
+        if _opens_aggregate(text, scopes.enclosing_brace(m.start())):
             continue   # a static data member: in-class initializers must be constant already
         inserts.append(m.end())
     out, last = [], 0
