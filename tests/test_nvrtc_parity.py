@@ -354,42 +354,72 @@ def test_the_emulator_takes_the_device_code_nvrtc_takes():
 
 
 # ----------------------------------------------------------------------------------------------
-# a kernel returns nothing: NVRTC refuses any other return type
+# declarations g++ takes as plain C++: a kernel returning a value, a function marked __host__ only
 
-# (name, source, NVRTC compiles it)
-KERNEL_RETURNS = [
-    ("int", 'extern "C" __global__ int counts(float* p) { p[0] = 1; return 0; }', False),
-    ("pointer_after_bounds", "__global__ __launch_bounds__(256) float* where(float* p) { return p; }", False),
-    ("template", "template <class T> __global__ T first(T* p) { return p[0]; }\n"
-                 "template __global__ float first<float>(float*);", False),
-    ("unsigned_long_long", "__global__ static unsigned long long ticks() { return 0; }", False),
-    ("void_by_macro", "#define KERNEL_RESULT void\n__global__ KERNEL_RESULT fills(float* p) { p[0] = 1; }", True),
-    ("bounds_after_void", "__launch_bounds__(128, 2) __global__ void __noinline__ fills(float* p) { p[0] = 1; }", True),
+# (name, source, NVRTC's refusal (and the emulator's, at line 1, naming the function), or None: compiles)
+DECLARATIONS = [
+    ("returns_int", 'extern "C" __global__ int counts(float* p) { p[0] = 1; return 0; }',
+     "a __global__ function must have a void return type"),
+    ("returns_pointer_after_bounds", "__global__ __launch_bounds__(256) float* where(float* p) { return p; }",
+     "a __global__ function must have a void return type"),
+    ("returns_template_parameter", "template <class T> __global__ T first(T* p) { return p[0]; }\n"
+                                   "template __global__ float first<float>(float*);",
+     "a __global__ function must have a void return type"),
+    ("returns_unsigned_long_long", "__global__ static unsigned long long ticks() { return 0; }",
+     "a __global__ function must have a void return type"),
+    ("void_by_macro", "#define KERNEL_RESULT void\n__global__ KERNEL_RESULT fills(float* p) { p[0] = 1; }", None),
+    ("bounds_after_void", "__launch_bounds__(128, 2) __global__ void __noinline__ fills(float* p) { p[0] = 1; }",
+     None),
+    ("host_only_called", '__host__ float twice(float x) { return 2 * x; }\n'
+                         'extern "C" __global__ void k(float* p) { p[0] = twice(p[0]); }',
+     "a function explicitly marked as a __host__ function is not allowed in JIT mode"),
+    ("host_only_uncalled", "template <class T> __host__ T twice(T x) { return 2 * x; }",
+     "a function explicitly marked as a __host__ function is not allowed in JIT mode"),
+    ("host_device", '__host__ __device__ float twice(float x) { return 2 * x; }\n'
+                    '__device__ __host__ inline float thrice(float x) { return 3 * x; }\n'
+                    'extern "C" __global__ void k(float* p) { p[0] = twice(p[0]) + thrice(p[1]); }', None),
+    ("host_device_by_macro", '#define HD __host__ __device__\nHD float twice(float x) { return 2 * x; }', None),
+    ("unmarked", "float twice(float x) { return 2 * x; }\n"   # a device function under CuPy's options
+                 'extern "C" __global__ void k(float* p) { p[0] = twice(p[0]); }', None),
 ]
 
 
 @pytest.mark.parametrize("which", WHICH)
-def test_nvrtc_verdicts_on_kernel_return_types(have_nvrtc, which):
-    verdicts = nvrtc_verdicts(which, {name: code + "\n" for name, code, _ in KERNEL_RETURNS})
-    wrong = {name: verdicts[name][1] for name, _, compiles in KERNEL_RETURNS if verdicts[name][0] != compiles}
-    assert not wrong, wrong
-    for name, _, compiles in KERNEL_RETURNS:
-        assert compiles or "a __global__ function must have a void return type" in verdicts[name][1], name
+def test_nvrtc_verdicts_on_declarations(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {name: code + "\n" for name, code, _ in DECLARATIONS})
+    for name, _, refusal in DECLARATIONS:
+        ok, log = verdicts[name]
+        assert ok == (refusal is None), (name, log)
+        assert refusal is None or refusal.lower() in log.lower(), (name, log)
 
 
-@pytest.mark.parametrize("name, code, compiles", KERNEL_RETURNS, ids=[row[0] for row in KERNEL_RETURNS])
-def test_the_emulator_refuses_a_kernel_that_returns_a_value(name, code, compiles):
-    # before: g++ compiled `__global__ int k(...)` as a plain function, and the module then said
-    # "no kernel 'k' in kernel.cu; kernels: none", with no word of the return type
-    if compiles:
+@pytest.mark.parametrize("name, code, refusal", DECLARATIONS, ids=[row[0] for row in DECLARATIONS])
+def test_the_emulator_refuses_the_declarations_nvrtc_refuses(name, code, refusal):
+    # before: g++ compiled `__global__ int k(...)` as a plain function (and the module then said "no kernel
+    # 'k' in kernel.cu; kernels: none", with no word of the return type), and a __host__ function as any other
+    if refusal is None:
         llmcupy.RawModule(code=code + "\n", target="sim")
         return
     with pytest.raises(sim_compiler.SimCompileError) as info:
-        llmcupy.RawModule(code=code + "\n", target="sim", filename="ret.cu")
-    kernel = next(w for w in re.findall(r"(\w+)\s*\(", code.split("__global__", 1)[1]) if w != "__launch_bounds__")
-    assert re.search(rf"ret.cu:1: error: a __global__ function must have a void return type: '{kernel}' returns \S",
-                     str(info.value)), str(info.value)
-    assert "write the result through a pointer argument" in str(info.value)
+        llmcupy.RawModule(code=code + "\n", target="sim", filename="decl.cu")
+    declared = re.search(r"(?:__global__|__host__)(.*?)\(", re.sub(r"__launch_bounds__\(\w*\)", "", code))[1]
+    function = re.findall(r"(\w+)\s*$", declared)[0]
+    text = str(info.value)
+    assert re.search(rf"decl.cu:1: error: (?:{refusal}: '{function}' returns \S|'{function}' is marked __host__ only: "
+                     rf"{refusal})", text), text
+    assert "(NVRTC refuses it too, in those words; " in text
+    assert ("write the result through a pointer argument" if "__global__" in refusal else
+            "drop __host__, or write __host__ __device__") in text
+
+
+def test_each_refused_declaration_of_a_source_is_named():
+    code = "".join(c + "\n" for name, c, refusal in DECLARATIONS if refusal and "template" not in c)
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="decl.cu")
+    text = str(info.value)
+    assert [int(n) for n in re.findall(r"decl.cu:(\d+): error", text)] == [1, 2, 3, 4]
+    assert "(NVRTC refuses them too, in those words; a kernel's launch returns nothing" in text
+    assert "; a RawModule source is device code" in text
 
 
 # ----------------------------------------------------------------------------------------------

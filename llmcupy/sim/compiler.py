@@ -1069,7 +1069,7 @@ def uses_volatile(code: str) -> bool:
 # The CUDA keywords the scans look for, each defined as itself after the emulator's header (which
 # defines them away: empty, or `static thread_local`), so that the preprocessed text still shows them.
 _KEEP_KEYWORDS = "".join(f"#undef {word}\n#define {word} {word}\n"
-                         for word in ("__global__", "__device__", "__constant__", "__shared__")) + (
+                         for word in ("__global__", "__device__", "__host__", "__constant__", "__shared__")) + (
     "#undef __launch_bounds__\n#define __launch_bounds__(...) __launch_bounds__(__VA_ARGS__)\n")
 _LINEMARKER = re.compile(r'^# (\d+) "((?:[^"\\]|\\.)*)"')
 _LINE_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(?:line\b|\d)", re.M)
@@ -1119,15 +1119,42 @@ def non_void_kernels(preprocessed: str) -> list[tuple[int, str, str]]:
             for m in _NON_VOID_GLOBAL.finditer(text)]
 
 
-def _refuse_non_void_kernels(preprocessed: str, filename: str) -> None:
-    found = non_void_kernels(preprocessed)
-    if found:
+def host_only_functions(preprocessed: str) -> list[tuple[int, str]]:
+    """(line, name) of each function declared ``__host__`` without ``__device__``, in the source as the
+    preprocessor leaves it. NVRTC refuses them, called or not ("A function explicitly marked as a __host__
+    function is not allowed in JIT mode"); g++ takes them as any other function."""
+    text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(preprocessed))
+    found = []
+    for m in re.finditer(r"\b__host__\b", text):
+        start = max(text.rfind(c, 0, m.start()) for c in ";{}") + 1
+        ends = [i for i in (text.find(c, m.end()) for c in "(;{") if i >= 0]
+        end = min(ends) if ends else len(text)
+        if not re.search(r"\b__device__\b", text[start:end]):
+            name = re.search(r"(\w+)\s*$", text[m.end():end]) if end < len(text) and text[end] == "(" else None
+            found.append((text.count("\n", 0, m.start()) + 1, name[1] if name else "__host__"))
+    return found
+
+
+def _refuse_host_only_code(preprocessed: str, filename: str) -> None:
+    """Refuses, before g++ runs, the declarations NVRTC refuses and g++ takes as plain C++: a kernel that
+    returns a value, a function marked __host__ only."""
+    errors = [(line, f"a __global__ function must have a void return type: '{name}' returns {rtype}")
+              for line, name, rtype in non_void_kernels(preprocessed)]
+    hints = ["a kernel's launch returns nothing to the host: write the result through a pointer argument, or make "
+             "it a __device__ function called from a kernel"] if errors else []
+    host = host_only_functions(preprocessed)
+    errors += [(line, f"'{name}' is marked __host__ only: a function explicitly marked as a __host__ function is "
+                      "not allowed in JIT mode") for line, name in host]
+    if host:
+        hints.append("a RawModule source is device code: NVRTC compiles an unmarked function for the device "
+                     "(CuPy passes --device-as-default-execution-space) and refuses a __host__ one even if "
+                     "nothing calls it; drop __host__, or write __host__ __device__")
+    if errors:
         raise SimCompileError(
             f"the emulator could not compile {filename}:\n"
-            + "\n".join(f"{filename}:{line}: error: a __global__ function must have a void return type: "
-                        f"'{name}' returns {rtype}" for line, name, rtype in found)
-            + "\n(NVRTC refuses it too, in those words: a kernel's launch returns nothing to the host; write "
-              "the result through a pointer argument, or make it a __device__ function called from a kernel)")
+            + "\n".join(f"{filename}:{line}: error: {what}" for line, what in sorted(errors))
+            + f"\n(NVRTC refuses {'them' if len(errors) > 1 else 'it'} too, in those words; "
+            + "; ".join(hints) + ")")
 
 
 def _kernel_base(name: str) -> str:
@@ -1392,7 +1419,7 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
     preprocessed = _preprocessed_source(command, prefix, code, safe_name, tmp)
     scanned = code if preprocessed is None else preprocessed
     if preprocessed is not None:
-        _refuse_non_void_kernels(preprocessed, filename)
+        _refuse_host_only_code(preprocessed, filename)
         variables = device_variables(preprocessed)
         kernels = _left_by_preprocessor(kernels, code, preprocessed)
     # The host's headers under llmcupy_sim.h redefine a -DM_PI=... of the user's: set again after the #undef,
