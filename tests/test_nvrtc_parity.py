@@ -505,3 +505,139 @@ def test_a_c_library_macro_the_options_define_is_kept():
                             target="sim")
     mod.get_function("pi")((1,), (1,), (p,))
     assert p[0] == 3.0
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA's min, max, abs and math functions: a fixed overload set, which refuses some calls g++'s take
+
+# The argument types probed, by the short names the tables below use.
+ARG_TYPES = {"b": "bool", "c": "char", "sc": "signed char", "uc": "unsigned char", "s": "short",
+             "us": "unsigned short", "i": "int", "u": "unsigned int", "l": "long", "ul": "unsigned long",
+             "ll": "long long", "ull": "unsigned long long", "f": "float", "d": "double"}
+
+
+def _grid(text: str) -> dict:
+    """{(a, b): result type or None} from a table: a row per first argument's type, a column per
+    second's, each cell the call's result type, or "-" where NVRTC refuses the call ('more than one
+    instance of overloaded function ... matches the argument list')."""
+    header, *rows = [line.split() for line in text.strip().splitlines()]
+    assert header == list(ARG_TYPES) and [r[0] for r in rows] == list(ARG_TYPES)
+    return {(a, b): (None if cell == "-" else cell) for a, *cells in rows for b, cell in zip(header, cells)}
+
+
+def _row(text: str) -> dict:
+    """{(a,): result type or None} from one line of "argument:result" cells ("-": refused)."""
+    cells = dict(cell.split(":") for cell in text.split())
+    assert list(cells) == list(ARG_TYPES)
+    return {(a,): (None if r == "-" else r) for a, r in cells.items()}
+
+
+# min(a, b) and max(a, b): CUDA declares them for int, unsigned, long, unsigned long, long long,
+# unsigned long long (and the signed/unsigned pairs of each size), float, double and float with double.
+MIN_MAX = _grid("""
+      b   c   sc  uc  s   us  i   u   l   ul  ll  ull f   d
+b     i   i   i   i   i   i   i   u   -   -   -   -   -   -
+c     i   i   i   i   i   i   i   u   -   -   -   -   -   -
+sc    i   i   i   i   i   i   i   u   -   -   -   -   -   -
+uc    i   i   i   i   i   i   i   u   -   -   -   -   -   -
+s     i   i   i   i   i   i   i   u   -   -   -   -   -   -
+us    i   i   i   i   i   i   i   u   -   -   -   -   -   -
+i     i   i   i   i   i   i   i   u   -   -   -   -   -   -
+u     u   u   u   u   u   u   u   u   -   -   -   -   -   -
+l     -   -   -   -   -   -   -   -   l   ul  -   -   -   -
+ul    -   -   -   -   -   -   -   -   ul  ul  -   -   -   -
+ll    -   -   -   -   -   -   -   -   -   -   ll  ull -   -
+ull   -   -   -   -   -   -   -   -   -   -   ull ull -   -
+f     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+d     -   -   -   -   -   -   -   -   -   -   -   -   d   d
+""")
+
+# (function, {argument types: result type or None where NVRTC refuses}), measured with NVRTC 12.4, 12.9 and 13.5
+OVERLOADS = [("min", MIN_MAX), ("max", MIN_MAX)]
+
+
+def _overload_probe(overloads) -> str:
+    """One source that asserts each call's result type, or that no overload takes it: a call NVRTC
+    refuses is found out without an error (its decltype fails to substitute), so one compile checks a table."""
+    lines = ["#include <cuda/std/type_traits>", "#include <cuda/std/utility>",
+             "template <class...> struct args {};", "struct refused {};"]
+    for name in dict.fromkeys(n for n, _ in overloads):
+        lines += [f"template <class, class = void> struct {name}_of {{ using type = refused; }};",
+                  f"template <class... A> struct {name}_of<args<A...>, cuda::std::void_t<decltype({name}("
+                  f"cuda::std::declval<A>()...))>> {{ using type = decltype({name}(cuda::std::declval<A>()...)); }};"]
+    for name, table in overloads:
+        for argv, result in table.items():
+            types = ", ".join(ARG_TYPES[a] for a in argv)
+            want = "refused" if result is None else ARG_TYPES[result]
+            lines.append(f"static_assert(cuda::std::is_same<{name}_of<args<{types}>>::type, {want}>::value, "
+                         f'"{name}({types}) is {want}");')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_overloads_of_min_max_abs_and_math(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"overloads": _overload_probe(OVERLOADS)})["overloads"]
+    assert ok, "\n".join(re.findall(r'static assertion failed with "(.*)"', log)) or log
+
+
+def test_the_emulator_has_nvrtcs_overloads_of_min_max_abs_and_math():
+    # before: min and max were one template over any two arithmetic types (std::common_type), so
+    # max(1, p[1]) with a float p compiled here and NVRTC refused it, and min(short, short) was a short
+    try:
+        llmcupy.RawModule(code=_overload_probe(OVERLOADS), target="sim", filename="overloads.cu")
+    except sim_compiler.SimCompileError as exc:
+        failed = re.findall(r"static assertion failed: (.*)", str(exc))
+        pytest.fail("\n".join(failed) or str(exc))
+
+
+# Where a naive min/max (a < b ? a : b in the arguments' common type) computes otherwise than CUDA's:
+# a NaN argument (fminf/fmaxf return the number), a negative int with an unsigned (CUDA converts the
+# int: -1 is the largest), and a result type wider than the arguments (int for bool or unsigned char)
+MIN_MAX_VALUES = r"""
+extern "C" __global__ void min_max(float* f, double* d, unsigned* u, unsigned long long* w, int* i) {
+    float nan = __int_as_float(0x7fc00000);
+    f[0] = min(nan, 1.0f); f[1] = min(1.0f, nan); f[2] = max(nan, 1.0f); f[3] = max(1.0f, nan);
+    f[4] = min(nan, nan);
+    d[0] = min(1.0f, (double)nan); d[1] = max((double)nan, -1.0f);
+    int minus_one = i[0];
+    u[0] = min(minus_one, 1u); u[1] = max(minus_one, 1u); u[2] = min(2u, minus_one);
+    w[0] = min((long long)minus_one, 1ull); w[1] = max((long)minus_one, 1ul);
+    unsigned char zero = 0;
+    auto m = min(zero, zero);
+    m -= 1;
+    i[0] = m;
+    auto t = max(true, true);
+    t += 1;
+    i[1] = t;
+}
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_the_min_max_values_kernel_compiles_under_nvrtc(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"min_max": MIN_MAX_VALUES})["min_max"]
+    assert ok, log
+
+
+def test_the_emulators_min_max_compute_as_cudas():
+    # before: min(short, short) was a short, max(bool, bool) a bool (so `m -= 1` wrapped to 255, `t += 1`
+    # stayed true)
+    f, d = np.zeros(5, np.float32), np.zeros(2)
+    u, w, i = np.zeros(3, np.uint32), np.zeros(2, np.uint64), np.array([-1, 0], np.int32)
+    llmcupy.RawModule(code=MIN_MAX_VALUES, target="sim").get_function("min_max")((1,), (1,), (f, d, u, w, i))
+    assert f[:4].tolist() == [1.0, 1.0, 1.0, 1.0] and np.isnan(f[4])
+    assert d.tolist() == [1.0, -1.0]
+    assert u.tolist() == [1, 2**32 - 1, 2]
+    assert w.tolist() == [1, 2**64 - 1]
+    assert i.tolist() == [-1, 2]
+
+
+def test_a_min_or_max_nvrtc_finds_ambiguous_is_refused_by_the_emulator():
+    # before: max(1, p[1]) with a float p compiled here (a float), and NVRTC refused it: 'more than one
+    # instance of overloaded function "max" matches the argument list'
+    code = 'extern "C" __global__ void k(float* p, long n) {\n    p[0] = max(1, p[1]);\n    p[2] = min(n, 4);\n}\n'
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="k.cu")
+    text = str(info.value)
+    assert re.search(r"^k\.cu:2:\d+: error: call of overloaded .max\(int, float&?\). is ambiguous", text, re.M), text
+    assert re.search(r"^k\.cu:3:\d+: error: call of overloaded .min\(long int&?, int\). is ambiguous", text, re.M), text

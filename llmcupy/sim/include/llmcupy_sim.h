@@ -1297,20 +1297,45 @@ using std::signbit;
 using std::isinf;
 using std::isnan;
 using std::isfinite;
-// CUDA's min/max for device code, including mixed argument types (int and unsigned -> unsigned),
-// which std::min/std::max refuse.
-template <typename A, typename B, typename = std::enable_if_t<std::is_arithmetic_v<A> && std::is_arithmetic_v<B>>>
-inline std::common_type_t<A, B> min(A a, B b) {
-    using C = std::common_type_t<A, B>;
-    if constexpr (std::is_floating_point_v<C>) return std::fmin(C(a), C(b));
-    else return C(a) < C(b) ? C(a) : C(b);
-}
-template <typename A, typename B, typename = std::enable_if_t<std::is_arithmetic_v<A> && std::is_arithmetic_v<B>>>
-inline std::common_type_t<A, B> max(A a, B b) {
-    using C = std::common_type_t<A, B>;
-    if constexpr (std::is_floating_point_v<C>) return std::fmax(C(a), C(b));
-    else return C(a) > C(b) ? C(a) : C(b);
-}
+// CUDA's min/max for device code: the overload set CUDA declares (crt/math_functions.h and .hpp, the
+// same in CUDA 12.4 to 13.5), not a template taking any two types, so that overload resolution picks
+// what NVRTC picks: min(int, unsigned) is unsigned (the int converted, as CUDA's umin does), a float
+// with a double is a double, and a call that mixes sizes or an integer with a float
+// (max(1, 2.0f), min(int, long), max(long, long long)) is ambiguous here as under NVRTC ('more than
+// one instance of overloaded function "max" matches the argument list'). Measured in
+// tests/test_nvrtc_parity.py. Floats follow fminf/fmaxf: a NaN loses to a number.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned min(int a, unsigned b) { return min(unsigned(a), b); }
+inline unsigned min(unsigned a, int b) { return min(a, unsigned(b)); }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline unsigned long min(unsigned long a, unsigned long b) { return a < b ? a : b; }
+inline unsigned long min(long a, unsigned long b) { return min((unsigned long)a, b); }
+inline unsigned long min(unsigned long a, long b) { return min(a, (unsigned long)b); }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+inline unsigned long long min(long long a, unsigned long long b) { return min((unsigned long long)a, b); }
+inline unsigned long long min(unsigned long long a, long long b) { return min(a, (unsigned long long)b); }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double min(float a, double b) { return std::fmin(double(a), b); }
+inline double min(double a, float b) { return std::fmin(a, double(b)); }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline unsigned max(int a, unsigned b) { return max(unsigned(a), b); }
+inline unsigned max(unsigned a, int b) { return max(a, unsigned(b)); }
+inline long max(long a, long b) { return a > b ? a : b; }
+inline unsigned long max(unsigned long a, unsigned long b) { return a > b ? a : b; }
+inline unsigned long max(long a, unsigned long b) { return max((unsigned long)a, b); }
+inline unsigned long max(unsigned long a, long b) { return max(a, (unsigned long)b); }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+inline unsigned long long max(long long a, unsigned long long b) { return max((unsigned long long)a, b); }
+inline unsigned long long max(unsigned long long a, long long b) { return max(a, (unsigned long long)b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
+inline double max(float a, double b) { return std::fmax(double(a), b); }
+inline double max(double a, float b) { return std::fmax(a, double(b)); }
 
 namespace llmcupy_sim {
 
