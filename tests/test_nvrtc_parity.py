@@ -552,8 +552,100 @@ f     -   -   -   -   -   -   -   -   -   -   -   -   f   d
 d     -   -   -   -   -   -   -   -   -   -   -   -   d   d
 """)
 
+# fmax(a, b), atan2, hypot, ...: CUDA declares a float and a double overload, so a float with an integer
+# is a float, and two integers, or a float with a double, are refused
+FLOAT_PAIR = _grid("""
+      b   c   sc  uc  s   us  i   u   l   ul  ll  ull f   d
+b     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+c     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+sc    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+uc    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+s     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+us    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+i     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+u     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+l     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ul    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ll    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ull   -   -   -   -   -   -   -   -   -   -   -   -   f   d
+f     f   f   f   f   f   f   f   f   f   f   f   f   f   -
+d     d   d   d   d   d   d   d   d   d   d   d   d   -   d
+""")
+
+# pow(a, b): float and double, and each with an int exponent (so pow(x, 2) with a float x is a float)
+POW = _grid("""
+      b   c   sc  uc  s   us  i   u   l   ul  ll  ull f   d
+b     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+c     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+sc    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+uc    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+s     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+us    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+i     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+u     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+l     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ul    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ll    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ull   -   -   -   -   -   -   -   -   -   -   -   -   f   d
+f     f   f   f   f   f   f   f   -   -   -   -   -   f   -
+d     d   d   d   d   d   d   d   -   -   -   -   -   -   d
+""")
+
+# copysign(a, b): float and double, and a float with a double (a double); nothing with an integer
+COPYSIGN = _grid("""
+      b   c   sc  uc  s   us  i   u   l   ul  ll  ull f   d
+b     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+c     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+sc    -   -   -   -   -   -   -   -   -   -   -   -   -   -
+uc    -   -   -   -   -   -   -   -   -   -   -   -   -   -
+s     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+us    -   -   -   -   -   -   -   -   -   -   -   -   -   -
+i     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+u     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+l     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+ul    -   -   -   -   -   -   -   -   -   -   -   -   -   -
+ll    -   -   -   -   -   -   -   -   -   -   -   -   -   -
+ull   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+f     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+d     -   -   -   -   -   -   -   -   -   -   -   -   d   d
+""")
+
+# abs: int, long, long long, float and double (an unsigned argument is refused); labs, llabs and fabsf
+# take any argument, converted
+ABS = _row("b:i c:i sc:i uc:i s:i us:i i:i u:- l:l ul:- ll:ll ull:- f:f d:d")
+ANY_TO = {r: _row(" ".join(f"{a}:{r}" for a in ARG_TYPES)) for r in ("i", "l", "ll", "f", "d")}
+# the float and double functions of one argument (sqrt, exp, floor, ..., CUDA's rsqrt, sinpi, ...):
+# an integer argument is refused, as by sqrt(2)
+FLOAT_ONE = _row("b:- c:- sc:- uc:- s:- us:- i:- u:- l:- ul:- ll:- ull:- f:f d:d")
+# isnan, isinf, isfinite and signbit are an int under NVRTC (not a bool)
+CLASSIFY = _row("b:- c:- sc:- uc:- s:- us:- i:- u:- l:- ul:- ll:- ull:- f:i d:i")
+FLOAT_ONE_FUNCTIONS = """acos acosh asin asinh atan atanh cbrt ceil cos cosh erf erfc exp exp2 expm1 fabs floor
+    lgamma log log10 log1p log2 logb nearbyint rint round sin sinh sqrt tan tanh tgamma trunc
+    rsqrt rcbrt sinpi cospi exp10 erfinv erfcinv normcdf normcdfinv""".split()
+FLOAT_PAIR_FUNCTIONS = "fmax fmin fmod atan2 hypot fdim remainder nextafter".split()
+
+# calls of more arguments, some of them pointers (the emulator had only the double overloads of these)
+TYPE_NAMES = {**ARG_TYPES, "ip": "int*", "fp": "float*", "dp": "double*"}
+MORE_ARGUMENTS = {
+    "fma": {("f", "f", "f"): "f", ("d", "d", "d"): "d", ("f", "f", "i"): "f", ("i", "i", "i"): None,
+            ("f", "f", "d"): None},
+    "ldexp": {("f", "i"): "f", ("d", "i"): "d", ("i", "i"): None},
+    "scalbn": {("f", "i"): "f", ("d", "i"): "d", ("i", "i"): None},
+    "frexp": {("f", "ip"): "f", ("d", "ip"): "d", ("i", "ip"): None},
+    "modf": {("f", "fp"): "f", ("d", "dp"): "d", ("f", "dp"): "d"},
+    "remquo": {("f", "f", "ip"): "f", ("d", "d", "ip"): "d", ("f", "d", "ip"): None},
+}
+
 # (function, {argument types: result type or None where NVRTC refuses}), measured with NVRTC 12.4, 12.9 and 13.5
-OVERLOADS = [("min", MIN_MAX), ("max", MIN_MAX)]
+OVERLOADS = [("min", MIN_MAX), ("max", MIN_MAX), ("abs", ABS), ("labs", ANY_TO["l"]), ("llabs", ANY_TO["ll"]),
+             ("fabsf", ANY_TO["f"]), ("sqrtf", ANY_TO["f"]), ("expf", ANY_TO["f"]),
+             *((name, FLOAT_ONE) for name in FLOAT_ONE_FUNCTIONS),
+             *((name, CLASSIFY) for name in ("isnan", "isinf", "isfinite", "signbit")),
+             ("ilogb", {**FLOAT_ONE, ("f",): "i", ("d",): "i"}),
+             *((name, {**FLOAT_ONE, ("f",): "l", ("d",): "l"}) for name in ("lrint", "lround")),
+             *((name, {**FLOAT_ONE, ("f",): "ll", ("d",): "ll"}) for name in ("llrint", "llround")),
+             *((name, FLOAT_PAIR) for name in FLOAT_PAIR_FUNCTIONS), ("pow", POW), ("copysign", COPYSIGN),
+             *MORE_ARGUMENTS.items()]
 
 
 def _overload_probe(overloads) -> str:
@@ -567,8 +659,8 @@ def _overload_probe(overloads) -> str:
                   f"cuda::std::declval<A>()...))>> {{ using type = decltype({name}(cuda::std::declval<A>()...)); }};"]
     for name, table in overloads:
         for argv, result in table.items():
-            types = ", ".join(ARG_TYPES[a] for a in argv)
-            want = "refused" if result is None else ARG_TYPES[result]
+            types = ", ".join(TYPE_NAMES[a] for a in argv)
+            want = "refused" if result is None else TYPE_NAMES[result]
             lines.append(f"static_assert(cuda::std::is_same<{name}_of<args<{types}>>::type, {want}>::value, "
                          f'"{name}({types}) is {want}");')
     return "\n".join(lines) + "\n"
@@ -632,6 +724,16 @@ def test_the_emulators_min_max_compute_as_cudas():
     assert i.tolist() == [-1, 2]
 
 
+def _ambiguous(line: int, name: str, gcc_args) -> str:
+    """A pattern for the compiler's error at ``line`` of k.cu that the call of ``name`` is ambiguous: g++'s
+    words with the arguments' types ``gcc_args``, or, where g++ only warns that ISO C++ calls it ambiguous
+    (gcc_args None: a float with a double), the emulator's error in its place; or clang's words."""
+    gcc = (rf"call of overloaded .{name}\({gcc_args}\). is ambiguous" if gcc_args else
+           re.escape("call of overloaded function is ambiguous (ISO C++ says so and NVRTC refuses it: 'more than one "
+                     "instance of overloaded function matches the argument list'"))
+    return rf"^k\.cu:{line}:\d+: error: (?:{gcc}|call to .{name}. is ambiguous)"
+
+
 def test_a_min_or_max_nvrtc_finds_ambiguous_is_refused_by_the_emulator():
     # before: max(1, p[1]) with a float p compiled here (a float), and NVRTC refused it: 'more than one
     # instance of overloaded function "max" matches the argument list'
@@ -639,5 +741,74 @@ def test_a_min_or_max_nvrtc_finds_ambiguous_is_refused_by_the_emulator():
     with pytest.raises(sim_compiler.SimCompileError) as info:
         llmcupy.RawModule(code=code, target="sim", filename="k.cu")
     text = str(info.value)
-    assert re.search(r"^k\.cu:2:\d+: error: call of overloaded .max\(int, float&?\). is ambiguous", text, re.M), text
-    assert re.search(r"^k\.cu:3:\d+: error: call of overloaded .min\(long int&?, int\). is ambiguous", text, re.M), text
+    assert re.search(_ambiguous(2, "max", r"int, float&?"), text, re.M), text
+    assert re.search(_ambiguous(3, "min", r"long int&?, int"), text, re.M), text
+
+
+# Where the emulator computed otherwise before it had CUDA's overloads: abs of a float or a long long
+# (the C library's abs(int) truncated them), a float function of a float computed in double, pow(x, 2)
+# of a float, isnan an int (not a bool), and the double functions CUDA has beside erfinvf, rcbrtf, ...
+MATH_VALUES = r"""
+extern "C" __global__ void math_values(float* f, double* d, long long* l, int* i) {
+    f[0] = abs(-1.5f);
+    d[0] = abs(-2.25);
+    l[0] = abs(-3000000000ll);
+    float one = f[1];
+    d[1] = exp(one) - (double)expf(one);
+    d[2] = sqrt(one + one) - (double)sqrtf(2.0f);
+    d[3] = pow(3.1f, 2) - (double)(3.1f * 3.1f);
+    auto n = isnan(__int_as_float(0x7fc00000));
+    n += n;
+    i[0] = n;
+    i[1] = signbit(-0.0) + signbit(1.0f) + isinf(-1.0 / 0.0) + isfinite(one);
+    d[4] = erfinv(0.5);
+    d[5] = erfcinv(1e-20);
+    d[6] = normcdfinv(0.975);
+    d[7] = rcbrt(8.0);
+    d[8] = copysign(2.0f, -1.0);
+    f[1] = fmax(one, 3) + fma(one, 2.0f, 1);
+}
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_the_math_values_kernel_compiles_under_nvrtc(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"math_values": MATH_VALUES})["math_values"]
+    assert ok, log
+
+
+def test_the_emulators_abs_and_math_functions_compute_as_cudas():
+    import math
+    f, d = np.array([0, 1], np.float32), np.zeros(9)
+    l, i = np.zeros(1, np.int64), np.zeros(2, np.int32)
+    llmcupy.RawModule(code=MATH_VALUES, target="sim").get_function("math_values")((1,), (1,), (f, d, l, i))
+    assert f[0] == 1.5 and d[0] == 2.25 and l[0] == 3000000000
+    assert d[1] == 0 and d[2] == 0 and d[3] == 0   # float functions of floats, rounded to float
+    assert i.tolist() == [2, 3]
+    # erfinv, erfcinv, normcdfinv: bisection to the last bits of a double, so a relative 1e-14
+    # (erf and erfc of the result, a few ulps from libm, give the argument back)
+    assert math.erf(d[4]) == pytest.approx(0.5, rel=1e-14)
+    assert math.erfc(d[5]) == pytest.approx(1e-20, rel=1e-12)   # erfc's slope there: 1e-12 holds 100 ulps of x
+    assert d[6] == pytest.approx(1.959963984540054, rel=1e-14)
+    assert d[7] == 0.5 and d[8] == -2.0
+    assert f[1] == 3 + 3
+
+
+def test_a_math_call_nvrtc_finds_ambiguous_is_refused_by_the_emulator():
+    # before: each compiled here through the host's std:: templates for integers (a double), and
+    # NVRTC refused it: 'more than one instance of overloaded function "sqrt" matches the argument list'
+    code = ('extern "C" __global__ void k(float* p, int n, unsigned u) {\n    p[0] = sqrt(n);\n'
+            '    p[1] = abs(u);\n    p[2] = fmaxf(p[0], 1) + fmax(p[0], 1.0);\n}\n')
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="k.cu")
+    text = str(info.value)
+    for line, name, args in [(2, "sqrt", r"int&?"), (3, "abs", r"unsigned int&?"), (4, "fmax", None)]:
+        assert re.search(_ambiguous(line, name, args), text, re.M), text
+    # fmaxf(p[0], 1) is a float; fmax(float, double) g++ alone takes (it warns that ISO C++ calls it
+    # ambiguous and picks the double overload): an error here too, alone in a source or among others
+    assert len(re.findall(r": error: ", text)) == 3, text
+    alone = 'extern "C" __global__ void k(float* p) {\n    p[0] = fmax(p[1], 0.0) + pow(p[1], 2.0);\n}\n'
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=alone, target="sim", filename="k.cu")
+    for name in ("fmax", "pow"):   # g++ may say it twice of one call (pow has 4 overloads)
+        assert re.search(_ambiguous(2, name, None), str(info.value), re.M), (name, str(info.value))
