@@ -574,3 +574,310 @@ def test_a_c_library_macro_the_options_define_is_kept():
                             target="sim")
     mod.get_function("pi")((1,), (1,), (p,))
     assert p[0] == 3.0
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA's min, max, abs and math functions: a fixed overload set, which refuses some calls g++'s take
+
+# The argument types probed, by the short names the tables below use.
+ARG_TYPES = {"b": "bool", "c": "char", "sc": "signed char", "uc": "unsigned char", "s": "short",
+             "us": "unsigned short", "i": "int", "u": "unsigned int", "l": "long", "ul": "unsigned long",
+             "ll": "long long", "ull": "unsigned long long", "f": "float", "d": "double"}
+
+
+def _grid(text: str) -> dict:
+    """{(a, b): result type or None} from a table: a row per first argument's type, a column per
+    second's, each cell the call's result type, or "-" where NVRTC refuses the call ('more than one
+    instance of overloaded function ... matches the argument list')."""
+    header, *rows = [line.split() for line in text.strip().splitlines()]
+    assert header == list(ARG_TYPES) and [r[0] for r in rows] == list(ARG_TYPES)
+    return {(a, b): (None if cell == "-" else cell) for a, *cells in rows for b, cell in zip(header, cells)}
+
+
+def _row(text: str) -> dict:
+    """{(a,): result type or None} from one line of "argument:result" cells ("-": refused)."""
+    cells = dict(cell.split(":") for cell in text.split())
+    assert list(cells) == list(ARG_TYPES)
+    return {(a,): (None if r == "-" else r) for a, r in cells.items()}
+
+
+# min(a, b) and max(a, b): CUDA declares them for int, unsigned, long, unsigned long, long long,
+# unsigned long long (and the signed/unsigned pairs of each size), float, double and float with double.
+MIN_MAX = _grid("""
+      b   c   sc  uc  s   us  i   u   l   ul  ll  ull f   d
+b     i   i   i   i   i   i   i   u   -   -   -   -   -   -
+c     i   i   i   i   i   i   i   u   -   -   -   -   -   -
+sc    i   i   i   i   i   i   i   u   -   -   -   -   -   -
+uc    i   i   i   i   i   i   i   u   -   -   -   -   -   -
+s     i   i   i   i   i   i   i   u   -   -   -   -   -   -
+us    i   i   i   i   i   i   i   u   -   -   -   -   -   -
+i     i   i   i   i   i   i   i   u   -   -   -   -   -   -
+u     u   u   u   u   u   u   u   u   -   -   -   -   -   -
+l     -   -   -   -   -   -   -   -   l   ul  -   -   -   -
+ul    -   -   -   -   -   -   -   -   ul  ul  -   -   -   -
+ll    -   -   -   -   -   -   -   -   -   -   ll  ull -   -
+ull   -   -   -   -   -   -   -   -   -   -   ull ull -   -
+f     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+d     -   -   -   -   -   -   -   -   -   -   -   -   d   d
+""")
+
+# fmax(a, b), atan2, hypot, ...: CUDA declares a float and a double overload, so a float with an integer
+# is a float, and two integers, or a float with a double, are refused
+FLOAT_PAIR = _grid("""
+      b   c   sc  uc  s   us  i   u   l   ul  ll  ull f   d
+b     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+c     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+sc    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+uc    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+s     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+us    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+i     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+u     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+l     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ul    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ll    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ull   -   -   -   -   -   -   -   -   -   -   -   -   f   d
+f     f   f   f   f   f   f   f   f   f   f   f   f   f   -
+d     d   d   d   d   d   d   d   d   d   d   d   d   -   d
+""")
+
+# pow(a, b): float and double, and each with an int exponent (so pow(x, 2) with a float x is a float)
+POW = _grid("""
+      b   c   sc  uc  s   us  i   u   l   ul  ll  ull f   d
+b     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+c     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+sc    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+uc    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+s     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+us    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+i     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+u     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+l     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ul    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ll    -   -   -   -   -   -   -   -   -   -   -   -   f   d
+ull   -   -   -   -   -   -   -   -   -   -   -   -   f   d
+f     f   f   f   f   f   f   f   -   -   -   -   -   f   -
+d     d   d   d   d   d   d   d   -   -   -   -   -   -   d
+""")
+
+# copysign(a, b): float and double, and a float with a double (a double); nothing with an integer
+COPYSIGN = _grid("""
+      b   c   sc  uc  s   us  i   u   l   ul  ll  ull f   d
+b     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+c     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+sc    -   -   -   -   -   -   -   -   -   -   -   -   -   -
+uc    -   -   -   -   -   -   -   -   -   -   -   -   -   -
+s     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+us    -   -   -   -   -   -   -   -   -   -   -   -   -   -
+i     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+u     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+l     -   -   -   -   -   -   -   -   -   -   -   -   -   -
+ul    -   -   -   -   -   -   -   -   -   -   -   -   -   -
+ll    -   -   -   -   -   -   -   -   -   -   -   -   -   -
+ull   -   -   -   -   -   -   -   -   -   -   -   -   -   -
+f     -   -   -   -   -   -   -   -   -   -   -   -   f   d
+d     -   -   -   -   -   -   -   -   -   -   -   -   d   d
+""")
+
+# abs: int, long, long long, float and double (an unsigned argument is refused); labs, llabs and fabsf
+# take any argument, converted
+ABS = _row("b:i c:i sc:i uc:i s:i us:i i:i u:- l:l ul:- ll:ll ull:- f:f d:d")
+ANY_TO = {r: _row(" ".join(f"{a}:{r}" for a in ARG_TYPES)) for r in ("i", "l", "ll", "f", "d")}
+# the float and double functions of one argument (sqrt, exp, floor, ..., CUDA's rsqrt, sinpi, ...):
+# an integer argument is refused, as by sqrt(2)
+FLOAT_ONE = _row("b:- c:- sc:- uc:- s:- us:- i:- u:- l:- ul:- ll:- ull:- f:f d:d")
+# isnan, isinf, isfinite and signbit are an int under NVRTC (not a bool)
+CLASSIFY = _row("b:- c:- sc:- uc:- s:- us:- i:- u:- l:- ul:- ll:- ull:- f:i d:i")
+FLOAT_ONE_FUNCTIONS = """acos acosh asin asinh atan atanh cbrt ceil cos cosh erf erfc exp exp2 expm1 fabs floor
+    lgamma log log10 log1p log2 logb nearbyint rint round sin sinh sqrt tan tanh tgamma trunc
+    rsqrt rcbrt sinpi cospi exp10 erfinv erfcinv normcdf normcdfinv""".split()
+FLOAT_PAIR_FUNCTIONS = "fmax fmin fmod atan2 hypot fdim remainder nextafter".split()
+
+# calls of more arguments, some of them pointers (the emulator had only the double overloads of these)
+TYPE_NAMES = {**ARG_TYPES, "ip": "int*", "fp": "float*", "dp": "double*"}
+MORE_ARGUMENTS = {
+    "fma": {("f", "f", "f"): "f", ("d", "d", "d"): "d", ("f", "f", "i"): "f", ("i", "i", "i"): None,
+            ("f", "f", "d"): None},
+    "ldexp": {("f", "i"): "f", ("d", "i"): "d", ("i", "i"): None},
+    "scalbn": {("f", "i"): "f", ("d", "i"): "d", ("i", "i"): None},
+    "frexp": {("f", "ip"): "f", ("d", "ip"): "d", ("i", "ip"): None},
+    "modf": {("f", "fp"): "f", ("d", "dp"): "d", ("f", "dp"): "d"},
+    "remquo": {("f", "f", "ip"): "f", ("d", "d", "ip"): "d", ("f", "d", "ip"): None},
+}
+
+# (function, {argument types: result type or None where NVRTC refuses}), measured with NVRTC 12.4, 12.9 and 13.5
+OVERLOADS = [("min", MIN_MAX), ("max", MIN_MAX), ("abs", ABS), ("labs", ANY_TO["l"]), ("llabs", ANY_TO["ll"]),
+             ("fabsf", ANY_TO["f"]), ("sqrtf", ANY_TO["f"]), ("expf", ANY_TO["f"]),
+             *((name, FLOAT_ONE) for name in FLOAT_ONE_FUNCTIONS),
+             *((name, CLASSIFY) for name in ("isnan", "isinf", "isfinite", "signbit")),
+             ("ilogb", {**FLOAT_ONE, ("f",): "i", ("d",): "i"}),
+             *((name, {**FLOAT_ONE, ("f",): "l", ("d",): "l"}) for name in ("lrint", "lround")),
+             *((name, {**FLOAT_ONE, ("f",): "ll", ("d",): "ll"}) for name in ("llrint", "llround")),
+             *((name, FLOAT_PAIR) for name in FLOAT_PAIR_FUNCTIONS), ("pow", POW), ("copysign", COPYSIGN),
+             *MORE_ARGUMENTS.items()]
+
+
+def _overload_probe(overloads) -> str:
+    """One source that asserts each call's result type, or that no overload takes it: a call NVRTC
+    refuses is found out without an error (its decltype fails to substitute), so one compile checks a table."""
+    lines = ["#include <cuda/std/type_traits>", "#include <cuda/std/utility>",
+             "template <class...> struct args {};", "struct refused {};"]
+    for name in dict.fromkeys(n for n, _ in overloads):
+        lines += [f"template <class, class = void> struct {name}_of {{ using type = refused; }};",
+                  f"template <class... A> struct {name}_of<args<A...>, cuda::std::void_t<decltype({name}("
+                  f"cuda::std::declval<A>()...))>> {{ using type = decltype({name}(cuda::std::declval<A>()...)); }};"]
+    for name, table in overloads:
+        for argv, result in table.items():
+            types = ", ".join(TYPE_NAMES[a] for a in argv)
+            want = "refused" if result is None else TYPE_NAMES[result]
+            lines.append(f"static_assert(cuda::std::is_same<{name}_of<args<{types}>>::type, {want}>::value, "
+                         f'"{name}({types}) is {want}");')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_overloads_of_min_max_abs_and_math(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"overloads": _overload_probe(OVERLOADS)})["overloads"]
+    assert ok, "\n".join(re.findall(r'static assertion failed with "(.*)"', log)) or log
+
+
+def test_the_emulator_has_nvrtcs_overloads_of_min_max_abs_and_math():
+    # before: min and max were one template over any two arithmetic types (std::common_type), so
+    # max(1, p[1]) with a float p compiled here and NVRTC refused it, and min(short, short) was a short
+    try:
+        llmcupy.RawModule(code=_overload_probe(OVERLOADS), target="sim", filename="overloads.cu")
+    except sim_compiler.SimCompileError as exc:
+        failed = re.findall(r"static assertion failed: (.*)", str(exc))
+        pytest.fail("\n".join(failed) or str(exc))
+
+
+# Where a naive min/max (a < b ? a : b in the arguments' common type) computes otherwise than CUDA's:
+# a NaN argument (fminf/fmaxf return the number), a negative int with an unsigned (CUDA converts the
+# int: -1 is the largest), and a result type wider than the arguments (int for bool or unsigned char)
+MIN_MAX_VALUES = r"""
+extern "C" __global__ void min_max(float* f, double* d, unsigned* u, unsigned long long* w, int* i) {
+    float nan = __int_as_float(0x7fc00000);
+    f[0] = min(nan, 1.0f); f[1] = min(1.0f, nan); f[2] = max(nan, 1.0f); f[3] = max(1.0f, nan);
+    f[4] = min(nan, nan);
+    d[0] = min(1.0f, (double)nan); d[1] = max((double)nan, -1.0f);
+    int minus_one = i[0];
+    u[0] = min(minus_one, 1u); u[1] = max(minus_one, 1u); u[2] = min(2u, minus_one);
+    w[0] = min((long long)minus_one, 1ull); w[1] = max((long)minus_one, 1ul);
+    unsigned char zero = 0;
+    auto m = min(zero, zero);
+    m -= 1;
+    i[0] = m;
+    auto t = max(true, true);
+    t += 1;
+    i[1] = t;
+}
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_the_min_max_values_kernel_compiles_under_nvrtc(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"min_max": MIN_MAX_VALUES})["min_max"]
+    assert ok, log
+
+
+def test_the_emulators_min_max_compute_as_cudas():
+    # before: min(short, short) was a short, max(bool, bool) a bool (so `m -= 1` wrapped to 255, `t += 1`
+    # stayed true)
+    f, d = np.zeros(5, np.float32), np.zeros(2)
+    u, w, i = np.zeros(3, np.uint32), np.zeros(2, np.uint64), np.array([-1, 0], np.int32)
+    llmcupy.RawModule(code=MIN_MAX_VALUES, target="sim").get_function("min_max")((1,), (1,), (f, d, u, w, i))
+    assert f[:4].tolist() == [1.0, 1.0, 1.0, 1.0] and np.isnan(f[4])
+    assert d.tolist() == [1.0, -1.0]
+    assert u.tolist() == [1, 2**32 - 1, 2]
+    assert w.tolist() == [1, 2**64 - 1]
+    assert i.tolist() == [-1, 2]
+
+
+def _ambiguous(line: int, name: str, gcc_args) -> str:
+    """A pattern for the compiler's error at ``line`` of k.cu that the call of ``name`` is ambiguous: g++'s
+    words with the arguments' types ``gcc_args``, or, where g++ only warns that ISO C++ calls it ambiguous
+    (gcc_args None: a float with a double), the emulator's error in its place; or clang's words."""
+    gcc = (rf"call of overloaded .{name}\({gcc_args}\). is ambiguous" if gcc_args else
+           re.escape("call of overloaded function is ambiguous (ISO C++ says so and NVRTC refuses it: 'more than one "
+                     "instance of overloaded function matches the argument list'"))
+    return rf"^k\.cu:{line}:\d+: error: (?:{gcc}|call to .{name}. is ambiguous)"
+
+
+def test_a_min_or_max_nvrtc_finds_ambiguous_is_refused_by_the_emulator():
+    # before: max(1, p[1]) with a float p compiled here (a float), and NVRTC refused it: 'more than one
+    # instance of overloaded function "max" matches the argument list'
+    code = 'extern "C" __global__ void k(float* p, long n) {\n    p[0] = max(1, p[1]);\n    p[2] = min(n, 4);\n}\n'
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="k.cu")
+    text = str(info.value)
+    assert re.search(_ambiguous(2, "max", r"int, float&?"), text, re.M), text
+    assert re.search(_ambiguous(3, "min", r"long int&?, int"), text, re.M), text
+
+
+# Where the emulator computed otherwise before it had CUDA's overloads: abs of a float or a long long
+# (the C library's abs(int) truncated them), a float function of a float computed in double, pow(x, 2)
+# of a float, isnan an int (not a bool), and the double functions CUDA has beside erfinvf, rcbrtf, ...
+MATH_VALUES = r"""
+extern "C" __global__ void math_values(float* f, double* d, long long* l, int* i) {
+    f[0] = abs(-1.5f);
+    d[0] = abs(-2.25);
+    l[0] = abs(-3000000000ll);
+    float one = f[1];
+    d[1] = exp(one) - (double)expf(one);
+    d[2] = sqrt(one + one) - (double)sqrtf(2.0f);
+    d[3] = pow(3.1f, 2) - (double)(3.1f * 3.1f);
+    auto n = isnan(__int_as_float(0x7fc00000));
+    n += n;
+    i[0] = n;
+    i[1] = signbit(-0.0) + signbit(1.0f) + isinf(-1.0 / 0.0) + isfinite(one);
+    d[4] = erfinv(0.5);
+    d[5] = erfcinv(1e-20);
+    d[6] = normcdfinv(0.975);
+    d[7] = rcbrt(8.0);
+    d[8] = copysign(2.0f, -1.0);
+    f[1] = fmax(one, 3) + fma(one, 2.0f, 1);
+}
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_the_math_values_kernel_compiles_under_nvrtc(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"math_values": MATH_VALUES})["math_values"]
+    assert ok, log
+
+
+def test_the_emulators_abs_and_math_functions_compute_as_cudas():
+    import math
+    f, d = np.array([0, 1], np.float32), np.zeros(9)
+    l, i = np.zeros(1, np.int64), np.zeros(2, np.int32)
+    llmcupy.RawModule(code=MATH_VALUES, target="sim").get_function("math_values")((1,), (1,), (f, d, l, i))
+    assert f[0] == 1.5 and d[0] == 2.25 and l[0] == 3000000000
+    assert d[1] == 0 and d[2] == 0 and d[3] == 0   # float functions of floats, rounded to float
+    assert i.tolist() == [2, 3]
+    # erfinv, erfcinv, normcdfinv: bisection to the last bits of a double, so a relative 1e-14
+    # (erf and erfc of the result, a few ulps from libm, give the argument back)
+    assert math.erf(d[4]) == pytest.approx(0.5, rel=1e-14)
+    assert math.erfc(d[5]) == pytest.approx(1e-20, rel=1e-12)   # erfc's slope there: 1e-12 holds 100 ulps of x
+    assert d[6] == pytest.approx(1.959963984540054, rel=1e-14)
+    assert d[7] == 0.5 and d[8] == -2.0
+    assert f[1] == 3 + 3
+
+
+def test_a_math_call_nvrtc_finds_ambiguous_is_refused_by_the_emulator():
+    # before: each compiled here through the host's std:: templates for integers (a double), and
+    # NVRTC refused it: 'more than one instance of overloaded function "sqrt" matches the argument list'
+    code = ('extern "C" __global__ void k(float* p, int n, unsigned u) {\n    p[0] = sqrt(n);\n'
+            '    p[1] = abs(u);\n    p[2] = fmaxf(p[0], 1) + fmax(p[0], 1.0);\n}\n')
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="k.cu")
+    text = str(info.value)
+    for line, name, args in [(2, "sqrt", r"int&?"), (3, "abs", r"unsigned int&?"), (4, "fmax", None)]:
+        assert re.search(_ambiguous(line, name, args), text, re.M), text
+    # fmaxf(p[0], 1) is a float; fmax(float, double) g++ alone takes (it warns that ISO C++ calls it
+    # ambiguous and picks the double overload): an error here too, alone in a source or among others
+    assert len(re.findall(r": error: ", text)) == 3, text
+    alone = 'extern "C" __global__ void k(float* p) {\n    p[0] = fmax(p[1], 0.0) + pow(p[1], 2.0);\n}\n'
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=alone, target="sim", filename="k.cu")
+    for name in ("fmax", "pow"):   # g++ may say it twice of one call (pow has 4 overloads)
+        assert re.search(_ambiguous(2, name, None), str(info.value), re.M), (name, str(info.value))

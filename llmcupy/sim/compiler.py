@@ -1450,6 +1450,8 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
              [cxx, "-shared", "-pthread", *(["-fsanitize=address"] if asan else []), *heap, str(obj), "-o", str(tmp_lib)]]
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
+        if proc.returncode == 0 and _GCC_AMBIGUITY_EXTENSION in proc.stderr:
+            raise SimCompileError(f"the emulator could not compile {filename}:\n{_ambiguity_as_error(proc.stderr)}")
         if proc.returncode != 0:
             from .platform import refused_option
             refused_option(cxx, proc.stderr)   # the compiler refused the emulator's own options
@@ -1480,7 +1482,8 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
                 hint = (f"\n(the source compiles, but a kernel name or name expression ({', '.join(kernels)}) "
                         "does not name a __global__ function as written: a template kernel needs its "
                         "arguments, \"k<float>\", a plain one none; one in a namespace its qualified name)")
-            raise SimCompileError(f"the emulator could not compile {filename}:\n{proc.stderr.strip()}{hint}")
+            raise SimCompileError(f"the emulator could not compile {filename}:\n{_ambiguity_as_error(proc.stderr)}"
+                                  f"{hint}")
     stack = tmp / "lib.stack"
     stack.write_text(str(_stack_from_su(tmp)))
     names = tmp / "lib.names"
@@ -1494,6 +1497,22 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
 
 
 _LITERAL = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
+
+
+# A call that C++ finds ambiguous, which g++ alone takes with a warning: between two overloads where one
+# argument converts better for each, it picks the one whose worst conversion is better. fmax(x, 0.0) with
+# a float x is one (CUDA's fmax has a float and a double overload): NVRTC refuses it, as clang does, so
+# the emulator makes it an error too, in the words g++ uses for the other ambiguous calls.
+_GCC_AMBIGUITY_EXTENSION = ("warning: ISO C++ says that these are ambiguous, even though the worst conversion for "
+                            "the first is better than the worst conversion for the second:")
+
+
+def _ambiguity_as_error(stderr: str) -> str:
+    return stderr.strip().replace(
+        _GCC_AMBIGUITY_EXTENSION,
+        "error: call of overloaded function is ambiguous (ISO C++ says so and NVRTC refuses it: 'more than one "
+        "instance of overloaded function matches the argument list'; g++ alone would take the first candidate "
+        "below): convert an argument so that one overload matches, as fmaxf(x, 0.0f) or fmax((double)x, 0.0)")
 
 
 # CUDA names the emulator does not define, by the feature they belong to: g++ only says "'X' was not

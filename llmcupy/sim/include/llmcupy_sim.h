@@ -1219,6 +1219,29 @@ inline float erfinvf(float y) {
 }
 inline float normcdfinvf(float p) { return float(std::sqrt(2.0) * double(erfinvf(2.0f * p - 1.0f))); }
 inline float erfcinvf(float y) { return erfinvf(1.0f - y); }
+inline double rcbrt(double x) { return 1.0 / std::cbrt(x); }
+inline double erfinv(double y) {
+    if (!(y > -1.0 && y < 1.0)) return y == -1.0 ? -INFINITY : y == 1.0 ? INFINITY : NAN;
+    double lo = -6.0, hi = 6.0;   // erf is +-1 in double beyond 5.93
+    for (int i = 0; i < 128; ++i) {
+        double mid = 0.5 * (lo + hi);
+        if (mid == lo || mid == hi) break;
+        (std::erf(mid) < y ? lo : hi) = mid;
+    }
+    return 0.5 * (lo + hi);
+}
+inline double erfcinv(double y) {
+    // bisection on erfc itself, not erfinv(1 - y): 1 - y loses a small y (erfcinv(1e-20) is 6.6, not inf)
+    if (!(y > 0.0 && y < 2.0)) return y == 0.0 ? INFINITY : y == 2.0 ? -INFINITY : NAN;
+    double lo = -6.0, hi = 28.0;   // erfc(-6) is 2 in double and erfc(28) 0 (27 is still subnormal)
+    for (int i = 0; i < 128; ++i) {
+        double mid = 0.5 * (lo + hi);
+        if (mid == lo || mid == hi) break;
+        (std::erfc(mid) > y ? lo : hi) = mid;
+    }
+    return 0.5 * (lo + hi);
+}
+inline double normcdfinv(double p) { return -std::sqrt(2.0) * erfcinv(2.0 * p); }
 inline int __mul24(int a, int b) { return int((long long)((a << 8) >> 8) * ((b << 8) >> 8)); }
 inline unsigned __umul24(unsigned a, unsigned b) { return (a & 0xffffffu) * (b & 0xffffffu); }
 inline int __mulhi(int a, int b) { return int(((long long)a * b) >> 32); }
@@ -1293,24 +1316,145 @@ inline unsigned long long __globaltimer() {
     return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+// CUDA's min/max for device code: the overload set CUDA declares (crt/math_functions.h and .hpp, the
+// same in CUDA 12.4 to 13.5), not a template taking any two types, so that overload resolution picks
+// what NVRTC picks: min(int, unsigned) is unsigned (the int converted, as CUDA's umin does), a float
+// with a double is a double, and a call that mixes sizes or an integer with a float
+// (max(1, 2.0f), min(int, long), max(long, long long)) is ambiguous here as under NVRTC ('more than
+// one instance of overloaded function "max" matches the argument list'). Measured in
+// tests/test_nvrtc_parity.py. Floats follow fminf/fmaxf: a NaN loses to a number.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned min(int a, unsigned b) { return min(unsigned(a), b); }
+inline unsigned min(unsigned a, int b) { return min(a, unsigned(b)); }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline unsigned long min(unsigned long a, unsigned long b) { return a < b ? a : b; }
+inline unsigned long min(long a, unsigned long b) { return min((unsigned long)a, b); }
+inline unsigned long min(unsigned long a, long b) { return min(a, (unsigned long)b); }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+inline unsigned long long min(long long a, unsigned long long b) { return min((unsigned long long)a, b); }
+inline unsigned long long min(unsigned long long a, long long b) { return min(a, (unsigned long long)b); }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double min(float a, double b) { return std::fmin(double(a), b); }
+inline double min(double a, float b) { return std::fmin(a, double(b)); }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline unsigned max(int a, unsigned b) { return max(unsigned(a), b); }
+inline unsigned max(unsigned a, int b) { return max(a, unsigned(b)); }
+inline long max(long a, long b) { return a > b ? a : b; }
+inline unsigned long max(unsigned long a, unsigned long b) { return a > b ? a : b; }
+inline unsigned long max(long a, unsigned long b) { return max((unsigned long)a, b); }
+inline unsigned long max(unsigned long a, long b) { return max(a, (unsigned long)b); }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+inline unsigned long long max(long long a, unsigned long long b) { return max((unsigned long long)a, b); }
+inline unsigned long long max(unsigned long long a, long long b) { return max(a, (unsigned long long)b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
+inline double max(float a, double b) { return std::fmax(double(a), b); }
+inline double max(double a, float b) { return std::fmax(a, double(b)); }
+
+// abs and the float/double math functions, as CUDA declares them (crt/math_functions.h, .hpp and
+// cmath: the same in CUDA 12.4 to 13.5): a float and a double overload of each, the double one
+// being the C library's. So sqrt(x) of a float is a float (sqrtf), abs(x) of a float is not truncated
+// to an int, and sqrt(2), exp(n) or fmax(1, 2.0) with integer or float-and-double arguments are
+// ambiguous here as under NVRTC ('more than one instance of overloaded function'), where the host's
+// std:: templates would take them; pow has an int exponent besides, copysign a float with a double.
+// isnan, isinf, isfinite and signbit are an int under NVRTC. Measured in tests/test_nvrtc_parity.py.
+// libstdc++ leaves the global namespace with the C functions only; libc++ (macOS) declares its own
+// float overloads there, which these would redefine, so with it the host's stay.
+#if defined(__GLIBCXX__)
+inline long abs(long a) { return labs(a); }
+inline long long abs(long long a) { return llabs(a); }
+inline float abs(float a) { return fabsf(a); }
+inline double abs(double a) { return fabs(a); }
+#define LLMCUPY_SIM_FLOAT_OVERLOAD(RESULT, NAME) inline RESULT NAME(float x) { return NAME##f(x); }
+#define LLMCUPY_SIM_FLOAT_OVERLOAD2(NAME) inline float NAME(float a, float b) { return NAME##f(a, b); }
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, acos)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, acosh)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, asin)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, asinh)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, atan)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, atanh)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, cbrt)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, ceil)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, cos)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, cosh)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, erf)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, erfc)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, exp)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, exp2)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, expm1)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, fabs)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, floor)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, lgamma)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, log)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, log10)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, log1p)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, log2)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, logb)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, nearbyint)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, rint)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, round)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, sin)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, sinh)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, sqrt)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, tan)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, tanh)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, tgamma)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, trunc)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, rsqrt)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, rcbrt)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, sinpi)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, cospi)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, exp10)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, erfinv)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, erfcinv)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, normcdf)
+LLMCUPY_SIM_FLOAT_OVERLOAD(float, normcdfinv)
+LLMCUPY_SIM_FLOAT_OVERLOAD(int, ilogb)
+LLMCUPY_SIM_FLOAT_OVERLOAD(long, lrint)
+LLMCUPY_SIM_FLOAT_OVERLOAD(long, lround)
+LLMCUPY_SIM_FLOAT_OVERLOAD(long long, llrint)
+LLMCUPY_SIM_FLOAT_OVERLOAD(long long, llround)
+LLMCUPY_SIM_FLOAT_OVERLOAD2(fmax)
+LLMCUPY_SIM_FLOAT_OVERLOAD2(fmin)
+LLMCUPY_SIM_FLOAT_OVERLOAD2(fmod)
+LLMCUPY_SIM_FLOAT_OVERLOAD2(atan2)
+LLMCUPY_SIM_FLOAT_OVERLOAD2(hypot)
+LLMCUPY_SIM_FLOAT_OVERLOAD2(fdim)
+LLMCUPY_SIM_FLOAT_OVERLOAD2(remainder)
+LLMCUPY_SIM_FLOAT_OVERLOAD2(nextafter)
+LLMCUPY_SIM_FLOAT_OVERLOAD2(pow)
+LLMCUPY_SIM_FLOAT_OVERLOAD2(copysign)
+#undef LLMCUPY_SIM_FLOAT_OVERLOAD
+#undef LLMCUPY_SIM_FLOAT_OVERLOAD2
+inline float pow(float a, int b) { return float(std::pow(double(a), double(b))); }
+inline double pow(double a, int b) { return std::pow(a, double(b)); }
+inline double copysign(float a, double b) { return copysign(double(a), b); }
+inline double copysign(double a, float b) { return copysign(a, double(b)); }
+inline float fma(float a, float b, float c) { return fmaf(a, b, c); }
+inline float ldexp(float a, int e) { return ldexpf(a, e); }
+inline float scalbn(float a, int e) { return scalbnf(a, e); }
+inline float frexp(float a, int* e) { return frexpf(a, e); }
+inline float modf(float a, float* i) { return modff(a, i); }
+inline float remquo(float a, float b, int* q) { return remquof(a, b, q); }
+inline int isnan(float x) { return std::isnan(x); }
+inline int isnan(double x) { return std::isnan(x); }
+inline int isinf(float x) { return std::isinf(x); }
+inline int isinf(double x) { return std::isinf(x); }
+inline int isfinite(float x) { return std::isfinite(x); }
+inline int isfinite(double x) { return std::isfinite(x); }
+inline int signbit(float x) { return std::signbit(x); }
+inline int signbit(double x) { return std::signbit(x); }
+#else
 using std::signbit;
 using std::isinf;
 using std::isnan;
 using std::isfinite;
-// CUDA's min/max for device code, including mixed argument types (int and unsigned -> unsigned),
-// which std::min/std::max refuse.
-template <typename A, typename B, typename = std::enable_if_t<std::is_arithmetic_v<A> && std::is_arithmetic_v<B>>>
-inline std::common_type_t<A, B> min(A a, B b) {
-    using C = std::common_type_t<A, B>;
-    if constexpr (std::is_floating_point_v<C>) return std::fmin(C(a), C(b));
-    else return C(a) < C(b) ? C(a) : C(b);
-}
-template <typename A, typename B, typename = std::enable_if_t<std::is_arithmetic_v<A> && std::is_arithmetic_v<B>>>
-inline std::common_type_t<A, B> max(A a, B b) {
-    using C = std::common_type_t<A, B>;
-    if constexpr (std::is_floating_point_v<C>) return std::fmax(C(a), C(b));
-    else return C(a) > C(b) ? C(a) : C(b);
-}
+#endif
 
 namespace llmcupy_sim {
 
