@@ -1012,15 +1012,14 @@ _STD_ADVICE = {
     "numeric_limits": "cuda::std::numeric_limits after including <cuda/std/limits>, or <cuda/std/cfloat>'s FLT_MAX, ...",
     **dict.fromkeys(("size_t", "ptrdiff_t"), "{name} is built in without std::, or cuda::std::{name} after including "
                                              "<cuda/std/cstddef>"),
-    **{f"llmcupy_nvrtc_no_{name}": f"cuda::std::{name} after including <cuda/std/cstdint>"
-       for name in _STDINT_TYPES},
+    **{name: f"cuda::std::{name} after including <cuda/std/cstdint>" for name in _STDINT_TYPES},
     **dict.fromkeys(("is_same", "enable_if", "conditional", "is_floating_point", "is_integral", "integral_constant",
                      "remove_reference", "decay", "declval"), "cuda::std::{name} after including <cuda/std/type_traits>"),
     **{name: f"cuda::std::{name} after including <cuda/std/{name}>" for name in ("array", "tuple", "complex")},
     "pair": "cuda::std::pair after including <cuda/std/utility>",
 }
 _STD_NOT_A_MEMBER = re.compile(r"error: (?:.(\w+). is not a member of .__llmcupy_sim_nvrtc_std."
-                               r"|(?:no member|no template) named .(\w+). in namespace .__llmcupy_sim_nvrtc_std.)")
+                               r"|(?:no member|no template|no type) named .(\w+). in namespace .__llmcupy_sim_nvrtc_std.)")
 
 
 def _std_advice(stderr: str) -> str:
@@ -1029,8 +1028,8 @@ def _std_advice(stderr: str) -> str:
     if not names:
         return ""
     shown = [name.replace("llmcupy_nvrtc_no_", "") for name in names]
-    advice = "; ".join(dict.fromkeys(f"for std::{plain}: " + _STD_ADVICE[name].replace("{name}", plain)
-                                     for name, plain in zip(names, shown) if name in _STD_ADVICE))
+    advice = "; ".join(dict.fromkeys(f"for std::{name}: " + _STD_ADVICE[name].replace("{name}", name)
+                                     for name in shown if name in _STD_ADVICE))
     return ("NVRTC has no C++ standard library: its namespace std holds only "
             f"{', '.join('std::' + n for n in NVRTC_STD_NAMES)} without an include (NVRTC "
             f"{NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: 'namespace \"std\" has no member \"{shown[0]}\"'; "
