@@ -530,6 +530,7 @@ STD_AND_C_NAMES = [
     ("std_tuple_size", "#include <cuda/std/tuple>\n", "p[0] = std::tuple_size<cuda::std::tuple<int, int>>::value;",
      True),
     ("cuda_std_swap", "#include <cuda/std/utility>\n", "cuda::std::swap(p[0], p[1]);", True),
+    ("cuda_std_without_header", "", "cuda::std::swap(p[0], p[1]);", False),
     ("cuda_std_strlen", "#include <cuda/std/cstring>\n",
      'p[0] = cuda::std::strlen("ab") + cuda::std::memcmp(p, p, 4);', True),
     ("uint32_t", "", "uint32_t x = 1; p[x] = 1;", False),
@@ -613,6 +614,8 @@ def test_a_std_name_nvrtc_lacks_is_refused_naming_what_to_use():
             "no member \"min\"'") in text
     assert "for std::min: CUDA's min() and max() are built in" in text
     assert "for std::numeric_limits: cuda::std::numeric_limits after including <cuda/std/limits>" in text
+    with pytest.raises(sim_compiler.SimCompileError, match=r"libcu\+\+'s namespace cuda \(cuda::std::\) needs a header, under NVRTC too"):
+        llmcupy.RawModule(code=_names_source("", "cuda::std::swap(p[0], p[1]);"), target="sim")
 
 
 def test_a_c_library_name_nvrtc_lacks_is_refused_naming_what_to_use():

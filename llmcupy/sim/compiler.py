@@ -1522,10 +1522,10 @@ _UNSUPPORTED = {
     **{f"llmcupy_nvrtc_no_{name}": f"'{name}' is the host C library's, which NVRTC does not have (NVRTC "
        f"{NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: 'identifier \"{name}\" is undefined'), so this kernel would not "
        f"compile on a GPU; {what}" for name, what in NAMES_NVRTC_LACKS.items()},
-    # cuda::std before any <cuda/std/...> include (`std` is renamed where the source starts)
-    "cuda::__llmcupy_sim_nvrtc_std": "libcu++'s cuda::std needs its header, under NVRTC too ('name followed by \"::\" "
-                                   "must be a class or namespace name'): include the <cuda/std/...> header of what "
-                                   "the kernel uses (<cuda/std/cmath>, <cuda/std/limits>, <cuda/std/utility>, ...)",
+    # cuda::std before any <cuda/std/...> include (g++: "'cuda' has not been declared")
+    "cuda": "libcu++'s namespace cuda (cuda::std::) needs a header, under NVRTC too ('name followed by \"::\" must "
+            "be a class or namespace name'): include the <cuda/std/...> header of what the kernel uses "
+            "(<cuda/std/cmath>, <cuda/std/limits>, <cuda/std/utility>, ...)",
     **{f"llmcupy_sim_nvrtc_has_no_{name}": f"'{name}' is a host typedef (glibc's <sys/types.h>) that NVRTC does not "
        f"define: write {c_type}, or declare it in the source (typedef {c_type} {name};), which compiles on both"
        for name, c_type in (("uint", "unsigned int"), ("ushort", "unsigned short"), ("ulong", "unsigned long"))},
