@@ -968,9 +968,9 @@ MACROS_NVRTC_LACKS = {
 # namespace __llmcupy_sim_nvrtc_std, which holds only what NVRTC's std holds without an include, and each name
 # of NAMES_NVRTC_LACKS becomes llmcupy_nvrtc_no_NAME, which nothing declares: a kernel using one fails here as on
 # a GPU, and _UNSUPPORTED names what to write instead (the names are short: for a replacement of over about 32
-# characters, g++ 12 no longer names the line where the kernel used the macro). The emulator's headers a kernel can include
-# turn the renames off inside (llmcupy_sim_nvrtc_names_off.h and _on.h, which list the same names), and those
-# that declare a name under NVRTC leave it declared (llmcupy_sim_nvrtc_names_on.h).
+# characters, g++ 12 no longer names the line where the kernel used the macro). The emulator's headers a kernel
+# can include turn the renames off inside (llmcupy_sim_nvrtc_names_off.h and _on.h, which list the same names),
+# and those that declare a name under NVRTC leave it declared (llmcupy_sim_nvrtc_names_on.h).
 NVRTC_STD_NAMES = ("move", "forward", "initializer_list", "align_val_t")
 _STDINT_TYPES = [f"{u}int{kind}{bits}_t" for u in ("", "u") for kind in ("", "_least", "_fast")
                  for bits in (8, 16, 32, 64)] + ["intmax_t", "uintmax_t", "intptr_t", "uintptr_t"]
