@@ -881,3 +881,163 @@ def test_a_math_call_nvrtc_finds_ambiguous_is_refused_by_the_emulator():
         llmcupy.RawModule(code=alone, target="sim", filename="k.cu")
     for name in ("fmax", "pow"):   # g++ may say it twice of one call (pow has 4 overloads)
         assert re.search(_ambiguous(2, name, None), str(info.value), re.M), (name, str(info.value))
+
+
+# ----------------------------------------------------------------------------------------------
+# std:: and the host C library's names (uint32_t, exit, strlen, ...): NVRTC has almost none of them
+
+# (name, what precedes the kernel, its body, NVRTC compiles it: True, False, or "newer" where NVRTC 12.9 and
+# 13.5 compile it and 12.4 does not, which the emulator takes)
+STD_AND_C_NAMES = [
+    ("std_min", "", "p[0] = std::min(p[1], p[2]);", False),
+    ("std_sqrt", "", "p[0] = std::sqrt(p[1]);", False),
+    ("std_abs", "", "p[0] = std::abs(p[1]);", False),
+    ("std_isnan", "", "p[0] = std::isnan(p[1]);", False),
+    ("std_swap", "", "std::swap(p[0], p[1]);", False),
+    ("std_numeric_limits", "", "p[0] = std::numeric_limits<float>::max();", False),
+    ("std_size_t", "", "std::size_t i = 0; p[i] = 1;", False),
+    ("std_uint32_t", "#include <cuda/std/cstdint>\n", "std::uint32_t i = 0; p[i] = 1;", False),
+    ("std_min_after_cstdint", "#include <cuda/std/cstdint>\n", "p[0] = std::min(p[1], p[2]);", False),
+    ("std_move", "", "float a = std::move(p[0]); p[1] = std::forward<float&>(a);", True),
+    ("std_initializer_list", "", "std::initializer_list<int> l = {1, 2}; p[0] = *l.begin();", True),
+    ("using_namespace_std", "", "using namespace std; p[0] = min(p[1], p[2]);", True),
+    ("users_namespace_std", "namespace std { __device__ inline float twice(float x) { return 2 * x; } }\n",
+     "p[0] = std::twice(p[0]);", True),
+    ("std_tuple_size", "#include <cuda/std/tuple>\n", "p[0] = std::tuple_size<cuda::std::tuple<int, int>>::value;",
+     True),
+    ("cuda_std_swap", "#include <cuda/std/utility>\n", "cuda::std::swap(p[0], p[1]);", True),
+    ("cuda_std_without_header", "", "cuda::std::swap(p[0], p[1]);", False),
+    ("cuda_std_strlen", "#include <cuda/std/cstring>\n",
+     'p[0] = cuda::std::strlen("ab") + cuda::std::memcmp(p, p, 4);', True),
+    ("uint32_t", "", "uint32_t x = 1; p[x] = 1;", False),
+    ("int64_t", "", "int64_t x = 1; p[x] = 1;", False),
+    ("uint8_t", "", "uint8_t x = 1; p[x] = 1;", False),
+    ("intptr_t", "", "intptr_t x = 1; p[x] = 1;", False),
+    ("uint32_t_cstdint", "#include <cuda/std/cstdint>\n",
+     "uint32_t x = 1; int64_t y = 0; cuda::std::uint8_t z = 0; p[x] = y + z;", True),
+    ("uint64_t_cmath", "#include <cuda/std/cmath>\n", "uint64_t x = 1; p[x] = 1;", True),
+    ("uint32_t_cooperative_groups", "#include <cooperative_groups.h>\n", "uint32_t x = 1; p[x] = 1;", "newer"),
+    ("uint32_t_pipeline", "#include <cuda_pipeline.h>\n", "uint32_t x = 1; uintptr_t y = 0; p[x] = y;", True),
+    ("int64_t_pipeline", "#include <cuda_pipeline.h>\n", "int64_t x = 1; p[x] = 1;", False),
+    ("uint32_t_fp16", "#include <cuda_fp16.h>\n", "uint32_t x = 1; p[x] = 1;", False),
+    ("exit", "", "if (p[0] < 0) exit(1);", False),
+    ("abort", "", "if (p[0] < 0) abort();", False),
+    ("strlen", "", 'p[0] = strlen("ab");', False),
+    ("memcmp", "", "p[0] = memcmp(p, p + 1, 4);", False),
+    ("calloc", "", "p[0] = calloc(1, 4) != 0;", False),
+    ("realloc", "", "p[0] = realloc(0, 4) != 0;", False),
+    ("atoi", "", 'p[0] = atoi("1");', False),
+    ("rand", "", "p[0] = rand();", False),
+    ("time", "", "p[0] = time(0);", False),
+    ("puts", "", 'puts("x");', False),
+    ("fprintf_stderr", "", 'fprintf(stderr, "x");', False),
+    ("built_in", "", 'size_t i = 0; ptrdiff_t d = 1; float* q = (float*)malloc(4); memcpy(q, p, 4); memset(q, 0, 4); '
+                     'free(q); printf("%d", (int)clock()); assert(p); p[i + d] = abs(-1);', True),
+]
+
+
+def _names_source(prelude: str, body: str, kernel: str = "k") -> str:
+    return f'{prelude}extern "C" __global__ void {kernel}(float* p) {{ {body} }}\n'
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_verdicts_on_std_and_c_library_names(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {name: _names_source(prelude, body) for name, prelude, body, _ in STD_AND_C_NAMES})
+    wrong = {name: verdicts[name][1] for name, _, _, compiles in STD_AND_C_NAMES
+             if verdicts[name][0] != (which != "oldest" if compiles == "newer" else compiles)}
+    assert not wrong, wrong
+
+
+def test_the_emulator_refuses_std_and_c_library_names_where_nvrtc_does():
+    # before: the host's <algorithm>, <cstdint>, <cstdlib>, ... under the emulator's header declared them all, so
+    # std::min, uint32_t, exit(1), ... compiled and ran here, and NVRTC refused them on a GPU
+    alone = [row for row in STD_AND_C_NAMES if row[3] is False and row[1]]
+    together = [row for row in STD_AND_C_NAMES if row[3] is False and not row[1]]
+    for start in range(0, len(together), 6):   # under clang's limit of 20 errors
+        rows = together[start:start + 6]
+        with pytest.raises(sim_compiler.SimCompileError) as info:
+            llmcupy.RawModule(code="".join(_names_source("", body, f"k{i}") for i, (_, _, body, _) in enumerate(rows)),
+                              target="sim", filename="names.cu")
+        text = str(info.value)
+        for line, (name, _, _, _) in enumerate(rows, 1):
+            # the compiler's error at the line, or (g++) at the macro's definition with a note naming the line
+            assert re.search(rf"^names\.cu:{line}:\d+: (?:error|note: in expansion of macro)", text, re.M), (name, text)
+    for name, prelude, body, _ in alone:
+        with pytest.raises(sim_compiler.SimCompileError, match="NVRTC"):
+            llmcupy.RawModule(code=_names_source(prelude, body), target="sim", filename=f"{name}.cu")
+
+
+def test_the_emulator_takes_the_std_and_c_library_names_nvrtc_takes():
+    plain = [row for row in STD_AND_C_NAMES if row[3] is True and not row[1]]
+    p = np.array([3, 4], np.float32)
+    mod = llmcupy.RawModule(code="".join(_names_source("", body, f"k{i}") for i, (_, _, body, _) in enumerate(plain)),
+                            target="sim")
+    mod.get_function("k0")((1,), (1,), (p,))   # std::move, std::forward
+    assert p[1] == 3
+    for name, prelude, body, compiles in STD_AND_C_NAMES:
+        if compiles and prelude:   # each with its header ("newer": the emulator takes what 12.9 and 13.5 take)
+            llmcupy.RawModule(code=_names_source(prelude, body), target="sim", filename=f"{name}.cu").get_function("k")
+
+
+def test_a_std_name_nvrtc_lacks_is_refused_naming_what_to_use():
+    code = _names_source("", "p[0] = std::min(p[1], p[2]); p[1] = std::numeric_limits<float>::max();")
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="std.cu")
+    text = str(info.value)
+    assert re.search(r"std\.cu:1:\d+: error: .*\bmin\b", text), text
+    assert ("NVRTC has no C++ standard library: its namespace std holds only std::move, std::forward, "
+            "std::initializer_list, std::align_val_t without an include (NVRTC 12.4 to 13.5: 'namespace \"std\" has "
+            "no member \"min\"'") in text
+    assert "for std::min: CUDA's min() and max() are built in" in text
+    assert "for std::numeric_limits: cuda::std::numeric_limits after including <cuda/std/limits>" in text
+    with pytest.raises(sim_compiler.SimCompileError, match=r"libcu\+\+'s namespace cuda \(cuda::std::\) needs a header, under NVRTC too"):
+        llmcupy.RawModule(code=_names_source("", "cuda::std::swap(p[0], p[1]);"), target="sim")
+
+
+def test_a_c_library_name_nvrtc_lacks_is_refused_naming_what_to_use():
+    code = _names_source("", "uint32_t i = 0;\nif (p[i] < 0) exit(1);")
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="c.cu")
+    text = str(info.value)
+    # g++ names the line in a note after the error at the rename's definition, clang in the error
+    assert re.search(r"^c\.cu:1:\d+: (?:note: in expansion of macro .uint32_t.|error: .*llmcupy_nvrtc_no_uint32_t)",
+                     text, re.M), text
+    assert re.search(r"^c\.cu:2:\d+: (?:note: in expansion of macro .exit.|error: .*llmcupy_nvrtc_no_exit)", text,
+                     re.M), text
+    assert ("'uint32_t' is the host C library's, which NVRTC does not have (NVRTC 12.4 to 13.5: 'identifier "
+            "\"uint32_t\" is undefined'), so this kernel would not compile on a GPU; include <cuda/std/cstdint> "
+            "(also cuda::std::uint32_t), or write unsigned int") in text
+    assert "'exit' is the host C library's" in text and "return from the kernel, or stop it with assert()" in text
+
+
+NAMES_HEADERS = sim_compiler.INCLUDE_DIR
+# the emulator's own internals, which llmcupy_sim.h includes before the kernel's source starts
+_INTERNALS = {"llmcupy_sim.h", "llmcupy_sim_check.h", "llmcupy_sim_metrics.h", "llmcupy_sim_switch.h",
+              "llmcupy_sim_nvrtc_names.h", "llmcupy_sim_nvrtc_names_off.h", "llmcupy_sim_nvrtc_names_on.h"}
+
+
+def test_every_header_a_kernel_can_include_turns_the_renames_off_inside():
+    # a header included after `#define std __llmcupy_sim_nvrtc_std` that used std:: or uint32_t itself (or
+    # included a host header) would break: each turns the renames off at its top and on at its end
+    checked = 0
+    for path in sorted(NAMES_HEADERS.rglob("*")):
+        if not path.is_file() or path.name in _INTERNALS:
+            continue
+        rel = "../" * (len(path.relative_to(NAMES_HEADERS).parts) - 1)
+        directives = [line for line in path.read_text().splitlines() if line.startswith("#")]
+        assert directives[:2] == ["#pragma once", f'#include "{rel}llmcupy_sim_nvrtc_names_off.h"'] or \
+            directives[1].startswith(f'#include "{rel}llmcupy_sim_nvrtc_names_off.h"'), path
+        assert directives[-1] == f'#include "{rel}llmcupy_sim_nvrtc_names_on.h"', path
+        checked += 1
+    assert checked > 40
+
+
+def test_the_renames_list_the_same_names_everywhere():
+    def names(file, pattern):
+        return re.findall(pattern, (NAMES_HEADERS / file).read_text())
+    expected = list(sim_compiler.NAMES_NVRTC_LACKS)
+    assert names("llmcupy_sim_nvrtc_names.h", r"#define (\w+) llmcupy_nvrtc_no_\1\n") == expected
+    assert names("llmcupy_sim_nvrtc_names_off.h", r'#pragma push_macro\("(\w+)"\)') == ["std", *expected]
+    assert names("llmcupy_sim_nvrtc_names_on.h", r'#pragma pop_macro\("(\w+)"\)') == ["std", *expected][::-1]
+    usings = names("llmcupy_sim_nvrtc_names.h", r"using ::std::(\w+);")
+    assert usings == list(sim_compiler.NVRTC_STD_NAMES)

@@ -978,6 +978,81 @@ MACROS_NVRTC_LACKS = {
                     "no CUDA header defines it (device code has no rand() or exit()): define a constant of your own"),
 }
 
+# The host's std namespace and C library, which the headers under llmcupy_sim.h declare and NVRTC does not
+# (NVRTC 12.4, 12.9 and 13.5: 'namespace "std" has no member "min"', 'identifier "uint32_t" is undefined';
+# tests/test_nvrtc_parity.py keeps measuring each). Where the user's source starts, `std` becomes the
+# namespace __llmcupy_sim_nvrtc_std, which holds only what NVRTC's std holds without an include, and each name
+# of NAMES_NVRTC_LACKS becomes llmcupy_nvrtc_no_NAME, which nothing declares: a kernel using one fails here as on
+# a GPU, and _UNSUPPORTED names what to write instead (the names are short: for a replacement of over about 32
+# characters, g++ 12 no longer names the line where the kernel used the macro). The emulator's headers a kernel
+# can include turn the renames off inside (llmcupy_sim_nvrtc_names_off.h and _on.h, which list the same names),
+# and those that declare a name under NVRTC leave it declared (llmcupy_sim_nvrtc_names_on.h).
+NVRTC_STD_NAMES = ("move", "forward", "initializer_list", "align_val_t")
+_STDINT_TYPES = [f"{u}int{kind}{bits}_t" for u in ("", "u") for kind in ("", "_least", "_fast")
+                 for bits in (8, 16, 32, 64)] + ["intmax_t", "uintmax_t", "intptr_t", "uintptr_t"]
+_NO_HOST_LIBRARY = "device code has no host C library"
+
+
+def _builtin_integer(name: str) -> str:
+    """The built-in type a kernel writes for <cstdint>'s ``name`` (the exact width's; at least that wide)."""
+    bits = re.sub(r"\D", "", name) or "64"
+    base = {"8": "char", "16": "short", "32": "int", "64": "long long"}[bits]
+    return ("unsigned " if name.startswith("u") else "signed " if bits == "8" else "") + base
+NAMES_NVRTC_LACKS = {
+    **{name: f"include <cuda/std/cstdint> (also cuda::std::{name}), or write " + _builtin_integer(name)
+       for name in _STDINT_TYPES},
+    **dict.fromkeys(("exit", "abort", "atexit"), f"{_NO_HOST_LIBRARY}: return from the kernel, or stop it with "
+                                                 "assert() or __trap()"),
+    **dict.fromkeys(("rand", "srand"), f"{_NO_HOST_LIBRARY}: draw random numbers with cuRAND's device API "
+                                       "(<curand_kernel.h>) or a hash of the thread's index"),
+    "time": f"{_NO_HOST_LIBRARY}: pass the time in as an argument, or read clock64() for a cycle count",
+    **dict.fromkeys(("puts", "putchar", "fprintf", "sprintf", "snprintf", "stderr", "stdout", "fopen", "fflush"),
+                    f"{_NO_HOST_LIBRARY}: print with printf(), which is built in"),
+    **dict.fromkeys(("atoi", "atof", "strtol", "getenv", "qsort", "strcpy", "strncpy", "strcmp"),
+                    f"{_NO_HOST_LIBRARY}: pass the values in as arguments, or write the loop"),
+    **dict.fromkeys(("strlen", "memcmp"), f"{_NO_HOST_LIBRARY}: write the loop, or call cuda::std::{{name}} "
+                                          "after including <cuda/std/cstring>"),
+    **dict.fromkeys(("calloc", "realloc"), "only malloc() and free() (and new and delete) are built in: allocate "
+                                           "with malloc() and set the memory with memset()"),
+}
+NAMES_NVRTC_LACKS = {name: what.replace("{name}", name) for name, what in NAMES_NVRTC_LACKS.items()}
+# What std:: names a kernel writes most, by what NVRTC has for them
+_STD_ADVICE = {
+    **dict.fromkeys(("min", "max"), "CUDA's min() and max() are built in (for int, float, double, ...), and "
+                                    "fminf() and fmaxf()"),
+    **dict.fromkeys(("sqrt", "abs", "fabs", "exp", "log", "pow", "floor", "ceil", "round", "isnan", "isinf",
+                     "isfinite", "tanh", "sin", "cos", "erf", "fma", "fmin", "fmax"),
+                    "the math functions are built in (sqrtf, fabsf, expf, powf, isnan, ... and their double "
+                    "forms), or cuda::std::{name} after including <cuda/std/cmath>"),
+    "swap": "cuda::std::swap after including <cuda/std/utility>",
+    "numeric_limits": "cuda::std::numeric_limits after including <cuda/std/limits>, or <cuda/std/cfloat>'s FLT_MAX, ...",
+    **dict.fromkeys(("size_t", "ptrdiff_t"), "{name} is built in without std::, or cuda::std::{name} after including "
+                                             "<cuda/std/cstddef>"),
+    **{name: f"cuda::std::{name} after including <cuda/std/cstdint>" for name in _STDINT_TYPES},
+    **dict.fromkeys(("is_same", "enable_if", "conditional", "is_floating_point", "is_integral", "integral_constant",
+                     "remove_reference", "decay", "declval"), "cuda::std::{name} after including <cuda/std/type_traits>"),
+    **{name: f"cuda::std::{name} after including <cuda/std/{name}>" for name in ("array", "tuple", "complex")},
+    "pair": "cuda::std::pair after including <cuda/std/utility>",
+}
+_STD_NOT_A_MEMBER = re.compile(r"error: (?:.(\w+). is not a member of .__llmcupy_sim_nvrtc_std."
+                               r"|(?:no member|no template|no type) named .(\w+). in namespace .__llmcupy_sim_nvrtc_std.)")
+
+
+def _std_advice(stderr: str) -> str:
+    """What a kernel writes instead of the std:: names the compiler reports missing from NVRTC's std ('' for none)."""
+    names = list(dict.fromkeys(gcc or clang for gcc, clang in _STD_NOT_A_MEMBER.findall(stderr)))
+    if not names:
+        return ""
+    shown = [name.replace("llmcupy_nvrtc_no_", "") for name in names]
+    advice = "; ".join(dict.fromkeys(f"for std::{name}: " + _STD_ADVICE[name].replace("{name}", name)
+                                     for name in shown if name in _STD_ADVICE))
+    return ("NVRTC has no C++ standard library: its namespace std holds only "
+            f"{', '.join('std::' + n for n in NVRTC_STD_NAMES)} without an include (NVRTC "
+            f"{NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: 'namespace \"std\" has no member \"{shown[0]}\"'; "
+            "__llmcupy_sim_nvrtc_std is the emulator's name for it), so this kernel would not compile on a GPU; use "
+            "CUDA's built-in functions, or libcu++'s cuda::std:: with its <cuda/std/...> header"
+            + (f" ({advice})" if advice else ""))
+
 
 # What compiles on both instead (each checked with NVRTC by tests/test_nvrtc.py), by header; a C header
 # and its <cNAME> twin share the advice.
@@ -1432,6 +1507,7 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
         + "#define LLMCUPY_SIM_USER_SOURCE 1\n"   # from here on a host header is refused (HOST_HEADERS)
         + "".join(f"#undef {name}\n" for name in MACROS_NVRTC_LACKS)   # as NVRTC lacks them
         + user_macros
+        + '#include "llmcupy_sim_nvrtc_names.h"\n'   # std:: and the C library as NVRTC has them (NAMES_NVRTC_LACKS)
         + f'#line 1 "{safe_name}"\n'
         f"{body}\n"
         + _constant_bank_check(scanned, safe_name)
@@ -1533,6 +1609,13 @@ _UNSUPPORTED = {
                     "the CUDA runtime API is host code, which a RawModule source does not hold (NVRTC compiles "
                     "device code only): allocate and copy with NumPy/CuPy arrays and launch from Python; "
                     "device-side runtime calls (dynamic parallelism) are not emulated"),
+    **{f"llmcupy_nvrtc_no_{name}": f"'{name}' is the host C library's, which NVRTC does not have (NVRTC "
+       f"{NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: 'identifier \"{name}\" is undefined'), so this kernel would not "
+       f"compile on a GPU; {what}" for name, what in NAMES_NVRTC_LACKS.items()},
+    # cuda::std before any <cuda/std/...> include (g++: "'cuda' has not been declared")
+    "cuda": "libcu++'s namespace cuda (cuda::std::) needs a header, under NVRTC too ('name followed by \"::\" must "
+            "be a class or namespace name'): include the <cuda/std/...> header of what the kernel uses "
+            "(<cuda/std/cmath>, <cuda/std/limits>, <cuda/std/utility>, ...)",
     **{f"llmcupy_sim_nvrtc_has_no_{name}": f"'{name}' is a host typedef (glibc's <sys/types.h>) that NVRTC does not "
        f"define: write {c_type}, or declare it in the source (typedef {c_type} {name};), which compiles on both"
        for name, c_type in (("uint", "unsigned int"), ("ushort", "unsigned short"), ("ulong", "unsigned long"))},
@@ -1569,7 +1652,10 @@ def _unsupported_features(stderr: str) -> str:
     for name in names:
         what = _UNSUPPORTED.get(name)
         if what and f"{what}" not in " ".join(said):
-            said.append(what if name.startswith("llmcupy_sim_") else f"'{name}': {what}")
+            said.append(what if name.startswith(("llmcupy_sim_", "llmcupy_nvrtc_no_")) else f"'{name}': {what}")
+    std_advice = _std_advice(stderr)
+    if std_advice:
+        said.append(std_advice)
     if re.search(r"error: variable[ -]length array", stderr):   # g++'s and clang's words for -Werror=vla
         said.append("a local array sized at run time is not CUDA: NVRTC refuses it ('expression must have a "
                     "constant value'); size it with a constant (a template parameter, a constexpr, 32 rather "

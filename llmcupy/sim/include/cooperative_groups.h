@@ -1,6 +1,7 @@
 // Stand-in for <cooperative_groups.h> in the CPU emulator: thread blocks and statically sized
 // tiles (up to a warp) built on the emulator's barriers and warp collectives.
 #pragma once
+#include "llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "llmcupy_sim.h"
 
 namespace cooperative_groups {
@@ -178,3 +179,6 @@ inline grid_group this_grid() { return grid_group(); }
 inline void sync(const grid_group& g, int line = __builtin_LINE()) { g.sync(line); }
 
 }  // namespace cooperative_groups
+// NVRTC 12.9's and 13.5's <cooperative_groups.h> bring in <cuda/std/cstdint>'s types (12.4's not)
+#define LLMCUPY_SIM_NVRTC_HAS_STDINT 1
+#include "llmcupy_sim_nvrtc_names_on.h"

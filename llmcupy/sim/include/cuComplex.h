@@ -1,6 +1,7 @@
 // Stand-in for <cuComplex.h> in the CPU emulator: cuFloatComplex / cuDoubleComplex are float2 /
 // double2 with CUDA's helper functions.
 #pragma once
+#include "llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "llmcupy_sim.h"
 typedef float2 cuFloatComplex;
 typedef double2 cuDoubleComplex;
@@ -35,3 +36,4 @@ inline cuDoubleComplex cuCdiv(cuDoubleComplex a, cuDoubleComplex b) {
 inline double cuCabs(cuDoubleComplex x) { return std::hypot(x.x, x.y); }
 inline cuDoubleComplex cuComplexFloatToDouble(cuFloatComplex c) { return make_double2(c.x, c.y); }
 inline cuFloatComplex cuComplexDoubleToFloat(cuDoubleComplex c) { return make_float2(float(c.x), float(c.y)); }
+#include "llmcupy_sim_nvrtc_names_on.h"

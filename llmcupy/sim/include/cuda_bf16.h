@@ -1,6 +1,7 @@
 // Stand-in for <cuda_bf16.h> in the CPU emulator: __nv_bfloat16 / __nv_bfloat162 with CUDA's
 // conversions, arithmetic, comparisons and common intrinsics (see llmcupy_sim_half.h).
 #pragma once
+#include "llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "llmcupy_sim_half.h"
 
 LLMCUPY_SIM_HALF_TYPE(__nv_bfloat16, __nv_bfloat162, f32_to_bf16, bf16_to_f32)
@@ -26,3 +27,4 @@ inline short __bfloat16_as_short(__nv_bfloat16 b) { return (short)b.__x; }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.__x; }
 inline __nv_bfloat16 __short_as_bfloat16(short s) { __nv_bfloat16 b; b.__x = (unsigned short)s; return b; }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short s) { __nv_bfloat16 b; b.__x = s; return b; }
+#include "llmcupy_sim_nvrtc_names_on.h"

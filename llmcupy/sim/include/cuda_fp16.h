@@ -1,6 +1,7 @@
 // Stand-in for <cuda_fp16.h> in the CPU emulator: __half / __half2 (IEEE binary16) with CUDA's
 // conversions, arithmetic, comparisons and common intrinsics (see llmcupy_sim_half.h).
 #pragma once
+#include "llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "llmcupy_sim_half.h"
 
 LLMCUPY_SIM_HALF_TYPE(__half, __half2, f32_to_f16, f16_to_f32)
@@ -30,3 +31,4 @@ inline __half __hmin_nan(__half a, __half b) { return (__hisnan(a) || __hisnan(b
 #define CUDART_MAX_NORMAL_FP16 __ushort_as_half((unsigned short)0x7BFFU)
 #define CUDART_ZERO_FP16 __ushort_as_half((unsigned short)0x0000U)
 #define CUDART_ONE_FP16 __ushort_as_half((unsigned short)0x3C00U)
+#include "llmcupy_sim_nvrtc_names_on.h"

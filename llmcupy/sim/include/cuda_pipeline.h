@@ -11,6 +11,7 @@
 // 8 or 16 bytes, both addresses are aligned to it, and zfill (bytes zero-filled at the end instead
 // of read) is at most the size.
 #pragma once
+#include "llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "llmcupy_sim.h"
 
 #pragma push_macro("LLMCUPY_SIM_HOST_HEADERS")  // the host's own header, not the user's (HOST_HEADERS in sim/compiler.py)
@@ -44,3 +45,6 @@ LLMCUPY_SIM_COPY_HELPER inline void __pipeline_memcpy_async(void* dst_shared, co
 
 inline void __pipeline_commit() {}
 inline void __pipeline_wait_prior(size_t /*prior*/) {}
+// NVRTC's <cuda_pipeline.h> declares uint16_t, uint32_t, uint64_t and uintptr_t
+#define LLMCUPY_SIM_NVRTC_HAS_PIPELINE_INTEGERS 1
+#include "llmcupy_sim_nvrtc_names_on.h"

@@ -7,6 +7,7 @@
 // xorwow; its seeding and skip-ahead do not reproduce cuRAND's sequences (they use precomputed
 // jump matrices), so with XORWOW expect the same distribution, not the same numbers as a GPU.
 #pragma once
+#include "llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "llmcupy_sim.h"
 
 #define CURAND_2POW32_INV (2.3283064e-10f)
@@ -165,3 +166,4 @@ inline float4 curand_normal4(curandStatePhilox4_32_10_t* s) {
 }
 template <typename S>
 inline float curand_log_normal(S* s, float mean, float stddev) { return std::exp(mean + stddev * curand_normal(s)); }
+#include "llmcupy_sim_nvrtc_names_on.h"

@@ -3,6 +3,7 @@
 // arithmetic done in float then rounded back, which for one +, -, *, / or fma is what the GPU's
 // 16-bit instructions give (float holds the exact result's rounding information).
 #pragma once
+#include "llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "llmcupy_sim.h"
 
 namespace llmcupy_sim {
@@ -169,3 +170,4 @@ inline float bf16_to_f32(unsigned short b) {
     template <> struct shuffle_value<T> : std::true_type {};                                           \
     template <> struct shuffle_value<T2> : std::true_type {};                                          \
     }
+#include "llmcupy_sim_nvrtc_names_on.h"

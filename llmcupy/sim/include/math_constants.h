@@ -1,6 +1,7 @@
 // Stand-in for CUDA's <math_constants.h> in the CPU emulator: the CUDART_* constants, as floats
 // (suffix _F) and doubles, with the values of the IEEE formats.
 #pragma once
+#include "llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "llmcupy_sim.h"
 
 #define CUDART_INF_F __int_as_float(0x7f800000)
@@ -73,3 +74,4 @@
 #define CUDART_TWO_TO_M54 5.5511151231257827e-17
 #define CUDART_TWO_TO_M1022 2.22507385850720140e-308
 #define CUDART_TRIG_PLOSS 2147483648.0
+#include "llmcupy_sim_nvrtc_names_on.h"

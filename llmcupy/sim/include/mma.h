@@ -14,6 +14,7 @@
 // accumulates in FP32, over k in order (the GPU's summation order inside an MMA is not IEEE-
 // specified; results agree to FP32 rounding).
 #pragma once
+#include "llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "llmcupy_sim.h"
 
 #pragma push_macro("LLMCUPY_SIM_HOST_HEADERS")  // the host's own header, not the user's (HOST_HEADERS in sim/compiler.py)
@@ -173,3 +174,4 @@ inline void mma_sync(fragment<accumulator, 16, 16, 8, float>& d, const fragment<
 
 }  // namespace wmma
 }  // namespace nvcuda
+#include "llmcupy_sim_nvrtc_names_on.h"

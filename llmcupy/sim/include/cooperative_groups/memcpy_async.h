@@ -11,6 +11,7 @@
 // wait_prior<N> waits for no more than wait does; both are the group's barrier (__syncthreads for a
 // block, __syncwarp of its lanes for a tile or coalesced group), with that barrier's checks.
 #pragma once
+#include "../llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "../cooperative_groups.h"
 
 #pragma push_macro("LLMCUPY_SIM_HOST_HEADERS")  // the host's own header, not the user's (HOST_HEADERS in sim/compiler.py)
@@ -108,3 +109,4 @@ inline void wait(const G& group, int line = __builtin_LINE()) {
     group.sync(line);
 }
 }  // namespace cooperative_groups
+#include "../llmcupy_sim_nvrtc_names_on.h"

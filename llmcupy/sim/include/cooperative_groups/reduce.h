@@ -2,6 +2,7 @@
 // the tile followed by a fold in lane order, so every lane gets the same value (as on the GPU);
 // the order of the fold differs from the GPU's tree, so float results may differ in the last bits.
 #pragma once
+#include "../llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "../cooperative_groups.h"
 
 namespace cooperative_groups {
@@ -38,3 +39,4 @@ inline T reduce(const coalesced_group& group, T value, Op op, int line = __built
 }
 
 }  // namespace cooperative_groups
+#include "../llmcupy_sim_nvrtc_names_on.h"

@@ -1,6 +1,7 @@
 // Stand-in for <cooperative_groups/scan.h> in the CPU emulator: inclusive_scan / exclusive_scan over
 // a tile or coalesced group, an all-gather followed by a fold in rank order.
 #pragma once
+#include "../llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "reduce.h"
 
 namespace cooperative_groups {
@@ -31,3 +32,4 @@ inline T exclusive_scan(const G& group, T value, Op op = Op(), int line = __buil
     return detail::scan(group, value, op, false, line);
 }
 }  // namespace cooperative_groups
+#include "../llmcupy_sim_nvrtc_names_on.h"

@@ -4,6 +4,7 @@
 // float results may differ from CUB's tree in the last bits. Other CUB parts (scans, sorts, loads,
 // device-wide algorithms) are not provided.
 #pragma once
+#include "../llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "../llmcupy_sim.h"
 
 namespace cub {
@@ -76,3 +77,4 @@ class WarpReduce {
 };
 
 }  // namespace cub
+#include "../llmcupy_sim_nvrtc_names_on.h"
