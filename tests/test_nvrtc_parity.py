@@ -349,6 +349,8 @@ DEVICE_CODE = [
                                "__global__ void lambdas(int* p) { auto f = [] (int x) { return 2 * x; }; "
                                "p[0] = f(kept(p[1])); }", True, None),
     ("maxnreg", "__global__ void __maxnreg__(32) limited(float* p) { p[0] = 1; }", True, None),
+    ("grid_constant_by_macro", "#define GRID_CONSTANT __grid_constant__\nstruct Trio { int a, b, c; }; "
+                               "__global__ void trios(const GRID_CONSTANT Trio t, int* p) { p[0] = t.c; }", True, None),
     ("builtin_assume", "__global__ void assumed(float* p, int n) { __builtin_assume(n > 0); p[0] = n; }", True, None),
     ("brkpt", "__global__ void breaks(int n) { if (n < 0) __brkpt(); }", True, None),
 ]

@@ -621,6 +621,8 @@ def _parameter_around(text: str, position: int) -> str:
 def _non_const_grid_constants(text: str):
     """Positions of each __grid_constant__ whose parameter is not declared const."""
     for m in _GRID_CONSTANT.finditer(text):
+        if text[text.rfind("\n", 0, m.start()) + 1:m.start()].lstrip().startswith("#"):
+            continue   # a macro's definition (#define GRID_CONSTANT __grid_constant__): its uses are the parameters
         parameter = _template_arguments_blanked(_parameter_around(text, m.start()))
         if not re.search(r"\bconst\b", parameter):
             yield m.start()
