@@ -650,6 +650,8 @@ DEVICE_FUNCTION_CALLS = [
     "d[0] = rnorm3d(d[1], d[2], d[3]) + rnorm4d(d[1], d[2], d[3], d[4]); sincospi(d[1], d + 2, d + 3);",
     "f[0] = normf(3, f) + rnormf(3, f) + rnorm4df(f[1], f[2], f[3], f[4]);",
     "atomicInc_block(u, 5u); atomicInc_system(u, 5u); atomicDec_block(u, 5u); atomicDec_system(u, 5u);",
+    "{ cuDoubleComplex z = make_cuDoubleComplex(d[1], d[2]); d[0] = cuCreal(cuCfma(z, z, z)); }",
+    "{ cuFloatComplex z = make_cuFloatComplex(f[1], f[2]); f[0] = cuCrealf(cuCfmaf(z, z, z)); }",
     # 16-bit (h: __half*, h2: __half2*, b: __nv_bfloat16*, b2: __nv_bfloat162*)
     *(f"{out}[0] = __{src}2{name}_{mode}({arg}[1]);"
       for name, out in (("half", "h"), ("bfloat16", "b"))
@@ -664,7 +666,7 @@ DEVICE_FUNCTION_CALLS = [
       for fn in ("exp2", "exp10", "log", "log2", "log10", "rsqrt", "rcp", "sin", "cos", "floor", "ceil", "trunc",
                  "rint")),
 ]
-_CALLS_SOURCE = ("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+_CALLS_SOURCE = ("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuComplex.h>\n"
                  'extern "C" __global__ void calls(float* f, double* d, int* i, unsigned* u, long long* l, '
                  "unsigned long long* q, __half* h, __half2* h2, __nv_bfloat16* b, __nv_bfloat162* b2) {\n"
                  + "".join(f"    {call}\n" for call in DEVICE_FUNCTION_CALLS) + "}\n")

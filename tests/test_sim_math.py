@@ -163,3 +163,16 @@ def test_sincospi_and_scoped_wrapping_atomics():
     assert o[2] == 0.0 and o[3] == -1.0
     # five threads: inc wraps 0 1 2 3 0 -> 1; dec from 0 gives 3, then 2 1 0 3 -> 3
     assert c.tolist() == [1, 1, 3, 3]
+
+
+def test_double_complex_fma():
+    # before: cuComplex.h had cuCfmaf but not cuCfma ("'cuCfma' was not declared in this scope")
+    code = r'''
+    #include <cuComplex.h>
+    extern "C" __global__ void k(double* o) {
+        cuDoubleComplex r = cuCfma(make_cuDoubleComplex(1, 2), make_cuDoubleComplex(3, 4), make_cuDoubleComplex(5, 6));
+        o[0] = cuCreal(r); o[1] = cuCimag(r);
+    }'''
+    o = np.zeros(2)
+    llmcupy.RawModule(code=code, target="sim").get_function("k")((1,), (1,), (o,))
+    assert o.tolist() == [0.0, 16.0]   # (1 + 2i)(3 + 4i) + (5 + 6i) = (-5 + 10i) + (5 + 6i)
