@@ -640,6 +640,7 @@ DEVICE_FUNCTION_CALLS = [
       for src, arg in (("float", "f"), ("double", "d"))
       for dst, out in (("int", "i"), ("uint", "u"), ("ll", "l"), ("ull", "q")) for mode in _MODES),
     "u[0] = __fns(u[1], u[2], i[0]);",
+    "f[0] = fdividef(f[1], f[2]);",
     "if (i[0] < 0) __brkpt();",
     "__builtin_assume(i[1] > 0); i[0] = i[1];",
     *(f"d[0] = {fn}(d[1]);" for fn in ("erfinv", "erfcinv", "normcdfinv", "erfcx", "rcbrt", "cyl_bessel_i0",

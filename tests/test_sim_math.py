@@ -176,3 +176,11 @@ def test_double_complex_fma():
     o = np.zeros(2)
     llmcupy.RawModule(code=code, target="sim").get_function("k")((1,), (1,), (o,))
     assert o.tolist() == [0.0, 16.0]   # (1 + 2i)(3 + 4i) + (5 + 6i) = (-5 + 10i) + (5 + 6i)
+
+
+def test_fdividef():
+    # before: "'fdividef' was not declared in this scope" (the Math API's name beside __fdividef)
+    o = np.zeros(1, np.float32)
+    llmcupy.RawModule(code='extern "C" __global__ void k(float* o) { o[0] = fdividef(3.0f, 4.0f); }',
+                      target="sim").get_function("k")((1,), (1,), (o,))
+    assert o[0] == 0.75

@@ -1146,6 +1146,7 @@ inline float __sinf(float x) { return std::sin(x); }
 inline float __cosf(float x) { return std::cos(x); }
 inline float __tanf(float x) { return std::tan(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+inline float fdividef(float a, float b) { return a / b; }   // the Math API's name for it
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
