@@ -105,6 +105,19 @@ def test_a_kernel_whose_bound_holds_parentheses_is_found_for_its_argument_checks
     assert [p.spelling for p in parse_signature(BOUNDED, "typed_bound_first<double>")] == ["double*"]
 
 
+def test_a_kernel_with_maxnreg_or_a_grid_constant_parameter_is_found_for_its_argument_checks():
+    # before, the GPU path's get_function raised "cannot find its __global__ declaration" for a kernel with
+    # __maxnreg__(n), and took `const __grid_constant__ int n` for a struct of an unknown type (any bytes)
+    from llmcupy.runtime.signature import parse_signature
+
+    source = ('extern "C" __global__ void __maxnreg__(32) limited(float* out) {}\n'
+              '__global__ void __launch_bounds__(64) __maxnreg__(32) both(float* out) {}\n'
+              'extern "C" __global__ void constant(const __grid_constant__ int n, __grid_constant__ const double s) {}\n')
+    assert [p.name for p in parse_signature(source, "limited")] == ["out"]
+    assert [p.name for p in parse_signature(source, "both")] == ["out"]
+    assert [(p.spelling, p.name) for p in parse_signature(source, "constant")] == [("int", "n"), ("double", "s")]
+
+
 
 def test_finding_a_declaration_takes_time_linear_in_the_bounds_before_it():
     # before, each space after a __launch_bounds__(...) could be taken by two nested \s*, so a failed

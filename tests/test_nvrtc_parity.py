@@ -321,6 +321,38 @@ DEVICE_CODE = [
                  "__device__ int counted() { return count(1, 2.0f, 'c'); }", True, None),
     ("long_double", "__device__ float widen(int n) { long double x = n; return (float)x; }", True, None),
     ("printf_string", '__global__ void says(int n) { const char* s = "abc"; printf("%s %d\\n", s, n); }', True, None),
+    # NVRTC 12 asks for nvcc's --extended-lambda (an option NVRTC refuses), NVRTC 13 says "not allowed in JIT mode"
+    ("device_lambda", "__global__ void twice(float* p) { auto f = [] __device__ (float x) { return 2 * x; }; "
+                      "p[0] = f(p[0]); }", False,
+     "a lambda cannot be marked __device__ or __host__ (NVRTC refuses it too"),
+    ("host_device_lambda", "__global__ void thrice(float* p) { auto f = [=] __host__ __device__ (float x) "
+                           "{ return 3 * x; }; p[0] = f(p[0]); }", False,
+     "a lambda cannot be marked __device__ or __host__"),
+    ("grid_constant_not_const", "struct Box { float a[4]; }; "
+                                "__global__ void boxed(__grid_constant__ Box b, float* p) { p[0] = b.a[1]; }", False,
+     "a parameter annotated with __grid_constant__ must have const-qualified type (NVRTC refuses it too)"),
+    ("grid_constant_const_in_template_argument", "template <class T> struct Two { T a, b; }; "
+     "__global__ void twos(__grid_constant__ Two<const int> q, int* p) { p[0] = q.b; }", False,
+     "a parameter annotated with __grid_constant__ must have const-qualified type"),
+    ("cluster_bound_below_sm_90", "__global__ void __launch_bounds__(256, 2, 1) clustered(float* p) { p[0] = 1; }",
+     False, "__launch_bounds__ takes a third argument (max blocks per cluster) only for sm_90 and newer (NVRTC "
+            "refuses it too: cannot specify max blocks per cluster for this GPU architecture)"),
+    ("maxnreg_with_launch_bounds", "__global__ void __launch_bounds__(128) __maxnreg__(32) both(float* p) "
+                                   "{ p[0] = 1; }", False,
+     "The __launch_bounds__ and __maxnreg__ qualifiers cannot be applied to the same kernel"),
+    ("grid_constant", "struct Pair { float a, b; }; "
+                      "__global__ void paired(const __grid_constant__ Pair q, float* p) { p[0] = q.b; }", True, None),
+    ("grid_constant_const_after", "template <class T> struct Duo { T a, b; }; "
+                                  "__global__ void duos(float* p, __grid_constant__ const Duo<int> q) { p[0] = q.b; }",
+     True, None),
+    ("plain_lambda_attribute", "[[nodiscard]] __device__ int kept(int x) { return x; } "
+                               "__global__ void lambdas(int* p) { auto f = [] (int x) { return 2 * x; }; "
+                               "p[0] = f(kept(p[1])); }", True, None),
+    ("maxnreg", "__global__ void __maxnreg__(32) limited(float* p) { p[0] = 1; }", True, None),
+    ("grid_constant_by_macro", "#define GRID_CONSTANT __grid_constant__\nstruct Trio { int a, b, c; }; "
+                               "__global__ void trios(const GRID_CONSTANT Trio t, int* p) { p[0] = t.c; }", True, None),
+    ("builtin_assume", "__global__ void assumed(float* p, int n) { __builtin_assume(n > 0); p[0] = n; }", True, None),
+    ("brkpt", "__global__ void breaks(int n) { if (n < 0) __brkpt(); }", True, None),
 ]
 
 
@@ -351,6 +383,16 @@ def test_the_emulator_takes_the_device_code_nvrtc_takes():
     llmcupy.RawModule(code=accepted, target="sim")
     # __int128 with NVRTC's option for it
     llmcupy.RawModule(code=DEVICE_CODE[2][1] + "\n", options=("--device-int128",), target="sim")
+    # the cluster bound from sm_90 on, as NVRTC takes it
+    clustered = next(line for name, line, _, _ in DEVICE_CODE if name == "cluster_bound_below_sm_90")
+    llmcupy.RawModule(code=clustered + "\n", options=("-arch=sm_90",), target="sim")
+
+
+def test_nvrtc_takes_the_cluster_bound_from_sm_90_on(have_nvrtc):
+    clustered = next(line for name, line, _, _ in DEVICE_CODE if name == "cluster_bound_below_sm_90")
+    res = nvrtc.compile_source(clustered + "\n", 90, filename="probe.cu", options=nvrtc.module_options(90),
+                               name_expressions=[])
+    assert res.ok, res.log
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1041,3 +1083,70 @@ def test_the_renames_list_the_same_names_everywhere():
     assert names("llmcupy_sim_nvrtc_names_on.h", r'#pragma pop_macro\("(\w+)"\)') == ["std", *expected][::-1]
     usings = names("llmcupy_sim_nvrtc_names.h", r"using ::std::(\w+);")
     assert usings == list(sim_compiler.NVRTC_STD_NAMES)
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA's device functions: each call below compiles under every NVRTC, and in the emulator
+
+_MODES = ("rn", "rz", "rd", "ru")
+_DIRECTED = ("rz", "rd", "ru")
+# one statement per function, on the kernel's parameters (f: float*, d: double*, i: int*, u: unsigned*,
+# l: long long*, q: unsigned long long*)
+DEVICE_FUNCTION_CALLS = [
+    *(f"f[0] = __f{op}_{mode}(f[1], f[2]);" for op in ("add", "sub", "mul", "div") for mode in _MODES),
+    *(f"f[0] = __f{op}_{mode}(f[1]);" for op in ("rcp", "sqrt") for mode in _MODES),
+    *(f"f[0] = __fmaf_{mode}(f[1], f[2], f[3]);" for mode in _MODES),
+    *(f"f[0] = __fmaf_ieee_{mode}(f[1], f[2], f[3]);" for mode in _MODES),
+    *(f"d[0] = __d{op}_{mode}(d[1], d[2]);" for op in ("add", "sub", "mul", "div") for mode in _MODES),
+    *(f"d[0] = __d{op}_{mode}(d[1]);" for op in ("rcp", "sqrt") for mode in _MODES),
+    *(f"d[0] = __fma_{mode}(d[1], d[2], d[3]);" for mode in _MODES),
+    *(f"f[0] = __{src}2float_{mode}({arg}[1]);" for src, arg in (("int", "i"), ("uint", "u"), ("ll", "l"),
+                                                                  ("ull", "q"), ("double", "d")) for mode in _MODES),
+    *(f"d[0] = __{src}2double_{mode}({arg}[1]);" for src, arg in (("ll", "l"), ("ull", "q")) for mode in _MODES),
+    *(f"{out}[0] = __{src}2{dst}_{mode}({arg}[1]);"
+      for src, arg in (("float", "f"), ("double", "d"))
+      for dst, out in (("int", "i"), ("uint", "u"), ("ll", "l"), ("ull", "q")) for mode in _MODES),
+    "u[0] = __fns(u[1], u[2], i[0]);",
+    "f[0] = fdividef(f[1], f[2]);",
+    "if (i[0] < 0) __brkpt();",
+    "__builtin_assume(i[1] > 0); i[0] = i[1];",
+    *(f"d[0] = {fn}(d[1]);" for fn in ("erfinv", "erfcinv", "normcdfinv", "erfcx", "rcbrt", "cyl_bessel_i0",
+                                        "cyl_bessel_i1")),
+    *(f"f[0] = {fn}(f[1]);" for fn in ("erfinvf", "erfcinvf", "normcdfinvf", "erfcxf", "rcbrtf", "cyl_bessel_i0f",
+                                        "cyl_bessel_i1f")),
+    "d[0] = norm(3, d) + rnorm(3, d) + norm3d(d[1], d[2], d[3]) + norm4d(d[1], d[2], d[3], d[4]) + rhypot(d[1], d[2]);",
+    "d[0] = rnorm3d(d[1], d[2], d[3]) + rnorm4d(d[1], d[2], d[3], d[4]); sincospi(d[1], d + 2, d + 3);",
+    "f[0] = normf(3, f) + rnormf(3, f) + rnorm4df(f[1], f[2], f[3], f[4]);",
+    "atomicInc_block(u, 5u); atomicInc_system(u, 5u); atomicDec_block(u, 5u); atomicDec_system(u, 5u);",
+    "{ cuDoubleComplex z = make_cuDoubleComplex(d[1], d[2]); d[0] = cuCreal(cuCfma(z, z, z)); }",
+    "{ cuFloatComplex z = make_cuFloatComplex(f[1], f[2]); f[0] = cuCrealf(cuCfmaf(z, z, z)); }",
+    # 16-bit (h: __half*, h2: __half2*, b: __nv_bfloat16*, b2: __nv_bfloat162*)
+    *(f"{out}[0] = __{src}2{name}_{mode}({arg}[1]);"
+      for name, out in (("half", "h"), ("bfloat16", "b"))
+      for src, arg in (("float", "f"), ("int", "i"), ("uint", "u"), ("ll", "l"), ("ull", "q"), ("short", "(short)i"),
+                       ("ushort", "(unsigned short)u"))
+      for mode in _MODES),
+    "h2[0] = make_half2(h[0], h[1]);",
+    "b2[0] = make_bfloat162(b[0], b[1]);",
+    *(f"{v}[0] = {fn}({v}[1]);" for v in ("h", "b") for fn in ("hexp10", "hlog10")),
+    # (htanh, h2tanh and their _approx forms are not in NVRTC 12.4's headers, only from 12.8 on)
+    *(f"{v}[0] = h2{fn}({v}[1]);" for v in ("h2", "b2")
+      for fn in ("exp2", "exp10", "log", "log2", "log10", "rsqrt", "rcp", "sin", "cos", "floor", "ceil", "trunc",
+                 "rint")),
+]
+_CALLS_SOURCE = ("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuComplex.h>\n"
+                 'extern "C" __global__ void calls(float* f, double* d, int* i, unsigned* u, long long* l, '
+                 "unsigned long long* q, __half* h, __half2* h2, __nv_bfloat16* b, __nv_bfloat162* b2) {\n"
+                 + "".join(f"    {call}\n" for call in DEVICE_FUNCTION_CALLS) + "}\n")
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_compiles_each_device_function_call(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"calls": _CALLS_SOURCE})["calls"]
+    assert ok, log
+
+
+def test_the_emulator_compiles_each_device_function_call():
+    # before: the directed-rounding forms (__fadd_rz, __dmul_ru, __ll2float_rd, __double2ull_rn, ...), __fns,
+    # __brkpt and __builtin_assume were "not declared in this scope" here, though NVRTC compiles them
+    llmcupy.RawModule(code=_CALLS_SOURCE, target="sim")

@@ -1174,6 +1174,40 @@ def test_trap_fails_the_launch_with_the_place_and_the_process_lives_on():
     assert x.sum() == 32
 
 
+def test_brkpt_fails_the_launch_with_the_place_and_the_process_lives_on():
+    # before: "'__brkpt' was not declared in this scope". A GPU with no debugger attached fails the launch at
+    # a breakpoint; the emulator has no debugger
+    k = module("__global__ void b(float* x, int bad) {\n"
+               "    if (threadIdx.x == bad) __brkpt();\n"
+               "    x[threadIdx.x] = 1.0f;\n}").get_function("b")
+    x = np.zeros(32, np.float32)
+    with pytest.raises(sim.SimLaunchError, match=r"kernel b reached __brkpt\(\) at kernel.cu:2, block \(0,0,0\), "
+                                                 r"thread \(5,0,0\): a breakpoint stops the launch with an error on "
+                                                 r"a GPU unless a debugger \(cuda-gdb\) is attached"):
+        k((1,), (32,), (x, np.int32(5)))
+    k((1,), (32,), (x, np.int32(-1)))
+    assert x.sum() == 32
+
+
+def test_kernel_qualifiers_nvrtc_takes_run_here():
+    # before: none compiled here ("'__grid_constant__' does not name a type", "'__builtin_assume' was not
+    # declared", "variable or field '__maxnreg__' declared void")
+    mod = module("struct Scale { float by; int n; };\n"
+                 'extern "C" __global__ void __maxnreg__(32) scaled(const __grid_constant__ Scale s, float* x) {\n'
+                 "    int calls = 0;\n"
+                 "    __builtin_assume(++calls > 0 && s.n > 0);   // a hint, never evaluated\n"
+                 "    if (threadIdx.x < s.n) x[threadIdx.x] = s.by * threadIdx.x + calls;\n}\n"
+                 'extern "C" __global__ void count(const __grid_constant__ int n, int* x) { x[threadIdx.x] = n; }\n')
+    x, counts = np.zeros(8, np.float32), np.zeros(4, np.int32)
+    mod.get_function("count")((1,), (4,), (np.int32(7), counts))
+    assert counts.tolist() == [7] * 4
+    with pytest.raises(llmcupy.KernelArgumentError, match=r"argument 0 \(int n\): expected a np.int32 scalar"):
+        mod.get_function("count")((1,), (4,), (counts, counts))   # the parameter's type, not __grid_constant__'s
+    scale = np.array([(2.0, 5)], dtype=np.dtype([("by", np.float32), ("n", np.int32)], align=True))[0]
+    mod.get_function("scaled")((1,), (8,), (scale, x))
+    assert x.tolist() == [0, 2, 4, 6, 8, 0, 0, 0]
+
+
 DIVIDE = r"""#include <cuda/std/climits>
 __global__ void share(int* y, int parts) {
     y[threadIdx.x] = 100 / parts;

@@ -145,7 +145,9 @@ class Param:
 def normalize_type(tokens: list[str]) -> str:
     """['float', 'const', '*'] -> 'const float*'; unknown base types are kept as written."""
     stars = tokens.count("*")
-    words = [t for t in tokens if t not in ("*", "__restrict__", "__restrict", "restrict", "volatile")]
+    # __grid_constant__ (a const kernel parameter kept in constant memory) changes nothing the caller passes
+    words = [t for t in tokens if t not in ("*", "__restrict__", "__restrict", "restrict", "volatile",
+                                            "__grid_constant__")]
     const = "const" in words
     words = [w for w in words if w != "const"]
     base = " ".join(words)
@@ -176,7 +178,7 @@ def parse_param(text: str, substitutions: dict[str, str] | None = None) -> Param
     if "&" in tokens:
         raise ValueError(f"reference parameter {text!r} cannot be passed to a kernel")
     name = ""
-    qualifiers = {"const", "volatile", "__restrict__", "__restrict", "restrict", "*"}
+    qualifiers = {"const", "volatile", "__restrict__", "__restrict", "restrict", "__grid_constant__", "*"}
     type_words = [t for t in tokens if t not in qualifiers]
     if len(type_words) >= 2 and tokens[-1] not in _BUILTIN_WORDS and tokens[-1] not in qualifiers:
         name = tokens.pop()
@@ -189,7 +191,8 @@ def parse_param(text: str, substitutions: dict[str, str] | None = None) -> Param
 # __launch_bounds__'s arguments may hold parentheses, two deep: ((BM * BN) / (TM * TN), 1)
 # (no trailing \s*: in _SPECIFIERS it would share each space with the repeat's own, and a source with
 # many bounds in a row took time doubling with each)
-_BOUNDS = r"__launch_bounds__\s*\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"
+# (and __maxnreg__(n), which stands where __launch_bounds__ may)
+_BOUNDS = r"(?:__launch_bounds__|__maxnreg__)\s*\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"
 
 
 # around __global__, in any order: `__launch_bounds__(256) __global__ void k` is CUDA too
@@ -200,7 +203,7 @@ def _kernel_pattern(name: str) -> re.Pattern:
     return re.compile(
         r"(?P<template>template\s*<(?P<tparams>[^{};]*?)>\s*)?"
         rf"{_SPECIFIERS}__global__\s+{_SPECIFIERS}void\s+"
-        rf"(?:{_BOUNDS}\s*)?" + re.escape(name) + r"\s*\((?P<params>[^)]*)\)"
+        rf"(?:{_BOUNDS}\s*)*" + re.escape(name) + r"\s*\((?P<params>[^)]*)\)"
     )
 
 

@@ -72,12 +72,14 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _BOUNDS_ARGS = r"(?:[^()]|\((?:[^()]|\([^()]*\))*\))*"
 _LAUNCH_BOUNDS = re.compile(rf"__launch_bounds__\s*\((?P<args>{_BOUNDS_ARGS})\)")
 # what may stand around __global__ before `void`, in any order (NVRTC takes `__launch_bounds__(256)
-# __global__ void k` as well as `__global__ void __launch_bounds__(256) k`)
-_SPECIFIERS = rf"(?:(?:extern\s+\"C\"|static|__launch_bounds__\s*\({_BOUNDS_ARGS}\))\s*)*"
+# __global__ void k` as well as `__global__ void __launch_bounds__(256) k`, and __maxnreg__(n) in the
+# same places)
+_SPECIFIERS = rf"(?:(?:extern\s+\"C\"|static|__launch_bounds__\s*\({_BOUNDS_ARGS}\)|__maxnreg__\s*\({_BOUNDS_ARGS}\))\s*)*"
 _GLOBAL_FN = re.compile(
     r"(?P<template>template\s*<[^{};]*?>\s*)?"
     rf"(?P<before>{_SPECIFIERS})__global__\s+(?P<after>{_SPECIFIERS})void\s+"
-    rf"(?:__launch_bounds__\s*\((?P<bounds_after>{_BOUNDS_ARGS})\)\s*)?(?P<name>[A-Za-z_]\w*)\s*\("
+    rf"(?:(?:__launch_bounds__\s*\((?P<bounds_after>{_BOUNDS_ARGS})\)|__maxnreg__\s*\({_BOUNDS_ARGS}\))\s*)*"
+    r"(?P<name>[A-Za-z_]\w*)\s*\("
 )
 _INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)', re.M)
 _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\b(?P<rest>[^;{}]*?)\b(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
@@ -562,23 +564,101 @@ _REFUSED_WORDS = {
 }
 
 
+# A lambda annotated __device__ or __host__ (`[] __device__ (float x) {...}`): NVRTC 12 asks for nvcc's
+# --extended-lambda, which NVRTC itself does not take, and NVRTC 13 calls it not allowed in JIT mode. The
+# `]` closes a capture list, not an attribute (`[[nodiscard]] __device__ int f()`).
+_ANNOTATED_LAMBDA = re.compile(r"(?<!\])\]\s*(?:__host__|__device__)\b")
+_LAMBDA_REFUSAL = (
+    "a lambda cannot be marked __device__ or __host__ (NVRTC refuses it too: NVRTC 12 says '__host__ or __device__ "
+    "annotation on lambda requires --extended-lambda nvcc flag', an option NVRTC does not take, NVRTC 13 'is not "
+    "allowed in JIT mode'); drop the annotation: a lambda written in device code is device code")
+_GRID_CONSTANT = re.compile(r"\b__grid_constant__\b")
+_GRID_CONSTANT_REFUSAL = (
+    "a parameter annotated with __grid_constant__ must have const-qualified type (NVRTC refuses it too); "
+    "write const __grid_constant__ T name")
+
+_MAXNREG_REFUSAL = (
+    "The __launch_bounds__ and __maxnreg__ qualifiers cannot be applied to the same kernel (NVRTC refuses it too); "
+    "keep one: __launch_bounds__ bounds the block size, __maxnreg__ the registers per thread")
+
+
+def _template_arguments_blanked(text: str) -> str:
+    """``text`` with what stands inside <...> blanked, so a `const` there is not the parameter's own."""
+    out, depth = [], 0
+    for ch in text:
+        depth += ch == "<"
+        out.append(ch if depth == 0 else " ")
+        depth -= ch == ">" and depth > 0
+    return "".join(out)
+
+
+def _parameter_around(text: str, position: int) -> str:
+    """The parameter declaration holding ``position``: back to the '(' or ',' that opens it and on to the
+    ',' or ')' that ends it, skipping those inside <...> or (...)."""
+    depth, begin = 0, position
+    while begin > 0:
+        ch = text[begin - 1]
+        if ch in ">)":
+            depth += 1
+        elif ch in "<(" and depth > 0:
+            depth -= 1
+        elif ch in "(,;{}" and depth == 0:
+            break
+        begin -= 1
+    depth, end = 0, position
+    while end < len(text):
+        ch = text[end]
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)" and depth > 0:
+            depth -= 1
+        elif ch in "),;{" and depth == 0:
+            break
+        end += 1
+    return text[begin:end]
+
+
+def _non_const_grid_constants(text: str):
+    """Positions of each __grid_constant__ whose parameter is not declared const."""
+    for m in _GRID_CONSTANT.finditer(text):
+        if text[text.rfind("\n", 0, m.start()) + 1:m.start()].lstrip().startswith("#"):
+            continue   # a macro's definition (#define GRID_CONSTANT __grid_constant__): its uses are the parameters
+        parameter = _template_arguments_blanked(_parameter_around(text, m.start()))
+        if not re.search(r"\bconst\b", parameter):
+            yield m.start()
+
+
 def rewrite_refused_words(code: str, options=()) -> str:
     """Line-preserving: each word of _REFUSED_WORDS in the source is preceded by a preprocessor error
-    saying why NVRTC refuses it (``__int128`` is allowed with ``--device-int128``, as under NVRTC)."""
+    saying why NVRTC refuses it (``__int128`` is allowed with ``--device-int128``, as under NVRTC); so is a
+    lambda marked __device__/__host__, a __grid_constant__ parameter that is not const, and a kernel with both
+    __launch_bounds__ and __maxnreg__."""
     words = [w for w in _REFUSED_WORDS if w in code]
     if "__int128" in words and any(isinstance(o, str) and o.lstrip("-") == "device-int128" for o in options or ()):
         words.remove("__int128")
-    if not words:
+    annotated = "__device__" in code or "__host__" in code or "__grid_constant__" in code
+    if not words and not annotated and "__maxnreg__" not in code:
         return code
     text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
+    refusals = []   # (position, message)
+    if words:
+        for m in re.finditer(rf"\b(?:{'|'.join(words)})\b", text):
+            nvrtc_says, advice = _REFUSED_WORDS[m.group(0)]
+            refusals.append((m.start(), f"{m.group(0)} is not available in device code (NVRTC refuses it too: "
+                                        f"{nvrtc_says}); {advice}"))
+    if annotated:
+        refusals += [(m.start() + m.group(0).index("_"), _LAMBDA_REFUSAL) for m in _ANNOTATED_LAMBDA.finditer(text)]
+        refusals += [(pos, _GRID_CONSTANT_REFUSAL) for pos in _non_const_grid_constants(text)]
+    if "__maxnreg__" in code:
+        for m in _GLOBAL_FN.finditer(text):
+            if "__launch_bounds__" in m.group(0) and "__maxnreg__" in m.group(0):
+                refusals.append((m.start() + m.group(0).index("__maxnreg__"), _MAXNREG_REFUSAL))
     out, last = [], 0
-    for m in re.finditer(rf"\b(?:{'|'.join(words)})\b", text):
-        nvrtc_says, advice = _REFUSED_WORDS[m.group(0)]
-        message = (f"{m.group(0)} is not available in device code (NVRTC refuses it too: {nvrtc_says}); {advice}"
-                   .replace("\\", "\\\\").replace('"', '\\"'))
+    for position, said in sorted(refusals):
+        message = said.replace("\\", "\\\\").replace('"', '\\"')
         pragma = f'GCC error "{message}"'.replace("\\", "\\\\").replace('"', '\\"')
-        out.append(code[last:m.start()] + f'_Pragma("{pragma}") ')
-        last = m.start()
+        out.append(code[last:position] + f'_Pragma("{pragma}") ')
+        last = position
     out.append(code[last:])
     return "".join(out)
 

@@ -34,6 +34,7 @@ inline cuDoubleComplex cuCdiv(cuDoubleComplex a, cuDoubleComplex b) {
     return make_double2((ars * brs + ais * bis) / d, (ais * brs - ars * bis) / d);
 }
 inline double cuCabs(cuDoubleComplex x) { return std::hypot(x.x, x.y); }
+inline cuDoubleComplex cuCfma(cuDoubleComplex x, cuDoubleComplex y, cuDoubleComplex d) { return cuCadd(cuCmul(x, y), d); }
 inline cuDoubleComplex cuComplexFloatToDouble(cuFloatComplex c) { return make_double2(c.x, c.y); }
 inline cuFloatComplex cuComplexDoubleToFloat(cuDoubleComplex c) { return make_float2(float(c.x), float(c.y)); }
 #include "llmcupy_sim_nvrtc_names_on.h"

@@ -4,21 +4,20 @@
 #include "llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "llmcupy_sim_half.h"
 
-LLMCUPY_SIM_HALF_TYPE(__half, __half2, f32_to_f16, f16_to_f32)
+LLMCUPY_SIM_HALF_TYPE(__half, __half2, f32_to_f16, f16_to_f32, 11, -14, 15)
+LLMCUPY_SIM_ROUNDED_CONVERSIONS(__half, half, 11, -14, 15, f32_to_f16)
 typedef __half half;
 typedef __half2 half2;
 struct __half_raw { unsigned short x; };
 struct __half2_raw { unsigned short x, y; };
 
 inline __half __float2half(float f) { return __half(f); }
-inline __half __float2half_rn(float f) { return __half(f); }
-inline __half __double2half(double d) { return __half(float(d)); }
+inline __half __double2half(double d) { return __half(d); }   // rounded once, not through float
 inline float __half2float(__half h) { return float(h); }
 inline __half2 __float2half2_rn(float f) { return __half2(__half(f), __half(f)); }
 inline __half2 __floats2half2_rn(float a, float b) { return __half2(__half(a), __half(b)); }
 inline __half2 __float22half2_rn(float2 f) { return __half2(__half(f.x), __half(f.y)); }
-inline __half __int2half_rn(int i) { return __half(float(i)); }
-inline __half __uint2half_rn(unsigned i) { return __half(float(i)); }
+inline __half2 make_half2(__half x, __half y) { return __half2(x, y); }
 inline int __half2int_rn(__half h) { return __float2int_rn(float(h)); }
 inline int __half2int_rz(__half h) { return __float2int_rz(float(h)); }
 inline short __half_as_short(__half h) { return (short)h.__x; }

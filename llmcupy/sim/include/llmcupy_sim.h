@@ -75,6 +75,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cerrno>
+#include <cfenv>
 #include <cstring>
 #include <random>
 #include <string>
@@ -117,7 +118,18 @@
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
-#define __launch_bounds__(...)
+// __launch_bounds__'s third argument (max blocks per cluster) exists from sm_90 on: below, NVRTC refuses it.
+#define LLMCUPY_SIM_FOURTH(a, b, c, d, ...) d
+#define __launch_bounds__(...) LLMCUPY_SIM_FOURTH(__VA_ARGS__, LLMCUPY_SIM_CLUSTER_BOUND, , , )
+// The register limit and a kernel parameter kept in constant memory change nothing on a CPU
+// (NVRTC's rule that a __grid_constant__ parameter be const is checked in sim/compiler.py).
+#define __maxnreg__(n)
+#define __grid_constant__
+// clang's __builtin_assume, which NVRTC has: a hint, never evaluated; g++ lacks it (its argument is still
+// type-checked here, as NVRTC checks it)
+#if !defined(__has_builtin) || !__has_builtin(__builtin_assume)
+#define __builtin_assume(...) ((void)sizeof((__VA_ARGS__) ? 1 : 0))
+#endif
 #define __align__(n) alignas(n)
 #define __builtin_align__(n) alignas(n)
 // Not `static`: RawModule.get_global finds __constant__ and __device__ variables by address.
@@ -136,6 +148,12 @@
 // As under NVRTC, so `#if` guards take the device branch; -arch=sm_XY sets it (sim/compiler.py).
 #ifndef __CUDA_ARCH__
 #define __CUDA_ARCH__ 800
+#endif
+// (__launch_bounds__ above)
+#if __CUDA_ARCH__ >= 900
+#define LLMCUPY_SIM_CLUSTER_BOUND
+#else
+#define LLMCUPY_SIM_CLUSTER_BOUND _Pragma("GCC error \"__launch_bounds__ takes a third argument (max blocks per cluster) only for sm_90 and newer (NVRTC refuses it too: cannot specify max blocks per cluster for this GPU architecture); drop it, or compile with -arch=sm_90 or newer\"")
 #endif
 #define __CUDACC_RTC__ 1
 #define __CUDACC_VER_MAJOR__ 12
@@ -1082,6 +1100,11 @@ inline unsigned int atomicDec(unsigned int* a, unsigned int limit, int line = __
     do { next = (old == 0u || old > limit) ? limit : old - 1u; } while (!__atomic_compare_exchange_n(a, &old, next, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
     return old;
 }
+// the scoped forms: every scope is the whole emulated device, as in atomicAdd_block/_system
+inline unsigned int atomicInc_block(unsigned int* a, unsigned int limit, int line = __builtin_LINE()) { return atomicInc(a, limit, line); }
+inline unsigned int atomicInc_system(unsigned int* a, unsigned int limit, int line = __builtin_LINE()) { return atomicInc(a, limit, line); }
+inline unsigned int atomicDec_block(unsigned int* a, unsigned int limit, int line = __builtin_LINE()) { return atomicDec(a, limit, line); }
+inline unsigned int atomicDec_system(unsigned int* a, unsigned int limit, int line = __builtin_LINE()) { return atomicDec(a, limit, line); }
 template <typename T>
 inline T atomicCAS(T* a, llmcupy_sim::nondeduced<T> compare, llmcupy_sim::nondeduced<T> val, int line = __builtin_LINE()) {
 #ifdef LLMCUPY_SIM_ACCESS_HOOKS
@@ -1123,6 +1146,7 @@ inline float __sinf(float x) { return std::sin(x); }
 inline float __cosf(float x) { return std::cos(x); }
 inline float __tanf(float x) { return std::tan(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+inline float fdividef(float a, float b) { return a / b; }   // the Math API's name for it
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
@@ -1164,7 +1188,6 @@ inline unsigned __double2uint_rz(double x) { return llmcupy_sim::cvt_sat<unsigne
 inline long long __double2ll_rn(double x) { return llmcupy_sim::cvt_sat<long long>(std::nearbyint(x)); }
 inline long long __double2ll_rz(double x) { return llmcupy_sim::cvt_sat<long long>(std::trunc(x)); }
 inline float __int2float_rn(int x) { return float(x); }
-inline float __int2float_rz(int x) { return float(x); }
 inline float __uint2float_rn(unsigned x) { return float(x); }
 inline float __ll2float_rn(long long x) { return float(x); }
 inline float __ull2float_rn(unsigned long long x) { return float(x); }
@@ -1191,11 +1214,101 @@ inline double __dsqrt_rn(double a) { return std::sqrt(a); }
 inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
+// The directed-rounding forms (_rz toward zero, _rd down, _ru up) compute under the C rounding mode the
+// suffix names, which the CPU applies to its own IEEE operations and conversions, so each result is the
+// exact value rounded that way, as PTX's add.rz etc. give it (overflow under _rz gives the largest finite
+// value, not infinity). Nothing here flushes subnormals: the emulator ignores -ftz, for these as for the
+// _rn forms. No other emulated thread computes on this OS thread until the mode is put back (a fiber
+// switches only at a sync point). GCC, without -frounding-math, takes every operation to round to nearest:
+// it would fold one on constants or move it across fesetround; the empty asm statements stop both.
+namespace llmcupy_sim {
+template <typename T> inline void opaque(T& x) { asm volatile("" : "+m"(x) : : "memory"); }
+template <int Mode>
+struct RoundingScope {
+    int saved = std::fegetround();
+    RoundingScope() { std::fesetround(Mode); asm volatile("" : : : "memory"); }
+    ~RoundingScope() { asm volatile("" : : : "memory"); std::fesetround(saved); }
+};
+template <int Mode, typename R, typename... A, typename Op>
+inline R rounded(Op op, A... args) {
+    RoundingScope<Mode> scope;
+    (opaque(args), ...);
+    R r = op(args...);
+    opaque(r);
+    return r;
+}
+}  // namespace llmcupy_sim
+#define LLMCUPY_SIM_DIRECTED(suffix, mode)                                                                          \
+    inline float __fadd_##suffix(float a, float b) { return llmcupy_sim::rounded<mode, float>([](float x, float y) { return x + y; }, a, b); } \
+    inline float __fsub_##suffix(float a, float b) { return llmcupy_sim::rounded<mode, float>([](float x, float y) { return x - y; }, a, b); } \
+    inline float __fmul_##suffix(float a, float b) { return llmcupy_sim::rounded<mode, float>([](float x, float y) { return x * y; }, a, b); } \
+    inline float __fdiv_##suffix(float a, float b) { return llmcupy_sim::rounded<mode, float>([](float x, float y) { return x / y; }, a, b); } \
+    inline float __frcp_##suffix(float a) { return llmcupy_sim::rounded<mode, float>([](float x) { return 1.0f / x; }, a); } \
+    inline float __fsqrt_##suffix(float a) { return llmcupy_sim::rounded<mode, float>([](float x) { return std::sqrt(x); }, a); } \
+    inline float __fmaf_##suffix(float a, float b, float c) { return llmcupy_sim::rounded<mode, float>([](float x, float y, float z) { return std::fma(x, y, z); }, a, b, c); } \
+    inline float __fmaf_ieee_##suffix(float a, float b, float c) { return __fmaf_##suffix(a, b, c); } \
+    inline double __dadd_##suffix(double a, double b) { return llmcupy_sim::rounded<mode, double>([](double x, double y) { return x + y; }, a, b); } \
+    inline double __dsub_##suffix(double a, double b) { return llmcupy_sim::rounded<mode, double>([](double x, double y) { return x - y; }, a, b); } \
+    inline double __dmul_##suffix(double a, double b) { return llmcupy_sim::rounded<mode, double>([](double x, double y) { return x * y; }, a, b); } \
+    inline double __ddiv_##suffix(double a, double b) { return llmcupy_sim::rounded<mode, double>([](double x, double y) { return x / y; }, a, b); } \
+    inline double __drcp_##suffix(double a) { return llmcupy_sim::rounded<mode, double>([](double x) { return 1.0 / x; }, a); } \
+    inline double __dsqrt_##suffix(double a) { return llmcupy_sim::rounded<mode, double>([](double x) { return std::sqrt(x); }, a); } \
+    inline double __fma_##suffix(double a, double b, double c) { return llmcupy_sim::rounded<mode, double>([](double x, double y, double z) { return std::fma(x, y, z); }, a, b, c); } \
+    inline float __uint2float_##suffix(unsigned a) { return llmcupy_sim::rounded<mode, float>([](unsigned x) { return float(x); }, a); } \
+    inline float __ll2float_##suffix(long long a) { return llmcupy_sim::rounded<mode, float>([](long long x) { return float(x); }, a); } \
+    inline float __ull2float_##suffix(unsigned long long a) { return llmcupy_sim::rounded<mode, float>([](unsigned long long x) { return float(x); }, a); } \
+    inline double __ll2double_##suffix(long long a) { return llmcupy_sim::rounded<mode, double>([](long long x) { return double(x); }, a); } \
+    inline double __ull2double_##suffix(unsigned long long a) { return llmcupy_sim::rounded<mode, double>([](unsigned long long x) { return double(x); }, a); }
+LLMCUPY_SIM_DIRECTED(rz, FE_TOWARDZERO)
+LLMCUPY_SIM_DIRECTED(rd, FE_DOWNWARD)
+LLMCUPY_SIM_DIRECTED(ru, FE_UPWARD)
+#undef LLMCUPY_SIM_DIRECTED
+inline float __fmaf_ieee_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline double __ull2double_rn(unsigned long long x) { return double(x); }
+inline float __int2float_rz(int a) { return llmcupy_sim::rounded<FE_TOWARDZERO, float>([](int x) { return float(x); }, a); }
+inline float __int2float_rd(int a) { return llmcupy_sim::rounded<FE_DOWNWARD, float>([](int x) { return float(x); }, a); }
+inline float __int2float_ru(int a) { return llmcupy_sim::rounded<FE_UPWARD, float>([](int x) { return float(x); }, a); }
+inline float __double2float_rd(double a) { return llmcupy_sim::rounded<FE_DOWNWARD, float>([](double x) { return float(x); }, a); }
+inline float __double2float_ru(double a) { return llmcupy_sim::rounded<FE_UPWARD, float>([](double x) { return float(x); }, a); }
+inline long long __float2ll_rd(float x) { return llmcupy_sim::cvt_sat<long long>(std::floor(x)); }
+inline long long __float2ll_ru(float x) { return llmcupy_sim::cvt_sat<long long>(std::ceil(x)); }
+inline unsigned long long __float2ull_rd(float x) { return llmcupy_sim::cvt_sat<unsigned long long>(std::floor(x)); }
+inline unsigned long long __float2ull_ru(float x) { return llmcupy_sim::cvt_sat<unsigned long long>(std::ceil(x)); }
+inline long long __double2ll_rd(double x) { return llmcupy_sim::cvt_sat<long long>(std::floor(x)); }
+inline long long __double2ll_ru(double x) { return llmcupy_sim::cvt_sat<long long>(std::ceil(x)); }
+inline unsigned __double2uint_rd(double x) { return llmcupy_sim::cvt_sat<unsigned>(std::floor(x)); }
+inline unsigned __double2uint_ru(double x) { return llmcupy_sim::cvt_sat<unsigned>(std::ceil(x)); }
+inline unsigned long long __double2ull_rn(double x) { return llmcupy_sim::cvt_sat<unsigned long long>(std::nearbyint(x)); }
+inline unsigned long long __double2ull_rz(double x) { return llmcupy_sim::cvt_sat<unsigned long long>(std::trunc(x)); }
+inline unsigned long long __double2ull_rd(double x) { return llmcupy_sim::cvt_sat<unsigned long long>(std::floor(x)); }
+inline unsigned long long __double2ull_ru(double x) { return llmcupy_sim::cvt_sat<unsigned long long>(std::ceil(x)); }
 inline float __frsqrt_rn(float x) { return float(1.0 / std::sqrt(double(x))); }
-inline float sinpif(float x) { return float(std::sin(M_PI * double(x))); }
-inline float cospif(float x) { return float(std::cos(M_PI * double(x))); }
-inline double sinpi(double x) { return std::sin(M_PI * x); }
-inline double cospi(double x) { return std::cos(M_PI * x); }
+// sinpi and cospi reduce x exactly (fmod by 2, then folds by 1/2 that are exact in long double) before
+// multiplying by pi, so an integer gives an exact zero and a large x loses nothing (sin(M_PI * x) gave
+// sinpi(1) = 1.2e-16, and for x near 2^40 an error of its rounded product); CUDA's bound is 2 ulp
+namespace llmcupy_sim {
+// sin(pi y) for |y| <= 1, folded onto |y| <= 1/2
+inline long double sin_pi_reduced(long double y) {
+    if (y > 0.5L) y = 1.0L - y;
+    else if (y < -0.5L) y = -1.0L - y;
+    return std::sin(3.14159265358979323846264338327950288L * y);
+}
+}  // namespace llmcupy_sim
+inline double sinpi(double x) {
+    if (!std::isfinite(x)) return x - x;   // NaN
+    long double r = std::fmod(x, 2.0);      // exact, in (-2, 2)
+    if (r > 1.0L) r -= 2.0L;
+    else if (r < -1.0L) r += 2.0L;
+    return double(llmcupy_sim::sin_pi_reduced(r));
+}
+inline double cospi(double x) {
+    if (!std::isfinite(x)) return x - x;
+    long double r = std::fabs(std::fmod(x, 2.0));   // cos is even
+    if (r > 1.0L) r = 2.0L - r;
+    return double(llmcupy_sim::sin_pi_reduced(0.5L - r) + 0.0L);   // cos(pi r) = sin(pi (1/2 - r)); +0, never -0
+}
+inline float sinpif(float x) { return float(sinpi(x)); }
+inline float cospif(float x) { return float(cospi(x)); }
 inline void sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
 inline void sincos(double x, double* s, double* c) { *s = std::sin(x); *c = std::cos(x); }
 inline void __sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
@@ -1207,41 +1320,112 @@ inline float rnorm3df(float a, float b, float c) { return 1.0f / norm3df(a, b, c
 inline float norm4df(float a, float b, float c, float d) { return float(std::sqrt(double(a) * a + double(b) * b + double(c) * c + double(d) * d)); }
 inline float normcdff(float x) { return 0.5f * std::erfc(-x / std::sqrt(2.0f)); }
 inline double normcdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
-inline float erfinvf(float y) {
-    // Bisection on erf in double: slow but exact to float precision, and never diverges.
-    if (!(y > -1.0f && y < 1.0f)) return y == -1.0f ? -INFINITY : y == 1.0f ? INFINITY : NAN;
-    double lo = -6.0, hi = 6.0;
-    for (int i = 0; i < 64; ++i) {
-        double mid = 0.5 * (lo + hi);
-        (std::erf(mid) < double(y) ? lo : hi) = mid;
+// The inverse error functions by bisection in long double (slow, never diverging, and far inside CUDA's
+// bounds: erfinv 5 ulp, erfcinv 6, normcdfinv 8; the float forms 2, 4 and 5). The tail is solved on erfc,
+// so that erfcinv(1e-300) and normcdfinv(1e-300) keep their precision (1 - z would round it away).
+namespace llmcupy_sim {
+// x > 0 with erf(x) = y (0 < y < 1/2), or with erfc(x) = z (0 < z <= 1)
+template <bool Complement>
+inline long double erf_inverse_positive(long double target) {
+    long double lo = 0.0L, hi = 30.0L;   // erfc(27.3) is below the smallest double
+    for (int i = 0; i < 256; ++i) {
+        long double mid = 0.5L * (lo + hi);
+        if (mid == lo || mid == hi) break;
+        bool below = Complement ? std::erfc(mid) > target : std::erf(mid) < target;
+        (below ? lo : hi) = mid;
     }
-    return float(0.5 * (lo + hi));
+    return 0.5L * (lo + hi);
 }
-inline float normcdfinvf(float p) { return float(std::sqrt(2.0) * double(erfinvf(2.0f * p - 1.0f))); }
-inline float erfcinvf(float y) { return erfinvf(1.0f - y); }
-inline double rcbrt(double x) { return 1.0 / std::cbrt(x); }
+// erfcinv(z) for 0 < z < 2, in long double
+inline long double erfc_inverse(long double z) {
+    if (z > 1.0L) return -erfc_inverse(2.0L - z);
+    return z == 1.0L ? 0.0L : erf_inverse_positive<true>(z);
+}
+}  // namespace llmcupy_sim
+inline double erfcinv(double z) {
+    if (!(z > 0.0 && z < 2.0)) return z == 0.0 ? INFINITY : z == 2.0 ? -INFINITY : NAN;
+    return double(llmcupy_sim::erfc_inverse(z));
+}
 inline double erfinv(double y) {
     if (!(y > -1.0 && y < 1.0)) return y == -1.0 ? -INFINITY : y == 1.0 ? INFINITY : NAN;
-    double lo = -6.0, hi = 6.0;   // erf is +-1 in double beyond 5.93
-    for (int i = 0; i < 128; ++i) {
-        double mid = 0.5 * (lo + hi);
-        if (mid == lo || mid == hi) break;
-        (std::erf(mid) < y ? lo : hi) = mid;
+    if (y == 0.0) return y;   // -0 stays -0
+    double a = std::fabs(y);
+    if (a < 1e-4) {   // the series, whose next term is below 1e-24 of the sum here (bisection from 30 stops short of a tiny x)
+        long double t = (long double)y * y, pi = 3.14159265358979323846264338327950288L;
+        return double(0.88622692545275801364908374167057259L * y * (1.0L + pi / 12.0L * t + 7.0L * pi * pi / 480.0L * t * t));
     }
-    return 0.5 * (lo + hi);
+    // from 1/2 on, 1 - a is exact and the tail is solved on erfc
+    long double x = a < 0.5 ? llmcupy_sim::erf_inverse_positive<false>(a) : llmcupy_sim::erfc_inverse(1.0L - a);
+    return double(y < 0 ? -x : x);
 }
-inline double erfcinv(double y) {
-    // bisection on erfc itself, not erfinv(1 - y): 1 - y loses a small y (erfcinv(1e-20) is 6.6, not inf)
-    if (!(y > 0.0 && y < 2.0)) return y == 0.0 ? INFINITY : y == 2.0 ? -INFINITY : NAN;
-    double lo = -6.0, hi = 28.0;   // erfc(-6) is 2 in double and erfc(28) 0 (27 is still subnormal)
-    for (int i = 0; i < 128; ++i) {
-        double mid = 0.5 * (lo + hi);
-        if (mid == lo || mid == hi) break;
-        (std::erfc(mid) > y ? lo : hi) = mid;
+inline double normcdfinv(double p) {
+    if (!(p > 0.0 && p < 1.0)) return p == 0.0 ? -INFINITY : p == 1.0 ? INFINITY : NAN;
+    return double(-std::sqrt(2.0L) * llmcupy_sim::erfc_inverse(2.0L * p) + 0.0L);   // +0 at 1/2, not -0
+}
+inline float erfinvf(float y) { return float(erfinv(y)); }
+inline float erfcinvf(float z) { return float(erfcinv(z)); }
+inline float normcdfinvf(float p) { return float(normcdfinv(p)); }
+// erfcx(x) = exp(x^2) erfc(x) (CUDA's bound: 4 ulp, float too): directly in long double below 5, where
+// neither factor leaves its range; from 5 on by erfc's continued fraction (Laplace), whose terms fall fast
+// there, so a large x neither overflows exp(x^2) nor underflows erfc(x)
+inline double erfcx(double x) {
+    if (std::isnan(x)) return x;
+    if (x < 5.0) return double(std::exp((long double)x * x) * std::erfc((long double)x));
+    if (std::isinf(x)) return 0.0;
+    long double t = x;
+    for (int k = 120; k >= 1; --k) t = x + (0.5L * k) / t;
+    return double(1.0L / (std::sqrt(3.14159265358979323846264338327950288L) * t));
+}
+inline float erfcxf(float x) { return float(erfcx(x)); }
+// Euclidean norms in long double, so no square overflows or underflows on the way (CUDA: 2 ulp for
+// norm3d/norm4d/rnorm3d/rnorm4d and their float forms; norm and normf state no bound)
+namespace llmcupy_sim {
+template <typename T>
+inline long double sum_of_squares(int dim, const T* p) {
+    long double sum = 0.0L;
+    for (int i = 0; i < dim; ++i) sum += (long double)p[i] * p[i];
+    return sum;
+}
+template <typename T>
+inline T euclid(int dim, const T* p) {
+    for (int i = 0; i < dim; ++i) if (std::isinf(p[i])) return T(INFINITY);   // infinity wins over NaN
+    return T(std::sqrt(sum_of_squares(dim, p)));
+}
+template <typename T>
+inline T reciprocal_euclid(int dim, const T* p) {
+    for (int i = 0; i < dim; ++i) if (std::isinf(p[i])) return T(0);
+    return T(1.0L / std::sqrt(sum_of_squares(dim, p)));
+}
+}  // namespace llmcupy_sim
+inline double norm(int dim, const double* p) { return llmcupy_sim::euclid(dim, p); }
+inline float normf(int dim, const float* p) { return llmcupy_sim::euclid(dim, p); }
+inline double rnorm(int dim, const double* p) { return llmcupy_sim::reciprocal_euclid(dim, p); }
+inline float rnormf(int dim, const float* p) { return llmcupy_sim::reciprocal_euclid(dim, p); }
+inline double norm3d(double a, double b, double c) { double p[] = {a, b, c}; return norm(3, p); }
+inline double norm4d(double a, double b, double c, double d) { double p[] = {a, b, c, d}; return norm(4, p); }
+inline double rnorm3d(double a, double b, double c) { double p[] = {a, b, c}; return rnorm(3, p); }
+inline double rnorm4d(double a, double b, double c, double d) { double p[] = {a, b, c, d}; return rnorm(4, p); }
+inline float rnorm4df(float a, float b, float c, float d) { float p[] = {a, b, c, d}; return rnormf(4, p); }
+inline double rcbrt(double x) { return double(1.0L / std::cbrt((long double)x)); }
+inline double rhypot(double a, double b) { return double(1.0L / std::hypot((long double)a, (long double)b)); }
+inline void sincospi(double x, double* s, double* c) { *s = sinpi(x); *c = cospi(x); }
+// The modified Bessel functions of the first kind, orders 0 and 1, by their power series in long double:
+// every term is positive, so nothing cancels (CUDA: 6 ulp, float too). I0 is even, I1 odd.
+namespace llmcupy_sim {
+inline long double bessel_i(int order, long double x) {
+    long double quarter = x * x / 4.0L, term = order == 0 ? 1.0L : x / 2.0L, sum = term;
+    for (int k = 1; k < 100000; ++k) {
+        term *= quarter / ((long double)k * (k + order));
+        sum += term;
+        if (term <= sum * LDBL_EPSILON || std::isinf(sum)) break;
     }
-    return 0.5 * (lo + hi);
+    return sum;
 }
-inline double normcdfinv(double p) { return -std::sqrt(2.0) * erfcinv(2.0 * p); }
+}  // namespace llmcupy_sim
+inline double cyl_bessel_i0(double x) { return std::isnan(x) ? x : double(llmcupy_sim::bessel_i(0, std::fabs(x))); }
+inline double cyl_bessel_i1(double x) { return std::isnan(x) ? x : std::copysign(double(llmcupy_sim::bessel_i(1, std::fabs(x))), x); }
+inline float cyl_bessel_i0f(float x) { return float(cyl_bessel_i0(x)); }
+inline float cyl_bessel_i1f(float x) { return float(cyl_bessel_i1(x)); }
 inline int __mul24(int a, int b) { return int((long long)((a << 8) >> 8) * ((b << 8) >> 8)); }
 inline unsigned __umul24(unsigned a, unsigned b) { return (a & 0xffffffu) * (b & 0xffffffu); }
 inline int __mulhi(int a, int b) { return int(((long long)a * b) >> 32); }
@@ -1302,6 +1486,16 @@ inline float __uint_as_float(unsigned i) { float x; std::memcpy(&x, &i, 4); retu
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+// PTX fns.b32: the bit position of the offset-th set bit of mask counted from bit base, upward for a
+// positive offset and downward for a negative one (offset 0: base itself if set); 0xffffffff if none
+inline unsigned __fns(unsigned mask, unsigned base, int offset) {
+    if (base > 31) return 0xffffffffu;   // undefined in PTX; no bit is found
+    if (offset == 0) return (mask >> base) & 1u ? base : 0xffffffffu;
+    long long left = offset > 0 ? offset : -(long long)offset;
+    for (int pos = int(base); pos >= 0 && pos < 32; pos += offset > 0 ? 1 : -1)
+        if ((mask >> pos) & 1u && --left == 0) return unsigned(pos);
+    return 0xffffffffu;
+}
 // Clocks advance (monotonic per thread; a delay loop ends), in CPU time-stamp ticks, not GPU cycles.
 inline long long clock64() {
 #if defined(__x86_64__)
@@ -2126,6 +2320,23 @@ inline void watchdog_handler(int, siginfo_t*, void* uctx) {
     stop_launch(w, f, msg, &LaunchResult::error);
 }
 
+// __brkpt(): a breakpoint that suspends the kernel for a debugger (cuda-gdb); with none attached the
+// GPU stops the launch with an error. Here the launch stops with an error naming the place.
+[[noreturn]] inline void device_breakpoint(const char* file, int line) {
+    Worker* w = tls_worker;
+    if (w == nullptr || w->cur == nullptr || !w->in_fiber) {
+        std::fprintf(stderr, "%s:%d: __brkpt() outside a kernel\n", file, line);
+        std::abort();
+    }
+    Fiber* f = w->cur;
+    char msg[512];
+    std::snprintf(msg, sizeof msg, "kernel %s reached __brkpt() at %s:%d, block (%u,%u,%u), thread (%u,%u,%u): "
+                  "a breakpoint stops the launch with an error on a GPU unless a debugger (cuda-gdb) is attached, "
+                  "and the emulator has none\n", w->kernel_name, file, line,
+                  w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y, f->tid.z);
+    stop_launch(w, f, msg, &LaunchResult::error);
+}
+
 // A feature the emulator cannot honour, met at run time: the launch stops with an error saying so.
 [[noreturn]] inline void device_unsupported(const char* what, int line) {
     Worker* w = tls_worker;
@@ -2589,6 +2800,7 @@ inline const char* signature(void (*)(A...)) {
 #endif
 #define __assertfail(msg, file, line, fn, size) llmcupy_sim::device_assert_fail(msg, file, line)
 #define __trap() llmcupy_sim::device_trap(__FILE__, __LINE__)
+#define __brkpt() llmcupy_sim::device_breakpoint(__FILE__, __LINE__)
 
 // GCC's -fsanitize=float-cast-overflow check calls this (see float_cast_overflow above).
 extern "C" __attribute__((used)) void __ubsan_handle_float_cast_overflow(void* data, void*) {

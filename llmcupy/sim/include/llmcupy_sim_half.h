@@ -69,18 +69,79 @@ inline float bf16_to_f32(unsigned short b) {
     std::memcpy(&f, &u, 4);
     return f;
 }
+// A conversion to a 16-bit format with a rounding mode (__float2half_rz, __ll2bfloat16_ru, ...): the value,
+// held exactly in a double, rounded once to `digits` significand bits with exponents emin..emax, as IEEE 754
+// rounds under `mode` (FE_TONEAREST, FE_TOWARDZERO, FE_DOWNWARD, FE_UPWARD; past the largest finite value:
+// infinity, or that value where the mode rounds toward it). Rounding through float first would round twice
+// (an int past 2^24 to bfloat16 was off by one unit where float's rounding made a tie).
+inline double round_to_format(double v, int digits, int emin, int emax, int mode) {
+    if (!std::isfinite(v) || v == 0) return v;
+    double magnitude = std::fabs(v);
+    int exponent = std::max(std::ilogb(magnitude), emin);
+    double ulp = std::ldexp(1.0, exponent - digits + 1);
+    double units = magnitude / ulp, down = std::floor(units), rest = units - down;   // both exact
+    bool larger = mode == FE_TOWARDZERO ? false : mode == FE_DOWNWARD ? v < 0 : mode == FE_UPWARD ? v > 0
+                : rest > 0.5 || (rest == 0.5 && std::fmod(down, 2.0) == 1.0);
+    double r = (larger && rest > 0 ? down + 1 : down) * ulp;
+    double largest = std::ldexp(2.0 - std::ldexp(1.0, 1 - digits), emax);
+    if (r > largest) r = (mode == FE_TONEAREST || larger) ? std::numeric_limits<double>::infinity() : largest;
+    return v < 0 ? -r : r;
+}
+// A 64-bit integer as a double that rounds to any 16-bit format as the integer does: past 2^53 the bits
+// below the double's last place are kept as one sticky bit (exactly halfway stays told apart from above)
+inline double sticky_double(unsigned long long magnitude, bool negative) {
+    int shift = 0;
+    while ((magnitude >> shift) >= (1ull << 53)) ++shift;
+    unsigned long long kept = magnitude >> shift;
+    if (shift && (magnitude & ((1ull << shift) - 1))) kept |= 1;
+    double d = std::ldexp(double(kept), shift);
+    return negative ? -d : d;
+}
+inline double sticky_double(long long x) {
+    return sticky_double(x < 0 ? 0ull - (unsigned long long)x : (unsigned long long)x, x < 0);
+}
+inline double sticky_double(unsigned long long x) { return sticky_double(x, false); }
 }  // namespace llmcupy_sim
 
-#define LLMCUPY_SIM_HALF_TYPE(T, T2, TO, FROM)                                                          \
+// __float2half_rn/_rz/_rd/_ru, __int2half_..., __ll2bfloat16_..., from a value held in a double (see
+// round_to_format); NAME is the 16-bit type's word in CUDA's names (half, bfloat16)
+#define LLMCUPY_SIM_ROUNDED_CONVERSIONS_MODE(T, NAME, DIGITS, EMIN, EMAX, TO, SUFFIX, MODE)                  \
+    inline T llmcupy_sim_round_##NAME##_##SUFFIX(double v) {                                               \
+        T r; r.__x = llmcupy_sim::TO(float(llmcupy_sim::round_to_format(v, DIGITS, EMIN, EMAX, MODE)));     \
+        return r;                                                                                          \
+    }                                                                                                      \
+    inline T __float2##NAME##_##SUFFIX(float f) { return llmcupy_sim_round_##NAME##_##SUFFIX(f); }         \
+    inline T __int2##NAME##_##SUFFIX(int i) { return llmcupy_sim_round_##NAME##_##SUFFIX(i); }             \
+    inline T __uint2##NAME##_##SUFFIX(unsigned i) { return llmcupy_sim_round_##NAME##_##SUFFIX(i); }       \
+    inline T __short2##NAME##_##SUFFIX(short i) { return llmcupy_sim_round_##NAME##_##SUFFIX(i); }         \
+    inline T __ushort2##NAME##_##SUFFIX(unsigned short i) { return llmcupy_sim_round_##NAME##_##SUFFIX(i); } \
+    inline T __ll2##NAME##_##SUFFIX(long long i) {                                                         \
+        return llmcupy_sim_round_##NAME##_##SUFFIX(llmcupy_sim::sticky_double(i));                         \
+    }                                                                                                      \
+    inline T __ull2##NAME##_##SUFFIX(unsigned long long i) {                                               \
+        return llmcupy_sim_round_##NAME##_##SUFFIX(llmcupy_sim::sticky_double(i));                         \
+    }
+#define LLMCUPY_SIM_ROUNDED_CONVERSIONS(T, NAME, DIGITS, EMIN, EMAX, TO)                                      \
+    LLMCUPY_SIM_ROUNDED_CONVERSIONS_MODE(T, NAME, DIGITS, EMIN, EMAX, TO, rn, FE_TONEAREST)                 \
+    LLMCUPY_SIM_ROUNDED_CONVERSIONS_MODE(T, NAME, DIGITS, EMIN, EMAX, TO, rz, FE_TOWARDZERO)                \
+    LLMCUPY_SIM_ROUNDED_CONVERSIONS_MODE(T, NAME, DIGITS, EMIN, EMAX, TO, rd, FE_DOWNWARD)                  \
+    LLMCUPY_SIM_ROUNDED_CONVERSIONS_MODE(T, NAME, DIGITS, EMIN, EMAX, TO, ru, FE_UPWARD)
+
+// DIGITS, EMIN, EMAX: the format's significand bits and exponent range (round_to_format): a double or a
+// 64-bit integer is rounded to it once, not through float
+#define LLMCUPY_SIM_HALF_TYPE(T, T2, TO, FROM, DIGITS, EMIN, EMAX)                                      \
     struct alignas(2) T {                                                                              \
         unsigned short __x;                                                                            \
         T() = default;                                                                                 \
         T(float f) : __x(llmcupy_sim::TO(f)) {}                                                        \
-        T(double f) : __x(llmcupy_sim::TO(float(f))) {}                                                \
-        T(int i) : __x(llmcupy_sim::TO(float(i))) {}                                                   \
-        T(unsigned int i) : __x(llmcupy_sim::TO(float(i))) {}                                          \
-        T(long long i) : __x(llmcupy_sim::TO(float(i))) {}                                             \
-        T(unsigned long long i) : __x(llmcupy_sim::TO(float(i))) {}                                    \
+        T(double f) : __x(nearest(f)) {}                                                               \
+        T(int i) : __x(nearest(i)) {}                                                                  \
+        T(unsigned int i) : __x(nearest(i)) {}                                                         \
+        T(long long i) : __x(nearest(llmcupy_sim::sticky_double(i))) {}                                \
+        T(unsigned long long i) : __x(nearest(llmcupy_sim::sticky_double(i))) {}                       \
+        static unsigned short nearest(double v) {                                                      \
+            return llmcupy_sim::TO(float(llmcupy_sim::round_to_format(v, DIGITS, EMIN, EMAX, FE_TONEAREST))); \
+        }                                                                                              \
         T(short i) : __x(llmcupy_sim::TO(float(i))) {}                                                 \
         T(unsigned short i) : __x(llmcupy_sim::TO(float(i))) {}                                        \
         operator float() const { return llmcupy_sim::FROM(__x); }                                      \
@@ -161,8 +222,27 @@ inline float bf16_to_f32(unsigned short b) {
     inline T hceil(T a) { return T(std::ceil(float(a))); }                                             \
     inline T htrunc(T a) { return T(std::trunc(float(a))); }                                           \
     inline T hrint(T a) { return T(std::nearbyint(float(a))); }                                        \
+    inline T hexp10(T a) { return T(std::pow(10.0f, float(a))); }                                      \
+    inline T hlog10(T a) { return T(std::log10(float(a))); }                                           \
+    /* the GPU's tanh.approx is within a few units of the 16-bit result; the emulator gives the exact one */ \
+    inline T htanh_approx(T a) { return htanh(a); }                                                    \
     inline T2 h2exp(T2 a) { return T2(hexp(a.x), hexp(a.y)); }                                         \
     inline T2 h2sqrt(T2 a) { return T2(hsqrt(a.x), hsqrt(a.y)); }                                     \
+    inline T2 h2exp2(T2 a) { return T2(hexp2(a.x), hexp2(a.y)); }                                     \
+    inline T2 h2exp10(T2 a) { return T2(hexp10(a.x), hexp10(a.y)); }                                  \
+    inline T2 h2log(T2 a) { return T2(hlog(a.x), hlog(a.y)); }                                        \
+    inline T2 h2log2(T2 a) { return T2(hlog2(a.x), hlog2(a.y)); }                                     \
+    inline T2 h2log10(T2 a) { return T2(hlog10(a.x), hlog10(a.y)); }                                  \
+    inline T2 h2rsqrt(T2 a) { return T2(hrsqrt(a.x), hrsqrt(a.y)); }                                  \
+    inline T2 h2rcp(T2 a) { return T2(hrcp(a.x), hrcp(a.y)); }                                        \
+    inline T2 h2sin(T2 a) { return T2(hsin(a.x), hsin(a.y)); }                                        \
+    inline T2 h2cos(T2 a) { return T2(hcos(a.x), hcos(a.y)); }                                        \
+    inline T2 h2tanh(T2 a) { return T2(htanh(a.x), htanh(a.y)); }                                     \
+    inline T2 h2tanh_approx(T2 a) { return T2(htanh_approx(a.x), htanh_approx(a.y)); }                \
+    inline T2 h2floor(T2 a) { return T2(hfloor(a.x), hfloor(a.y)); }                                  \
+    inline T2 h2ceil(T2 a) { return T2(hceil(a.x), hceil(a.y)); }                                     \
+    inline T2 h2trunc(T2 a) { return T2(htrunc(a.x), htrunc(a.y)); }                                  \
+    inline T2 h2rint(T2 a) { return T2(hrint(a.x), hrint(a.y)); }                                     \
     /* spelt in the kernel's exported signature, so a launch can check an argument's dtype */          \
     namespace llmcupy_sim {                                                                            \
     template <> struct type_name<T> { static const char* get() { return #T; } };                       \
