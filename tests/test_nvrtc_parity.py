@@ -454,6 +454,14 @@ def test_the_emulator_refuses_the_declarations_nvrtc_refuses(name, code, refusal
             "drop __host__, or write __host__ __device__") in text
 
 
+def test_a_lambda_marked_host_is_refused_as_a_lambda_not_as_a_host_function():
+    code = 'extern "C" __global__ void k(float* p) { auto f = [] __host__ (float x) { return x; }; p[0] = f(1); }\n'
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="decl.cu")
+    assert "a lambda cannot be marked __device__ or __host__" in str(info.value)
+    assert "marked __host__ only" not in str(info.value)
+
+
 def test_each_refused_declaration_of_a_source_is_named():
     code = "".join(c + "\n" for name, c, refusal in DECLARATIONS if refusal and "template" not in c)
     with pytest.raises(sim_compiler.SimCompileError) as info:
@@ -1150,3 +1158,57 @@ def test_the_emulator_compiles_each_device_function_call():
     # before: the directed-rounding forms (__fadd_rz, __dmul_ru, __ll2float_rd, __double2ull_rn, ...), __fns,
     # __brkpt and __builtin_assume were "not declared in this scope" here, though NVRTC compiles them
     llmcupy.RawModule(code=_CALLS_SOURCE, target="sim")
+
+
+# ----------------------------------------------------------------------------------------------
+# <cuda/std/bit>: libcu++ has <bit>'s functions from C++17 on, the host's <bit> only from C++20
+
+BIT_SOURCE = r"""
+#include <cuda/std/bit>
+extern "C" __global__ void bits(unsigned* p) {
+    p[0] = cuda::std::popcount(0xF0F0u);
+    p[1] = cuda::std::countl_zero(1u) + 100 * cuda::std::countl_zero((unsigned char)1);
+    p[2] = cuda::std::countr_zero(8u) + 100 * cuda::std::countl_one(0xF0000000u) + 10000 * cuda::std::countr_one(7u);
+    p[3] = cuda::std::bit_width(255u) + 100 * cuda::std::has_single_bit(64u) + 1000 * cuda::std::has_single_bit(65u);
+    p[4] = cuda::std::bit_floor(100u);
+    p[5] = cuda::std::bit_ceil(100u);
+    p[6] = cuda::std::rotl(0x80000001u, 1);
+    p[7] = cuda::std::rotr(3u, 1);
+    p[8] = cuda::std::rotl((unsigned char)0x81, -1);
+    p[9] = cuda::std::bit_cast<unsigned>(1.0f);
+    p[10] = cuda::std::byteswap(0x11223344u);
+    p[11] = cuda::std::countl_zero(0ull) + 100 * cuda::std::popcount(~0ull);
+    p[12] = cuda::std::endian::native == cuda::std::endian::little;
+    constexpr int width = cuda::std::bit_width(255u);   // constexpr, as in libcu++
+    static_assert(width == 8, "");
+}
+"""
+BIT_EXPECTED = [8, 31 + 700, 3 + 400 + 30000, 8 + 100, 64, 128, 3, 0x80000001, 0xC0, 0x3F800000, 0x44332211,
+                64 + 6400, 1]
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_compiles_the_bit_functions(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {"bits": BIT_SOURCE, "int": BIT_SOURCE.replace("popcount(0xF0F0u)", "popcount(5)")})
+    assert verdicts["bits"][0], verdicts["bits"][1]
+    assert not verdicts["int"][0] and "popcount" in verdicts["int"][1]   # unsigned integers only
+
+
+def test_the_bit_functions_run_in_the_emulator():
+    # before: "'popcount' is not a member of 'cuda::std'": the stand-in took the host's <bit>, which declares
+    # them only under C++20, while NVRTC compiles them under CuPy's -std=c++17
+    p = np.zeros(len(BIT_EXPECTED), np.uint32)
+    llmcupy.RawModule(code=BIT_SOURCE, target="sim").get_function("bits")((1,), (1,), (p,))
+    assert p.tolist() == BIT_EXPECTED
+    # libcu++ takes unsigned integers only: popcount(int) is refused by both (measured with NVRTC 12.4 to 13.5)
+    with pytest.raises(sim_compiler.SimCompileError, match="popcount"):
+        llmcupy.RawModule(code=BIT_SOURCE.replace("popcount(0xF0F0u)", "popcount(5)"), target="sim")
+
+
+def test_a_missing_cuda_std_name_is_named_as_written():
+    # before: "'no_such_thing' is not a member of 'cuda::__llmcupy_sim_nvrtc_std'", the emulator's own name
+    code = '#include <cuda/std/cstdint>\nextern "C" __global__ void k(unsigned* p) { p[0] = cuda::std::no_such_thing(p[1]); }\n'
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim")
+    assert "no_such_thing" in str(info.value) and "cuda::std" in str(info.value)
+    assert "__llmcupy_sim_nvrtc_std" not in str(info.value)

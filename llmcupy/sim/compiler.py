@@ -1281,6 +1281,9 @@ def host_only_functions(preprocessed: str) -> list[tuple[int, str]]:
     text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(preprocessed))
     found = []
     for m in re.finditer(r"\b__host__\b", text):
+        before = len(text[:m.start()].rstrip())
+        if before and _ANNOTATED_LAMBDA.match(text, before - 1):
+            continue   # a lambda's annotation (`[] __host__ (...)`): refused as such (_LAMBDA_REFUSAL)
         start = max(text.rfind(c, 0, m.start()) for c in ";{}") + 1
         ends = [i for i in (text.find(c, m.end()) for c in "(;{") if i >= 0]
         end = min(ends) if ends else len(text)
@@ -1607,7 +1610,7 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
         if proc.returncode == 0 and _GCC_AMBIGUITY_EXTENSION in proc.stderr:
-            raise SimCompileError(f"the emulator could not compile {filename}:\n{_ambiguity_as_error(proc.stderr)}")
+            raise SimCompileError(f"the emulator could not compile {filename}:\n{_compiler_says(proc.stderr)}")
         if proc.returncode != 0:
             from .platform import refused_option
             refused_option(cxx, proc.stderr)   # the compiler refused the emulator's own options
@@ -1638,7 +1641,7 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
                 hint = (f"\n(the source compiles, but a kernel name or name expression ({', '.join(kernels)}) "
                         "does not name a __global__ function as written: a template kernel needs its "
                         "arguments, \"k<float>\", a plain one none; one in a namespace its qualified name)")
-            raise SimCompileError(f"the emulator could not compile {filename}:\n{_ambiguity_as_error(proc.stderr)}"
+            raise SimCompileError(f"the emulator could not compile {filename}:\n{_compiler_says(proc.stderr)}"
                                   f"{hint}")
     stack = tmp / "lib.stack"
     stack.write_text(str(_stack_from_su(tmp)))
@@ -1661,6 +1664,12 @@ _LITERAL = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
 # the emulator makes it an error too, in the words g++ uses for the other ambiguous calls.
 _GCC_AMBIGUITY_EXTENSION = ("warning: ISO C++ says that these are ambiguous, even though the worst conversion for "
                             "the first is better than the worst conversion for the second:")
+
+
+def _compiler_says(stderr: str) -> str:
+    """The compiler's diagnostics as the user reads them: the kernel's `cuda::std` is the emulator's
+    `cuda::__llmcupy_sim_nvrtc_std` to the compiler (llmcupy_sim_nvrtc_names.h), and is named as written."""
+    return _ambiguity_as_error(stderr).replace("cuda::__llmcupy_sim_nvrtc_std", "cuda::std")
 
 
 def _ambiguity_as_error(stderr: str) -> str:
