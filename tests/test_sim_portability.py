@@ -462,6 +462,7 @@ def test_the_ucontext_switch_is_chosen_by_the_environment(monkeypatch, tmp_path,
 
 AARCH64_DRIVER = r"""
 #include "llmcupy_sim.h"
+#include "cuda_fp16.h"
 __global__ void block_sum(const float* in, float* out) {
     __shared__ float partial[32];
     float v = in[blockIdx.x * blockDim.x + threadIdx.x];
@@ -493,6 +494,8 @@ __global__ void keeps(double* out) {
 }
 // char is signed on a GPU; aarch64's default is unsigned (compiler.GPU_LANGUAGE_FLAGS)
 __global__ void widen(const char* in, int* out) { out[threadIdx.x] = in[threadIdx.x]; }
+// binary16 conversions: GCC 12 on aarch64 defines __FLT16_MANT_DIG__ but has no _Float16 in C++ (llmcupy_sim_half.h)
+__global__ void halves(const float* in, unsigned short* out) { out[threadIdx.x] = __half_as_ushort(__float2half(in[threadIdx.x])); }
 static double keeps_on_host(unsigned t) {
     double a = t, b = a + 1, c = a + 2, d = a + 3, e = a + 4, f = a + 5, g = a + 6, h = a + 7, k = a + 8;
     long i0 = t, i1 = i0 * 3, i2 = i0 * 5, i3 = i0 * 7, i4 = i0 * 11, i5 = i0 * 13, i6 = i0 * 17;
@@ -549,6 +552,13 @@ int main() {
     c = config(1, 2, 0); r = llmcupy_sim::LaunchResult{};
     llmcupy_sim::launch(&widen, "widen", &c, widen_args, &r);
     std::printf("widen %d %d\n", widened[0], widened[1]);
+
+    // 1 + 2^-11 ties to even (1.0), 1 + 3 * 2^-11 to 1 + 2^-9; 65520 overflows to infinity; 2^-25 rounds to zero
+    float values[4] = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65520.0f, 0x1p-25f}; const float* pvalues = values;
+    unsigned short bits[4] = {0, 0, 0, 0}; unsigned short* pbits = bits; void* halves_args[] = {&pvalues, &pbits};
+    c = config(1, 4, 0); r = llmcupy_sim::LaunchResult{};
+    llmcupy_sim::launch(&halves, "halves", &c, halves_args, &r);
+    std::printf("halves %04x %04x %04x %04x\n", bits[0], bits[1], bits[2], bits[3]);
     return 0;
 }
 """
@@ -583,3 +593,4 @@ def test_aarch64_fibers_faults_and_the_watchdog_under_qemu(tmp_path, switch):
     assert "spin timed_out=1" in out
     assert "keeps wrong=0" in out
     assert "widen -56 56" in out   # before: "widen 200 56"
+    assert "halves 3c00 3c02 7c00 0000" in out   # before: the build failed ("'_Float16' does not name a type")

@@ -7,10 +7,12 @@
 #include "llmcupy_sim.h"
 
 namespace llmcupy_sim {
-// The compiler's _Float16 where it has one (__FLT16_MANT_DIG__: GCC 12+ on x86-64, GCC and clang on
-// aarch64, clang 15+ on x86-64); elsewhere (clang 14 on x86-64, GCC 11) the same conversions in
-// integer arithmetic. LLMCUPY_SIM_SOFT_HALF picks the latter anywhere (the tests compare both).
-#if defined(__FLT16_MANT_DIG__) && !defined(LLMCUPY_SIM_SOFT_HALF)
+// The compiler's _Float16 where it has one in C++ (GCC 12+ on x86-64, GCC 13+ elsewhere, clang 15+ on
+// x86-64 and clang on aarch64); elsewhere (clang 14 on x86-64, GCC 11, GCC 12 on aarch64, which defines
+// __FLT16_MANT_DIG__ but has _Float16 in C only) the same conversions in integer arithmetic.
+// LLMCUPY_SIM_SOFT_HALF picks the latter anywhere (the tests compare both).
+#if defined(__FLT16_MANT_DIG__) && !defined(LLMCUPY_SIM_SOFT_HALF) && \
+    (defined(__clang__) || defined(__x86_64__) || __GNUC__ >= 13)
 inline unsigned short f32_to_f16(float f) {
     _Float16 h = (_Float16)f;  // correctly rounded, NaN and infinities kept
     unsigned short b;
