@@ -2304,37 +2304,34 @@ inline void watchdog_handler(int, siginfo_t*, void* uctx) {
     stop_launch(w, f, msg, &LaunchResult::assert_failed);
 }
 
-// __trap(): the kernel aborts its own launch, which fails on a GPU with cudaErrorLaunchFailure. Here
-// the launch stops with an error naming the place; the Python process lives on.
-[[noreturn]] inline void device_trap(const char* file, int line) {
+// A kernel stopping its own launch at file:line (`kernel k called __trap() at ...: why`): the launch fails
+// with an error naming the place; the Python process lives on.
+[[noreturn]] inline void stop_kernel_here(const char* file, int line, const char* verb, const char* call,
+                                          const char* why) {
     Worker* w = tls_worker;
     if (w == nullptr || w->cur == nullptr || !w->in_fiber) {
-        std::fprintf(stderr, "%s:%d: __trap() outside a kernel\n", file, line);
+        std::fprintf(stderr, "%s:%d: %s outside a kernel\n", file, line, call);
         std::abort();
     }
     Fiber* f = w->cur;
     char msg[512];
-    std::snprintf(msg, sizeof msg, "kernel %s called __trap() at %s:%d, block (%u,%u,%u), thread (%u,%u,%u): "
-                  "the launch failed (cudaErrorLaunchFailure on a GPU)\n", w->kernel_name, file, line,
-                  w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y, f->tid.z);
+    std::snprintf(msg, sizeof msg, "kernel %s %s %s at %s:%d, block (%u,%u,%u), thread (%u,%u,%u): %s\n",
+                  w->kernel_name, verb, call, file, line, w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x,
+                  f->tid.y, f->tid.z, why);
     stop_launch(w, f, msg, &LaunchResult::error);
 }
 
+// __trap(): the kernel aborts its own launch, which fails on a GPU with cudaErrorLaunchFailure.
+[[noreturn]] inline void device_trap(const char* file, int line) {
+    stop_kernel_here(file, line, "called", "__trap()", "the launch failed (cudaErrorLaunchFailure on a GPU)");
+}
+
 // __brkpt(): a breakpoint that suspends the kernel for a debugger (cuda-gdb); with none attached the
-// GPU stops the launch with an error. Here the launch stops with an error naming the place.
+// GPU stops the launch with an error, and the emulator has no debugger.
 [[noreturn]] inline void device_breakpoint(const char* file, int line) {
-    Worker* w = tls_worker;
-    if (w == nullptr || w->cur == nullptr || !w->in_fiber) {
-        std::fprintf(stderr, "%s:%d: __brkpt() outside a kernel\n", file, line);
-        std::abort();
-    }
-    Fiber* f = w->cur;
-    char msg[512];
-    std::snprintf(msg, sizeof msg, "kernel %s reached __brkpt() at %s:%d, block (%u,%u,%u), thread (%u,%u,%u): "
-                  "a breakpoint stops the launch with an error on a GPU unless a debugger (cuda-gdb) is attached, "
-                  "and the emulator has none\n", w->kernel_name, file, line,
-                  w->block_idx.x, w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y, f->tid.z);
-    stop_launch(w, f, msg, &LaunchResult::error);
+    stop_kernel_here(file, line, "reached", "__brkpt()",
+                     "a breakpoint stops the launch with an error on a GPU unless a debugger (cuda-gdb) is attached, "
+                     "and the emulator has none");
 }
 
 // A feature the emulator cannot honour, met at run time: the launch stops with an error saying so.
