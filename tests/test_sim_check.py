@@ -156,6 +156,32 @@ def test_atomics_on_one_address_are_not_a_race(order, no_hazards):
     np.testing.assert_array_equal(out[1:], [192, 96, 96])
 
 
+# The counter's initialisation is missing its barrier: the other threads' atomics race with thread 0's
+# plain write, even though thread 0 itself then adds to the counter atomically. The atomic is the
+# kernel's last statement, so its report must still name its kernel line (a tail call would not).
+UNBARRIERED_INIT = r"""
+extern "C" __global__ void count_shared(int* out) {
+    __shared__ int c;
+    if (threadIdx.x == 0) c = 0;                    // SHARED_INIT
+    atomicAdd(&c, 1);                               // SHARED_ADD
+}
+extern "C" __global__ void count_global(int* out) {
+    if (threadIdx.x == 0) out[0] = 0;               // GLOBAL_INIT
+    atomicAdd(&out[0], 1);                          // GLOBAL_ADD
+}
+"""
+
+
+@pytest.mark.parametrize("name", ["count_shared", "count_global"])
+@pytest.mark.parametrize("order", ORDERS)
+def test_an_initialisation_without_a_barrier_races_with_the_atomics_after_it(name, order, no_hazards):
+    k, code = kernel(UNBARRIERED_INIT, name)
+    reports = run_checked(k, (1,), (64,), (np.zeros(1, np.int32),), order, check="race")
+    assert reports, f"{name}: thread 0's plain write and the other threads' atomics are unordered"
+    init, add = (line_of(code, name.split("_")[1].upper() + suffix) for suffix in ("_INIT", "_ADD"))
+    assert {(r.kind, r.line, r.prev_line) for r in reports} <= {("WAW", add, init), ("WAW", init, add)}
+
+
 # The Programming Guide's atomicAdd(double) and a float atomicMax, each a CAS loop whose first read is a
 # plain one: unordered with the other threads' CAS, but only a guess the CAS checks. `misuse` adds a
 # plain read of `flag` (which the even threads bump with atomicAdd) whose value is used otherwise.

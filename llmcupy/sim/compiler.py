@@ -1489,7 +1489,11 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
         # access of its size and alignment, not one per field, so memcheck sees a misaligned one
         # (GCC's option; clang has none: it copies such a value with memcpy, which its instrumentation
         # reports as a range without the alignment (clang 14's not at all: platform.check_instrumentation))
-        base_flags = [f for f in base_flags if f != "-g0"] + ["-g1", "-DLLMCUPY_SIM_ACCESS_HOOKS=1"]
+        # -fno-optimize-sibling-calls: a hook called last in a kernel (an atomic as its final statement)
+        # would otherwise be a tail jump, and its return address would point into the emulator's
+        # launch loop rather than at the kernel line that made the access
+        base_flags = [f for f in base_flags if f != "-g0"] + ["-g1", "-fno-optimize-sibling-calls",
+                                                              "-DLLMCUPY_SIM_ACCESS_HOOKS=1"]
         if not is_clang(cxx):
             base_flags.append("-fno-tree-sra")
 

@@ -294,7 +294,12 @@ __attribute__((no_sanitize_thread)) inline Conflict race_step(BlockState& bs, Ce
                     out.tid = c.r_tid[k], out.pc = c.r_pc[k], out.kind = "WAR";
                     break;
                 }
-        c.w_epoch = e, c.w_pc = pc, c.w_gen = gen, c.w_tid = (unsigned short)t, c.w_atomic = atomic;
+        // A thread's own plain write stays the record when it follows with an atomic on the same bytes
+        // (`if (tid == 0) s = 0; atomicAdd(&s, 1);` with no barrier): the other threads' atomics race
+        // with that write, and an atomic record would hide it from them (two atomics never conflict).
+        bool keep_own_plain = atomic && c.w_epoch == e && !c.w_atomic && c.w_tid == t;
+        if (!keep_own_plain)
+            c.w_epoch = e, c.w_pc = pc, c.w_gen = gen, c.w_tid = (unsigned short)t, c.w_atomic = atomic;
     }
     if (!write || atomic) {  // an atomic read-modify-write is also a read
         int k = 0;
