@@ -169,14 +169,20 @@ extern "C" __global__ void count_global(int* out) {
     if (threadIdx.x == 0) out[0] = 0;               // GLOBAL_INIT
     atomicAdd(&out[0], 1);                          // GLOBAL_ADD
 }
+extern "C" __global__ void count_blocks(int* out) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = 0;   // BLOCKS_INIT
+    __syncthreads();
+    atomicAdd(&out[0], 1);                          // BLOCKS_ADD
+}
 """
 
 
-@pytest.mark.parametrize("name", ["count_shared", "count_global"])
+@pytest.mark.parametrize("name, blocks", [("count_shared", 1), ("count_global", 1), ("count_blocks", 2)])
 @pytest.mark.parametrize("order", ORDERS)
-def test_an_initialisation_without_a_barrier_races_with_the_atomics_after_it(name, order, no_hazards):
+def test_an_initialisation_without_a_barrier_races_with_the_atomics_after_it(name, blocks, order, no_hazards):
+    """count_blocks: block 0 initialises, and nothing orders block 1's atomics after that write."""
     k, code = kernel(UNBARRIERED_INIT, name)
-    reports = run_checked(k, (1,), (64,), (np.zeros(1, np.int32),), order, check="race")
+    reports = run_checked(k, (blocks,), (64,), (np.zeros(1, np.int32),), order, check="race")
     assert reports, f"{name}: thread 0's plain write and the other threads' atomics are unordered"
     init, add = (line_of(code, name.split("_")[1].upper() + suffix) for suffix in ("_INIT", "_ADD"))
     assert {(r.kind, r.line, r.prev_line) for r in reports} <= {("WAW", add, init), ("WAW", init, add)}

@@ -771,12 +771,20 @@ __attribute__((no_sanitize_thread)) inline void check_access(Worker* w, Fiber* f
                     prev_atomic = c->r_bits[k] & kAtomic, prev_clock = c->r_clock[k];
             // a plain write becomes the only write; an atomic beside another block's atomic in [0]
             // goes to [1] (the most recent such one is kept)
+            // A block's own plain write stays the record when the block follows with an atomic on the same
+            // bytes: other blocks' atomics race with that write (unless published to them), and an atomic
+            // record would hide it from them, as two atomics never conflict.
+            bool keep_own_plain = atomic && c->w_block[0] == me && !(c->w_bits[0] & kAtomic) &&
+                                  (c->w_bits[0] & mask & 0xF) == (mask & 0xF);
             int k = 0;
-            if (!atomic) c->w_block[1] = 0;
+            if (keep_own_plain) k = -1;
+            else if (!atomic) c->w_block[1] = 0;
             else if (c->w_block[0] != 0 && c->w_block[0] != me && (c->w_bits[0] & kAtomic)) k = 1;
             else if (c->w_block[0] != 0 && c->w_block[0] != me) c->w_block[1] = 0;   // replaces a plain write
-            c->w_pc[k] = a.pc, c->w_block[k] = me, c->w_clock[k] = bs.clock, c->w_tid[k] = (unsigned short)t;
-            c->w_bits[k] = (unsigned char)(mask | atomic);
+            if (k >= 0) {
+                c->w_pc[k] = a.pc, c->w_block[k] = me, c->w_clock[k] = bs.clock, c->w_tid[k] = (unsigned short)t;
+                c->w_bits[k] = (unsigned char)(mask | atomic);
+            }
             // the reads it covers were checked against it, and a later access that conflicts with one
             // conflicts with it too; but an atomic stands for a plain read only when it is the reading
             // thread's CAS that validated it (above): another atomic would hide the read from other
