@@ -174,6 +174,11 @@ extern "C" __global__ void count_blocks(int* out) {
     __syncthreads();
     atomicAdd(&out[0], 1);                          // BLOCKS_ADD
 }
+extern "C" __global__ void count_blocks_published(int* out) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) { out[0] = 0; __threadfence(); }
+    __syncthreads();
+    atomicAdd(&out[0], 1);
+}
 """
 
 
@@ -186,6 +191,17 @@ def test_an_initialisation_without_a_barrier_races_with_the_atomics_after_it(nam
     assert reports, f"{name}: thread 0's plain write and the other threads' atomics are unordered"
     init, add = (line_of(code, name.split("_")[1].upper() + suffix) for suffix in ("_INIT", "_ADD"))
     assert {(r.kind, r.line, r.prev_line) for r in reports} <= {("WAW", add, init), ("WAW", init, add)}
+
+
+def test_an_initialisation_published_before_the_other_blocks_atomics_is_ordered(no_hazards):
+    """With one worker in forward order block 0 runs first: its write, fence and atomic publish the
+    write, and block 1's atomics acquire it (the rule a report between blocks states). Another order
+    may run block 1 first, and then the same kernel is a race."""
+    k, _ = kernel(UNBARRIERED_INIT, "count_blocks_published")
+    out = np.zeros(1, np.int32)
+    with sim.settings(workers=1):
+        assert run_checked(k, (2,), (64,), (out,), "forward", check="race") == []
+    assert out[0] == 128
 
 
 # The Programming Guide's atomicAdd(double) and a float atomicMax, each a CAS loop whose first read is a

@@ -856,6 +856,18 @@ __attribute__((no_sanitize_thread)) inline void acquire_pending(BlockState& bs) 
     unlock(g_sync_locks[s]);
 }
 
+// An atomic is checked against other blocks' accesses with what it acquires already acquired: a
+// block's "x = 0; __threadfence(); atomicAdd(&x, 1)" is ordered before another block's later atomic on
+// x, as the rule says. Its hook runs just before on_atomic_begin, which acquires again under the lock
+// (what is published in between comes before the atomic too, so acquiring early never orders more).
+__attribute__((no_sanitize_thread)) inline void acquire_for_atomic(BlockState& bs, uintptr_t a) {
+    if (!is_sync_address(a)) return;
+    size_t s = stripe(a);
+    lock(g_sync_locks[s]);
+    acquire(bs, a);
+    unlock(g_sync_locks[s]);
+}
+
 // An atomic on a launch buffer: acquire what was published through its address; after the memory
 // operation, publish this block's accesses if it fenced since it last did. The stripe's lock is held
 // from begin to end, so the clocks follow the order of the atomics themselves. A volatile store
@@ -930,6 +942,8 @@ __attribute__((no_sanitize_thread)) inline void on_access(Worker* w, Fiber* f, c
     uintptr_t p = uintptr_t(a.addr), end = p + a.size;
     BlockState& bs = *tls_block;
     if ((bits & CHECK_RACE) && bs.pending_acquire) between::acquire_pending(bs);
+    if ((bits & CHECK_RACE) && (a.flags & ACCESS_ATOMIC) && !(a.flags & ACCESS_VOLATILE))
+        between::acquire_for_atomic(bs, p);
     bool validating = false;
     if ((bits & CHECK_RACE) && (a.flags & ACCESS_ATOMIC) && tls_cas_addr == a.addr) {   // the kernel's atomicCAS
         tls_cas_addr = nullptr;
