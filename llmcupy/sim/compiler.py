@@ -806,7 +806,10 @@ def _included_files(code: str, include_dirs: list[Path], seen: set[Path], here: 
     for quoted, angled in _INCLUDE.findall(code):
         rel = quoted or angled
         candidates = [here / rel] if quoted and here is not None else []
-        if not candidates or not candidates[0].is_file():
+        if os.path.isabs(rel):
+            # not an emulator's header (INCLUDE_DIR / "/abs/x.cuh" is the absolute path itself)
+            candidates = [Path(rel)]
+        elif not candidates or not candidates[0].is_file():
             if (INCLUDE_DIR / rel).is_file():
                 continue
             candidates = [d / rel for d in include_dirs]
