@@ -127,3 +127,23 @@ def test_the_preprocessor_scan_of_kernel_names_reads_the_real_libcuxx():
     # only the real libcu++ has
     code = ("#include <cuda/std/optional>\n#if 0\n" + KERNEL.replace(" k(", " gone(") + "#endif\n" + KERNEL)
     assert sim_compiler.compiled_kernel_names(code) == ["k"]
+
+
+@needs_real
+def test_the_runtime_functions_libcuxx_calls_stay_out_of_the_kernels_reach():
+    # libcu++'s host code calls cudaGetLastError, cudaGetSymbolAddress, ...: the emulator gives it its own, under
+    # other names, so a kernel calling one is refused as under NVRTC ('identifier "cudaGetLastError" is undefined')
+    code = "#include <cuda/std/span>\n__global__ void k(int* p) { p[0] = cudaGetLastError(); }\n"
+    with pytest.raises(sim.SimCompileError, match="'cudaGetLastError': the CUDA runtime API is host code"):
+        llmcupy.RawModule(code=code, target="sim")
+
+
+@needs_real
+def test_get_device_address_is_the_objects_own_address():
+    # libcu++'s host code asks the CUDA runtime (cudaGetSymbolAddress); the emulator's device memory is the
+    # process's, so the address is the object's own
+    code = ("#include <cuda/memory>\n__device__ float g = 3.f;\n"
+            "__global__ void k(float* p) { p[0] = *cuda::get_device_address(g); p[1] = cuda::get_device_address(g) == &g; }\n")
+    p = np.zeros(2, np.float32)
+    llmcupy.RawModule(code=code, target="sim").get_function("k")((1,), (1,), (p,))
+    assert p.tolist() == [3, 1]

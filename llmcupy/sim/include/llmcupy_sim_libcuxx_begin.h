@@ -47,4 +47,16 @@
 #define exit(status) llmcupy_sim::device_trap(__FILE__, __LINE__)
 #define LLMCUPY_SIM_HOST_HEADERS 1
 #define _GLIBCXX_INCLUDE_NEXT_C_HEADERS 1
+// The CUDA runtime's functions libcu++'s host code calls (llmcupy_sim_libcuxx_cudart.h) have other names, which the
+// kernel's source does not reach: NVRTC has none of them ("identifier is undefined")
+#pragma push_macro("cudaGetLastError")
+#define cudaGetLastError llmcupy_sim_libcuxx_cudaGetLastError
+#pragma push_macro("cudaPeekAtLastError")
+#define cudaPeekAtLastError llmcupy_sim_libcuxx_cudaPeekAtLastError
+#pragma push_macro("cudaGetErrorString")
+#define cudaGetErrorString llmcupy_sim_libcuxx_cudaGetErrorString
+#pragma push_macro("cudaGetErrorName")
+#define cudaGetErrorName llmcupy_sim_libcuxx_cudaGetErrorName
+#pragma push_macro("cudaGetSymbolAddress")
+#define cudaGetSymbolAddress llmcupy_sim_libcuxx_cudaGetSymbolAddress
 #include "llmcupy_sim_libcuxx_cudart.h"

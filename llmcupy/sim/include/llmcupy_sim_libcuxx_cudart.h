@@ -1,7 +1,8 @@
 // The few CUDA runtime API names libcu++'s host code refers to (cuda::get_device_address, the cuda_error
 // reporting of <cuda/functional>, cuda::annotated_ptr's access properties): libcu++ takes the emulator's
 // <cuda_runtime_api.h> for a CUDA toolkit and then expects them. The emulator's device memory is the
-// process's memory, so a symbol's device address is its address; it has no cache to give hints to.
+// process's memory, so a symbol's device address is its address; it has no cache to give hints to. The functions
+// are renamed while libcu++ is read (llmcupy_sim_libcuxx_begin.h). cudaError_t and cudaAccessProperty NVRTC has too.
 #pragma once
 enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
 typedef enum cudaError cudaError_t;

@@ -12,6 +12,11 @@
 #pragma pop_macro("LLMCUPY_SIM_HOST_HEADERS")
 #pragma pop_macro("_GLIBCXX_INCLUDE_NEXT_C_HEADERS")
 #pragma pop_macro("LLMCUPY_SIM_NVRTC_HAS_STDINT")
+#pragma pop_macro("cudaGetLastError")
+#pragma pop_macro("cudaPeekAtLastError")
+#pragma pop_macro("cudaGetErrorString")
+#pragma pop_macro("cudaGetErrorName")
+#pragma pop_macro("cudaGetSymbolAddress")
 // `std` in the kernel's source is __llmcupy_sim_nvrtc_std (llmcupy_sim_nvrtc_names.h), so its cuda::std is
 // cuda::__llmcupy_sim_nvrtc_std: here the real one (the stand-ins alias it to the host's std instead)
 #ifndef LLMCUPY_SIM_LIBCUXX_ALIASED
