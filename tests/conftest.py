@@ -77,3 +77,17 @@ def have_nvrtc():
         if os.environ.get("CI") or os.environ.get("LLMCUPY_REQUIRE_NVRTC"):
             pytest.fail(f"the NVRTC checks must run on CI: {exc}")
         pytest.skip(f"NVRTC is not installed: {exc}")
+
+
+@pytest.fixture(params=["real libcu++", "stand-ins"])
+def libcuxx_mode(request, monkeypatch):
+    """Runs a test against each libcu++ the emulator can compile with (llmcupy/sim/libcuxx.py): the real one
+    (CuPy's, as CI has with the test extra) and its stand-ins (a plain ``pip install llmcupy``, forced here
+    with LLMCUPY_SIM_LIBCUDACXX=none)."""
+    from llmcupy.sim import libcuxx
+
+    if request.param == "stand-ins":
+        monkeypatch.setenv(libcuxx.ENV_VAR, "none")
+    elif libcuxx.libcudacxx_dir() is None:
+        pytest.skip(f"no real libcu++ here (CuPy's, or {libcuxx.ENV_VAR})")
+    return request.param

@@ -188,7 +188,7 @@ def test_the_emulator_refuses_host_headers_naming_each_and_what_to_use():
     assert "CUDART_INF_F" in sim_compiler.host_header_advice("cmath")
 
 
-def test_what_the_refusals_advise_compiles_and_runs_in_the_emulator():
+def test_what_the_refusals_advise_compiles_and_runs_in_the_emulator(libcuxx_mode):
     # the emulator's own headers that need the host's (cuda/std/*, cuda_pipeline.h, ...) still work
     p = np.full(10, 3.0, np.float32)
     llmcupy.RawModule(code=ADVISED, target="sim").get_function("advised")((1,), (1,), (p, np.int32(2)))
@@ -573,7 +573,7 @@ def test_nvrtc_verdicts_on_c_library_macros(have_nvrtc, which):
         assert not ok and undefined == set(sim_compiler.MACROS_NVRTC_LACKS) - set(defined), (header, log)
 
 
-def test_the_emulator_defines_the_c_library_macros_where_nvrtc_does_and_only_there():
+def test_the_emulator_defines_the_c_library_macros_where_nvrtc_does_and_only_there(libcuxx_mode):
     # before: the host's <cmath>, <cfloat>, <climits>, ... under the emulator's header defined them all, so
     # `float m = -INFINITY;` without an include compiled here and NVRTC refused it
     macros = list(sim_compiler.MACROS_NVRTC_LACKS)
@@ -585,7 +585,7 @@ def test_the_emulator_defines_the_c_library_macros_where_nvrtc_does_and_only_the
         assert {m for m, f in zip(macros, p) if f} == set(defined), header
 
 
-def test_the_libcuxx_macros_have_the_hosts_values_in_the_emulator():
+def test_the_libcuxx_macros_have_the_hosts_values_in_the_emulator(libcuxx_mode):
     names = ["INFINITY", "NAN", "FLT_MAX", "FLT_MIN", "FLT_EPSILON", "FLT_TRUE_MIN", "DBL_MAX", "DBL_EPSILON",
              "INT_MIN", "UINT_MAX", "LLONG_MIN", "ULLONG_MAX", "CHAR_MIN", "INT64_MIN", "UINT64_MAX", "SIZE_MAX"]
     uses = "".join(f"    p[{i}] = (double)({m});\n" for i, m in enumerate(names))
@@ -959,6 +959,7 @@ STD_AND_C_NAMES = [
     ("cuda_std_without_header", "", "cuda::std::swap(p[0], p[1]);", False),
     ("cuda_std_strlen", "#include <cuda/std/cstring>\n",
      'p[0] = cuda::std::strlen("ab") + cuda::std::memcmp(p, p, 4);', True),
+    ("cuda_std_calloc", "#include <cuda/std/cstdlib>\n", "p[0] = cuda::std::calloc(1, 4) != 0;", True),
     ("uint32_t", "", "uint32_t x = 1; p[x] = 1;", False),
     ("int64_t", "", "int64_t x = 1; p[x] = 1;", False),
     ("uint8_t", "", "uint8_t x = 1; p[x] = 1;", False),
@@ -998,7 +999,7 @@ def test_nvrtc_verdicts_on_std_and_c_library_names(have_nvrtc, which):
     assert not wrong, wrong
 
 
-def test_the_emulator_refuses_std_and_c_library_names_where_nvrtc_does():
+def test_the_emulator_refuses_std_and_c_library_names_where_nvrtc_does(libcuxx_mode):
     # before: the host's <algorithm>, <cstdint>, <cstdlib>, ... under the emulator's header declared them all, so
     # std::min, uint32_t, exit(1), ... compiled and ran here, and NVRTC refused them on a GPU
     alone = [row for row in STD_AND_C_NAMES if row[3] is False and row[1]]
@@ -1017,7 +1018,7 @@ def test_the_emulator_refuses_std_and_c_library_names_where_nvrtc_does():
             llmcupy.RawModule(code=_names_source(prelude, body), target="sim", filename=f"{name}.cu")
 
 
-def test_the_emulator_takes_the_std_and_c_library_names_nvrtc_takes():
+def test_the_emulator_takes_the_std_and_c_library_names_nvrtc_takes(libcuxx_mode):
     plain = [row for row in STD_AND_C_NAMES if row[3] is True and not row[1]]
     p = np.array([3, 4], np.float32)
     mod = llmcupy.RawModule(code="".join(_names_source("", body, f"k{i}") for i, (_, _, body, _) in enumerate(plain)),
@@ -1063,7 +1064,9 @@ def test_a_c_library_name_nvrtc_lacks_is_refused_naming_what_to_use():
 NAMES_HEADERS = sim_compiler.INCLUDE_DIR
 # the emulator's own internals, which llmcupy_sim.h includes before the kernel's source starts
 _INTERNALS = {"llmcupy_sim.h", "llmcupy_sim_check.h", "llmcupy_sim_metrics.h", "llmcupy_sim_switch.h",
-              "llmcupy_sim_nvrtc_names.h", "llmcupy_sim_nvrtc_names_off.h", "llmcupy_sim_nvrtc_names_on.h"}
+              "llmcupy_sim_nvrtc_names.h", "llmcupy_sim_nvrtc_names_off.h", "llmcupy_sim_nvrtc_names_on.h",
+              # and the pieces of the real libcu++'s wrappers (test_sim_libcuxx.py checks those)
+              "llmcupy_sim_libcuxx_begin.h", "llmcupy_sim_libcuxx_end.h", "llmcupy_sim_libcuxx_cudart.h"}
 
 
 def test_every_header_a_kernel_can_include_turns_the_renames_off_inside():
@@ -1194,7 +1197,7 @@ def test_nvrtc_compiles_the_bit_functions(have_nvrtc, which):
     assert not verdicts["int"][0] and "popcount" in verdicts["int"][1]   # unsigned integers only
 
 
-def test_the_bit_functions_run_in_the_emulator():
+def test_the_bit_functions_run_in_the_emulator(libcuxx_mode):
     # before: "'popcount' is not a member of 'cuda::std'": the stand-in took the host's <bit>, which declares
     # them only under C++20, while NVRTC compiles them under CuPy's -std=c++17
     p = np.zeros(len(BIT_EXPECTED), np.uint32)
@@ -1205,10 +1208,87 @@ def test_the_bit_functions_run_in_the_emulator():
         llmcupy.RawModule(code=BIT_SOURCE.replace("popcount(0xF0F0u)", "popcount(5)"), target="sim")
 
 
-def test_a_missing_cuda_std_name_is_named_as_written():
+def test_a_missing_cuda_std_name_is_named_as_written(libcuxx_mode):
     # before: "'no_such_thing' is not a member of 'cuda::__llmcupy_sim_nvrtc_std'", the emulator's own name
     code = '#include <cuda/std/cstdint>\nextern "C" __global__ void k(unsigned* p) { p[0] = cuda::std::no_such_thing(p[1]); }\n'
     with pytest.raises(sim_compiler.SimCompileError) as info:
         llmcupy.RawModule(code=code, target="sim")
     assert "no_such_thing" in str(info.value) and "cuda::std" in str(info.value)
     assert "__llmcupy_sim_nvrtc_std" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# libcu++'s headers beyond the emulator's stand-ins: NVRTC compiles them under CuPy's options (CuPy puts its
+# bundled CCCL on -I), and the emulator runs them against the same headers (llmcupy/sim/libcuxx.py)
+
+# (name, its headers, the kernel's body on p = 0, 1, ..., 7, the values it leaves in p) for k(float* p), one
+# thread; cuda::atomic_ref's row runs 2 blocks of 32 threads
+LIBCUXX_KERNELS = [
+    ("optional", "#include <cuda/std/optional>\n",
+     "cuda::std::optional<float> none, one = p[1]; p[0] = none.value_or(-1.f) + 10 * *one + 100 * one.has_value();",
+     {0: -1 + 10 + 100}),
+    ("span", "#include <cuda/std/span>\n",
+     "cuda::std::span<float> s(p + 1, 4); float t = 0; for (float x : s.subspan(1, 2)) t += x; "
+     "p[0] = t + 10 * s.size() + 100 * s.back();", {0: 2 + 3 + 40 + 400}),
+    ("numeric", "#include <cuda/std/numeric>\n",
+     "p[0] = cuda::std::accumulate(p + 1, p + 5, 0.f) + 100 * cuda::std::gcd(12, 18) + 1000 * cuda::std::lcm(4, 6);",
+     {0: 10 + 600 + 12000}),
+    ("variant", "#include <cuda/std/variant>\n",
+     "cuda::std::variant<int, float> v = 2.5f; float f = cuda::std::get<float>(v); v = 3; "
+     "p[0] = f + 10 * cuda::std::get<int>(v) + 100 * v.index(); "
+     "p[1] = cuda::std::visit([](auto x) { return 2.f * x; }, v);", {0: 2.5 + 30, 1: 6}),
+    ("ceil_div", "#include <cuda/cmath>\n",
+     "p[0] = cuda::ceil_div(7, 2) + 10 * cuda::ceil_div(8u, 4u) + 100 * cuda::round_up(13, 8);",
+     {0: 4 + 20 + 1600}),
+    ("mdspan", "#include <cuda/std/mdspan>\n",
+     "cuda::std::mdspan<float, cuda::std::extents<int, 2, 4>> m(p); "
+     "cuda::std::mdspan<float, cuda::std::dextents<int, 2>, cuda::std::layout_left> l(p, 2, 4); "
+     "float a = m(1, 2), b = l(1, 2); p[0] = a + 10 * b + 100 * m.extent(1) + 1000 * l.size();",
+     {0: 6 + 50 + 400 + 8000}),
+    ("numbers", "#include <cuda/std/numbers>\n", "p[0] = cuda::std::numbers::pi_v<float>;", {0: np.float32(np.pi)}),
+    ("inplace_vector", "#include <cuda/std/inplace_vector>\n",
+     "cuda::std::inplace_vector<int, 4> v; v.push_back(3); v.push_back(4); p[0] = 10 * v.size() + v[1];", {0: 24}),
+    ("cub_operators", "#include <cub/block/block_reduce.cuh>\n",
+     "p[0] = cuda::maximum<>{}(p[1], p[2]) + 10 * cuda::std::plus<>{}(p[1], p[2]);", {0: 2 + 30}),
+    ("atomic_ref", "#include <cuda/atomic>\n",
+     "cuda::atomic_ref<float, cuda::thread_scope_device> a(p[0]); a.fetch_add(1.f);", {0: 64}),
+]
+
+
+def _libcuxx_source(name, includes, body):
+    return f'{includes}extern "C" __global__ void {name}(float* p) {{ {body} }}\n'
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_compiles_the_libcuxx_kernels(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, {name: _libcuxx_source(name, includes, body)
+                                      for name, includes, body, _ in LIBCUXX_KERNELS})
+    failed = {name: log for name, (ok, log) in verdicts.items() if not ok}
+    assert not failed, failed
+
+
+def test_the_libcuxx_kernels_run_in_the_emulator():
+    # before: "fatal error: cuda/std/optional: No such file or directory" (span, numeric, ...), while NVRTC
+    # compiles each; now the emulator compiles them against CuPy's libcu++, as the GPU path does
+    pytest.importorskip("llmcupy.sim.libcuxx").libcudacxx_dir() or pytest.skip("no real libcu++ here (CuPy's)")
+    code = "".join(dict.fromkeys(includes for _, includes, _, _ in LIBCUXX_KERNELS)) + "".join(
+        _libcuxx_source(name, "", body) for name, _, body, _ in LIBCUXX_KERNELS)
+    mod = llmcupy.RawModule(code=code, target="sim")
+    for name, _, _, expected in LIBCUXX_KERNELS:
+        p = np.zeros(8, np.float32) if name == "atomic_ref" else np.arange(8, dtype=np.float32)
+        grid, block = ((2,), (32,)) if name == "atomic_ref" else ((1,), (1,))
+        mod.get_function(name)(grid, block, (p,))
+        assert {i: p[i] for i in expected} == pytest.approx(expected), name
+
+
+def test_without_the_real_libcuxx_its_headers_are_refused_naming_what_to_install(monkeypatch):
+    monkeypatch.setenv("LLMCUPY_SIM_LIBCUDACXX", "none")
+    for name, includes, body, _ in LIBCUXX_KERNELS:
+        if "cub/" in includes:
+            continue   # the emulator's CUB without cuda::maximum: "'maximum' is not a member of 'cuda'"
+        with pytest.raises(sim_compiler.SimCompileError) as info:
+            llmcupy.RawModule(code=_libcuxx_source(name, includes, body), target="sim")
+        header = re.search(r"<(.*)>", includes)[1]
+        assert (f"'{header}': LLMCUPY_SIM_LIBCUDACXX=none chose the emulator's stand-ins, which hold only "
+                "cuda/std/array, atomic, ") in str(info.value), name
+        assert "install CuPy (pip install cupy-cuda12x, or llmcupy's [cuda12] extra)" in str(info.value), name

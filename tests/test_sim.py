@@ -893,6 +893,18 @@ def test_an_edited_header_gives_a_new_build_in_the_same_process_and_the_next(tmp
     assert y.tolist() == [3, 3]
 
 
+def test_a_header_included_by_its_absolute_path_gives_a_new_build_when_edited(tmp_path):
+    # before: `#include "/home/me/gain.h"` (a notebook writing its header's path into the source) was taken
+    # for one of the emulator's own headers and not hashed, so an edited header gave the old build
+    header = tmp_path / "gain.h"
+    code = f'#include "{header}"\n__global__ void k(float* y) {{ y[threadIdx.x] = GAIN; }}\n'
+    for gain in (1, 2):
+        header.write_text(f"#define GAIN {gain}.0f\n")
+        y = np.zeros(2, np.float32)
+        module(code).get_function("k")((1,), (2,), (y,))
+        assert y.tolist() == [gain, gain]
+
+
 def test_an_unusable_default_cache_folder_says_which_variable_moves_it(tmp_path):
     # before: a bare OSError (NotADirectoryError, PermissionError) from deep in the compiler, and a
     # traceback from the CLIs; now one line naming LLMCUPY_CACHE_DIR (exit 2 from the CLIs)

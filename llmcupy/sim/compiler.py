@@ -64,6 +64,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from . import libcuxx
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 
@@ -805,7 +806,10 @@ def _included_files(code: str, include_dirs: list[Path], seen: set[Path], here: 
     for quoted, angled in _INCLUDE.findall(code):
         rel = quoted or angled
         candidates = [here / rel] if quoted and here is not None else []
-        if not candidates or not candidates[0].is_file():
+        if os.path.isabs(rel):
+            # not an emulator's header (INCLUDE_DIR / "/abs/x.cuh" is the absolute path itself)
+            candidates = [Path(rel)]
+        elif not candidates or not candidates[0].is_file():
             if (INCLUDE_DIR / rel).is_file():
                 continue
             candidates = [d / rel for d in include_dirs]
@@ -842,6 +846,22 @@ def include_digest(code: str, options=(), filename: str = "kernel.cu") -> str:
     return digest.hexdigest()[:24]
 
 
+_LIBCUXX_NAMES = re.compile(r"(?:cuda|cub|nv)/")
+
+
+def reaches_libcuxx(code: str, options=(), filename: str = "kernel.cu") -> bool:
+    """Does the source include a libcu++ or CUB header (cuda/..., cub/..., nv/target), itself or through its
+    own headers? Only such a build depends on which libcu++ the emulator compiles against (sim/libcuxx.py),
+    so the catalogue's builds stay cached across a CuPy upgrade."""
+    flags, include_dirs = translate_options(options, filename)
+    texts = [code] + [p.read_text(errors="replace") for p in _included_files(code, include_dirs, set())
+                      if p.is_file()]
+    pre = [flags[k + 1] for k, f in enumerate(flags) if f == "-include"]
+    texts += [p.read_text(errors="replace") for p in _included_files(
+        "".join(f'#include "{name}"\n' for name in pre), include_dirs, set(), Path.cwd()) if p.is_file()]
+    return any(_LIBCUXX_NAMES.match(quoted or angled) for text in texts for quoted, angled in _INCLUDE.findall(text))
+
+
 def _compiler_env() -> dict:
     """The environment for g++: without LD_PRELOAD. The ASan recipe preloads libasan into Python;
     inherited by g++ it makes LeakSanitizer fail the compiler's own run (exit 1 and pages of leak
@@ -853,6 +873,10 @@ def _compiler_env() -> dict:
 
 class CompilerNotFound(SimCompileError):
     """No working C++ compiler: the machine's set-up, not the kernel (the CLIs exit 2)."""
+
+
+class LibcudacxxNotFound(CompilerNotFound):
+    """LLMCUPY_SIM_LIBCUDACXX names no libcu++: the machine's set-up, not the kernel (the CLIs exit 2)."""
 
 
 class CacheFullError(CompilerNotFound):
@@ -1349,7 +1373,11 @@ def compiled_kernel_names(code: str, options=(), filename: str = "kernel.cu") ->
     cxx = os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:
         return names
-    command = [cxx, *flags, f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
+    try:
+        before, after = libcuxx.include_flags(ensure_cache_dir(cache_dir()))
+    except (OSError, libcuxx.LibcudacxxSettingError):
+        return names   # the build says what is wrong
+    command = [cxx, *flags, *before, f"-I{INCLUDE_DIR}", *after, *[f"-I{d}" for d in include_dirs]]
     safe_name = re.sub(r"[^\w.-]", "_", filename)
     try:
         with tempfile.TemporaryDirectory(prefix="llmcupy-scan-") as tmp:
@@ -1421,7 +1449,7 @@ def build_environment() -> tuple:
     every in-process memo of built libraries, so that changing one of them in a running process
     (a notebook, a test over several compilers) builds anew instead of reusing the old library."""
     return (os.environ.get("CXX", "g++"), os.environ.get("LLMCUPY_SIM_ASAN", ""),
-            os.environ.get("LLMCUPY_SIM_UCONTEXT", ""), str(cache_dir()))
+            os.environ.get("LLMCUPY_SIM_UCONTEXT", ""), str(cache_dir()), os.environ.get(libcuxx.ENV_VAR, ""))
 
 
 def _build_library(code, kernels, options, filename, variables, instrument=False) -> Path:
@@ -1508,6 +1536,12 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     digest.update(_include_dir_digest())
     digest.update(_compiler_source_digest())
     digest.update(include_digest(code, options, filename).encode())
+    try:
+        uses_libcuxx = reaches_libcuxx(code, options, filename)
+        if uses_libcuxx:
+            digest.update(libcuxx.fingerprint())
+    except libcuxx.LibcudacxxSettingError as exc:
+        raise LibcudacxxNotFound(str(exc)) from None
     key = digest.hexdigest()[:24]
     out_dir = ensure_cache_dir(cache_dir())
     lib = out_dir / f"{Path(safe_name).stem}-{key}{'-asan' if asan else ''}{'-check' if instrument else ''}.so"
@@ -1518,8 +1552,10 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
     body = rewrite_asm(rewrite_shared(rewrite_warp_size(rewrite_constant_initialization(
         rewrite_refused_words(code, options)))))
     volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
-    includes = [f"-I{INCLUDE_DIR}", *[f"-I{d}" for d in include_dirs]]
     try:
+        # the real libcu++'s wrappers answer <cuda/std/...> before the emulator's stand-ins (sim/libcuxx.py)
+        before, after = libcuxx.include_flags(out_dir) if uses_libcuxx else ([], [])
+        includes = [*before, f"-I{INCLUDE_DIR}", *after, *[f"-I{d}" for d in include_dirs]]
         # the refusing stand-ins for host headers, after the kernel's own folders (host_header_dir)
         includes += ["-isystem", str(host_header_dir(out_dir))]
         with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
@@ -1742,6 +1778,10 @@ def _unsupported_features(stderr: str) -> str:
     names += [f"cuda::{gcc or clang}" for gcc, clang in re.findall(
         r"error: (?:.(\w+). is not a member of .cuda.|no member named .(\w+). in namespace .cuda.)", stderr)]
     names += re.findall(r"fatal error: .?(cuda/\w+).? ?(?::|file not found)", stderr)
+    # a libcu++ header the emulator's stand-ins lack (the real libcu++ has every one: sim/libcuxx.py)
+    for header in re.findall(r"fatal error: .?((?:cuda|nv)/[\w/]+).? ?(?::|file not found)", stderr):
+        if header not in _UNSUPPORTED and header not in libcuxx.REFUSED:
+            said.append(f"'{header}': {libcuxx.missing_header_hint()}")
     for name in names:
         what = _UNSUPPORTED.get(name)
         if what and f"{what}" not in " ".join(said):

@@ -6,6 +6,12 @@
 #pragma once
 #include "../llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "../llmcupy_sim.h"
+// CCCL's CUB brings in libcu++'s <cuda/functional> (cuda::maximum<>, cuda::std::plus<>, ...: NVRTC 12.4 to 13.5),
+// which a reduction's operator is often written with; so here with the real libcu++ (sim/libcuxx.py; the
+// stand-ins have no cuda::maximum)
+#if __has_include(<cuda/functional>)
+#include <cuda/functional>
+#endif
 
 namespace cub {
 

@@ -5,5 +5,5 @@
 
 // NVRTC's <cub/warp/warp_reduce.cuh> brings in what libcu++'s <cuda/std/cmath> defines
 // (INFINITY, NAN, FLT_MAX, INT_MAX, ...: see there)
-#include "../../cuda/std/cmath"
+#include <cuda/std/cmath>  // the real libcu++'s wrapper, or the stand-in (sim/libcuxx.py)
 #include "../../llmcupy_sim_nvrtc_names_on.h"

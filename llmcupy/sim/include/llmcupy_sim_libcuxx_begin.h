@@ -1,0 +1,62 @@
+// Opens a real libcu++ (CCCL) header in the CPU emulator; llmcupy_sim_libcuxx_end.h closes it. No include
+// guard: every wrapper of sim/libcuxx.py includes both around the real header.
+//
+// libcu++ is compiled as a host C++ library here: the emulator's __CUDACC__, __CUDA_ARCH__ and __CUDACC_RTC__
+// (llmcupy_sim.h) would make it take its device branches, whose inline PTX, NVVM builtins and __cvta_* calls
+// g++ cannot compile. Hidden while the header is read, its templates are host code wherever a kernel
+// instantiates them later (the preprocessor has already chosen the branches).
+// The renames of the kernel's source (std, uint32_t, exit, ...: llmcupy_sim_nvrtc_names_off.h) are off, as in
+// the emulator's other headers: libcu++ names the host's std:: in host mode.
+// assert: libcu++ includes the host's <assert.h>, which would redefine assert() as the host's (an abort of
+// the Python process) instead of the emulator's device assert. uint, ushort, ulong: llmcupy_sim.h's renames
+// break libcu++'s tuple interface for CUDA's vector types (ushort1, ...).
+// exit: libcu++'s host cuda::std::terminate() (an empty optional's value(), a bad variant access, ...) calls
+// ::exit(-1), which would end the Python process; on a GPU it is __trap(), a failed launch.
+// LLMCUPY_SIM_NVRTC_HAS_STDINT: what the libcu++ headers included inside say is dropped at the end; the
+// wrapper says what its header declares under NVRTC (sim/libcuxx.py, _WITHOUT_STDINT).
+// libcu++ includes <math.h>: libstdc++'s would put std::abs, ... in the global namespace, next to CUDA's
+// abs(float), ... of llmcupy_sim.h ("conflicts with a previous declaration"); _GLIBCXX_INCLUDE_NEXT_C_HEADERS
+// takes the C library's <math.h> alone, as libstdc++'s <cmath> does.
+// The host's own headers that libcu++ includes in host mode (<cstdint>, <cmath>, <atomic>, ...) are allowed
+// inside (LLMCUPY_SIM_HOST_HEADERS); most are already included by llmcupy_sim.h, so their macros, which the
+// emulator #undef-s where the kernel's source starts, are not defined again by them (the wrappers of
+// cuda/std/cfloat, climits, cstdint and cmath define them, as NVRTC's do).
+#include "llmcupy_sim_nvrtc_names_off.h"
+#include "llmcupy_sim.h"
+#pragma push_macro("__CUDACC__")
+#pragma push_macro("__CUDA_ARCH__")
+#pragma push_macro("__CUDACC_RTC__")
+#pragma push_macro("__CUDACC_VER_MAJOR__")
+#pragma push_macro("__CUDACC_VER_MINOR__")
+#pragma push_macro("assert")
+#pragma push_macro("uint")
+#pragma push_macro("ushort")
+#pragma push_macro("ulong")
+#pragma push_macro("exit")
+#pragma push_macro("LLMCUPY_SIM_HOST_HEADERS")
+#pragma push_macro("_GLIBCXX_INCLUDE_NEXT_C_HEADERS")
+#pragma push_macro("LLMCUPY_SIM_NVRTC_HAS_STDINT")
+#undef __CUDACC__
+#undef __CUDA_ARCH__
+#undef __CUDACC_RTC__
+#undef __CUDACC_VER_MAJOR__
+#undef __CUDACC_VER_MINOR__
+#undef uint
+#undef ushort
+#undef ulong
+#define exit(status) llmcupy_sim::device_trap(__FILE__, __LINE__)
+#define LLMCUPY_SIM_HOST_HEADERS 1
+#define _GLIBCXX_INCLUDE_NEXT_C_HEADERS 1
+// The CUDA runtime's functions libcu++'s host code calls (llmcupy_sim_libcuxx_cudart.h) have other names, which the
+// kernel's source does not reach: NVRTC has none of them ("identifier is undefined")
+#pragma push_macro("cudaGetLastError")
+#define cudaGetLastError llmcupy_sim_libcuxx_cudaGetLastError
+#pragma push_macro("cudaPeekAtLastError")
+#define cudaPeekAtLastError llmcupy_sim_libcuxx_cudaPeekAtLastError
+#pragma push_macro("cudaGetErrorString")
+#define cudaGetErrorString llmcupy_sim_libcuxx_cudaGetErrorString
+#pragma push_macro("cudaGetErrorName")
+#define cudaGetErrorName llmcupy_sim_libcuxx_cudaGetErrorName
+#pragma push_macro("cudaGetSymbolAddress")
+#define cudaGetSymbolAddress llmcupy_sim_libcuxx_cudaGetSymbolAddress
+#include "llmcupy_sim_libcuxx_cudart.h"
