@@ -1285,10 +1285,37 @@ def test_without_the_real_libcuxx_its_headers_are_refused_naming_what_to_install
     monkeypatch.setenv("LLMCUPY_SIM_LIBCUDACXX", "none")
     for name, includes, body, _ in LIBCUXX_KERNELS:
         if "cub/" in includes:
-            continue   # the emulator's CUB without cuda::maximum: "'maximum' is not a member of 'cuda'"
+            continue   # the emulator's CUB runs it with the stand-ins too (test_cubs_operators_are_cccl_3s)
         with pytest.raises(sim_compiler.SimCompileError) as info:
             llmcupy.RawModule(code=_libcuxx_source(name, includes, body), target="sim")
         header = re.search(r"<(.*)>", includes)[1]
         assert (f"'{header}': LLMCUPY_SIM_LIBCUDACXX=none chose the emulator's stand-ins, which hold only "
                 "cuda/std/array, atomic, ") in str(info.value), name
         assert "install CuPy (pip install cupy-cuda12x, or llmcupy's [cuda12] extra)" in str(info.value), name
+
+
+# CCCL 3 (CuPy 14's, which NVRTC compiles a kernel against) removed CUB's functors for libcu++'s
+CUB_FUNCTORS = {f"cub_{name.lower()}": "#include <cub/block/block_reduce.cuh>\n"
+                f'extern "C" __global__ void k(float* p) {{ p[0] = cub::{name}()(p[1], p[2]); }}\n'
+                for name in ("Sum", "Max", "Min")}
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_has_no_cub_sum_max_or_min(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, CUB_FUNCTORS)
+    assert {name: ok for name, (ok, _) in verdicts.items()} == dict.fromkeys(CUB_FUNCTORS, False)
+    assert all("has no member" in log for _, log in verdicts.values()), verdicts
+
+
+def test_cubs_operators_are_cccl_3s(libcuxx_mode):
+    # before: the emulator's CUB had cub::Sum, Max and Min, so a kernel using them ran here and failed to
+    # compile on a GPU; and with the stand-ins it lacked cuda::maximum, which NVRTC's CUB brings in
+    for name, code in CUB_FUNCTORS.items():
+        with pytest.raises(sim_compiler.SimCompileError, match=r"has no cub::Sum, cub::Max or cub::Min .*"
+                           r"pass cuda::std::plus<>\{\}, cuda::maximum<>\{\} or cuda::minimum<>\{\}"):
+            llmcupy.RawModule(code=code, target="sim")
+    name, includes, body, expected = next(k for k in LIBCUXX_KERNELS if k[0] == "cub_operators")
+    body += " p[3] = cuda::minimum<>{}(p[1], p[2]); p[4] = cuda::maximum<float>{}(p[5], p[6]);"
+    p = np.arange(8, dtype=np.float32)
+    llmcupy.RawModule(code=_libcuxx_source(name, includes, body), target="sim").get_function(name)((1,), (1,), (p,))
+    assert p[[0, 3, 4]].tolist() == [expected[0], 1, 6]

@@ -990,12 +990,8 @@ __global__ void random_numbers(float* u, float* n, unsigned* raw, unsigned long 
     if (!(v > 0.0f && v <= 1.0f)) u[id * 16] = -1.0f;
 }
 // CCCL 3 (what CuPy 14 bundles and compiles against on a GPU) removed cub::Max and friends for
-// cuda::maximum<>; code written for CCCL 2 uses cub::Max, which the emulator's cub keeps.
-#if defined(CCCL_VERSION) && CCCL_VERSION >= 3000000
+// cuda::maximum<>, which CUB's headers bring in (the emulator's too, with either libcu++).
 #define LLMCUPY_TEST_MAX cuda::maximum<>{}
-#else
-#define LLMCUPY_TEST_MAX cub::Max()
-#endif
 __global__ void cub_sums(const float* in, float* block_out, float* warp_out) {
     typedef cub::BlockReduce<float, 128> BlockReduce;
     typedef cub::WarpReduce<float, 16> WarpReduce;

@@ -1748,6 +1748,11 @@ _UNSUPPORTED = {
     **{f"llmcupy_sim_nvrtc_has_no_{name}": f"'{name}' is a host typedef (glibc's <sys/types.h>) that NVRTC does not "
        f"define: write {c_type}, or declare it in the source (typedef {c_type} {name};), which compiles on both"
        for name, c_type in (("uint", "unsigned int"), ("ushort", "unsigned short"), ("ulong", "unsigned long"))},
+    # CUB's functors before CCCL 3; g++: "'Max' is not a member of 'cub'"
+    **dict.fromkeys(("cub::Sum", "cub::Max", "cub::Min"),
+                    "CCCL 3, whose CUB CuPy 14 bundles and a GPU compiles the kernel against, has no cub::Sum, "
+                    "cub::Max or cub::Min (NVRTC: 'namespace \"cub\" has no member'): pass cuda::std::plus<>{}, "
+                    "cuda::maximum<>{} or cuda::minimum<>{}, which CUB's headers bring in, or call .Sum()"),
     # libcu++'s asynchronous copies (the last rung of SGEMM tutorials); g++: "'barrier' is not a member of
     # 'cuda'", or for the header "fatal error: cuda/pipeline: No such file or directory"
     **dict.fromkeys(("cuda::barrier", "cuda::pipeline", "cuda::make_pipeline", "cuda::memcpy_async",
@@ -1777,6 +1782,8 @@ def _unsupported_features(stderr: str) -> str:
         r"|(?:use of undeclared identifier|unknown type name|no template named) .(\w+).)", stderr)]
     names += [f"cuda::{gcc or clang}" for gcc, clang in re.findall(
         r"error: (?:.(\w+). is not a member of .cuda.|no member named .(\w+). in namespace .cuda.)", stderr)]
+    names += [f"cub::{gcc or clang}" for gcc, clang in re.findall(
+        r"error: (?:.(\w+). is not a member of .cub.|no member named .(\w+). in namespace .cub.)", stderr)]
     names += re.findall(r"fatal error: .?(cuda/\w+).? ?(?::|file not found)", stderr)
     # a libcu++ header the emulator's stand-ins lack (the real libcu++ has every one: sim/libcuxx.py)
     for header in re.findall(r"fatal error: .?((?:cuda|nv)/[\w/]+).? ?(?::|file not found)", stderr):

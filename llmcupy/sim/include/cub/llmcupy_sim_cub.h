@@ -1,23 +1,40 @@
 // The emulator's stand-in for a subset of CUB (CCCL's headers refuse a host compiler): block- and
 // warp-wide reductions, cub::BlockReduce and cub::WarpReduce with Sum / Reduce (also with a
-// number of valid items), and the cub::Sum / Max / Min functors. The fold runs in rank order, so
+// number of valid items). The fold runs in rank order, so
 // float results may differ from CUB's tree in the last bits. Other CUB parts (scans, sorts, loads,
 // device-wide algorithms) are not provided.
 #pragma once
 #include "../llmcupy_sim_nvrtc_names_off.h"  // the kernel's renames of std, uint32_t, ... are off in here
 #include "../llmcupy_sim.h"
-// CCCL's CUB brings in libcu++'s <cuda/functional> (cuda::maximum<>, cuda::std::plus<>, ...: NVRTC 12.4 to 13.5),
-// which a reduction's operator is often written with; so here with the real libcu++ (sim/libcuxx.py; the
-// stand-ins have no cuda::maximum)
+// CCCL's CUB brings in libcu++'s <cuda/functional> (cuda::maximum<>, cuda::minimum<>, cuda::std::plus<>, ...:
+// NVRTC 12.4 to 13.5), which a reduction's operator is written with since CCCL 3 (what CuPy 14 bundles, and so
+// what a GPU compiles against) removed cub::Sum, cub::Max and cub::Min: the real libcu++'s (sim/libcuxx.py),
+// or with the stand-ins, their <cuda/std/functional> and the two extrema here.
 #if __has_include(<cuda/functional>)
 #include <cuda/functional>
+#else
+#include <cuda/std/functional>
+namespace cuda {
+template <typename T = void>
+struct maximum { T operator()(const T& a, const T& b) const { return a < b ? b : a; } };
+template <>
+struct maximum<void> {
+    template <typename T, typename U> auto operator()(const T& a, const U& b) const { return a < b ? b : a; }
+};
+template <typename T = void>
+struct minimum { T operator()(const T& a, const T& b) const { return b < a ? b : a; } };
+template <>
+struct minimum<void> {
+    template <typename T, typename U> auto operator()(const T& a, const U& b) const { return b < a ? b : a; }
+};
+}  // namespace cuda
 #endif
 
-namespace cub {
+namespace llmcupy_sim {
+struct cub_sum { template <typename T> T operator()(const T& a, const T& b) const { return a + b; } };
+}  // namespace llmcupy_sim
 
-struct Sum { template <typename T> T operator()(const T& a, const T& b) const { return a + b; } };
-struct Max { template <typename T> T operator()(const T& a, const T& b) const { return a < b ? b : a; } };
-struct Min { template <typename T> T operator()(const T& a, const T& b) const { return b < a ? b : a; } };
+namespace cub {
 
 enum BlockReduceAlgorithm { BLOCK_REDUCE_RAKING_COMMUTATIVE_ONLY, BLOCK_REDUCE_RAKING, BLOCK_REDUCE_WARP_REDUCTIONS };
 
@@ -48,10 +65,10 @@ class BlockReduce {
         for (int i = 1; i < N; ++i) acc = op(acc, items[i]);
         return Reduce(acc, op, kThreads, line);
     }
-    T Sum(T input, int line = __builtin_LINE()) { return Reduce(input, cub::Sum(), kThreads, line); }
-    T Sum(T input, int num_valid, int line = __builtin_LINE()) { return Reduce(input, cub::Sum(), num_valid, line); }
+    T Sum(T input, int line = __builtin_LINE()) { return Reduce(input, llmcupy_sim::cub_sum(), kThreads, line); }
+    T Sum(T input, int num_valid, int line = __builtin_LINE()) { return Reduce(input, llmcupy_sim::cub_sum(), num_valid, line); }
     template <int N>
-    T Sum(T (&items)[N], int line = __builtin_LINE()) { return Reduce(items, cub::Sum(), line); }
+    T Sum(T (&items)[N], int line = __builtin_LINE()) { return Reduce(items, llmcupy_sim::cub_sum(), line); }
 
   private:
     TempStorage& storage_;
@@ -78,8 +95,8 @@ class WarpReduce {
             acc = op(acc, llmcupy_sim::read_lane(g, first + l, input));
         return acc;
     }
-    T Sum(T input, int line = __builtin_LINE()) { return Reduce(input, cub::Sum(), LOGICAL_WARP_THREADS, line); }
-    T Sum(T input, int valid_items, int line = __builtin_LINE()) { return Reduce(input, cub::Sum(), valid_items, line); }
+    T Sum(T input, int line = __builtin_LINE()) { return Reduce(input, llmcupy_sim::cub_sum(), LOGICAL_WARP_THREADS, line); }
+    T Sum(T input, int valid_items, int line = __builtin_LINE()) { return Reduce(input, llmcupy_sim::cub_sum(), valid_items, line); }
 };
 
 }  // namespace cub
