@@ -334,6 +334,19 @@ DEVICE_CODE = [
     ("grid_constant_const_in_template_argument", "template <class T> struct Two { T a, b; }; "
      "__global__ void twos(__grid_constant__ Two<const int> q, int* p) { p[0] = q.b; }", False,
      "a parameter annotated with __grid_constant__ must have const-qualified type"),
+    # NVRTC 12.4 to 13.5 take __grid_constant__ on a kernel's const parameter only
+    ("grid_constant_on_device_function", "struct Cell { float a, b; }; "
+                                         "__device__ float second(const __grid_constant__ Cell c) { return c.b; }", False,
+     "__grid_constant__ annotation is only allowed on a parameter of a __global__ function (NVRTC refuses it too)"),
+    ("grid_constant_on_unmarked_template", "template <class T> T same(const __grid_constant__ T x) { return x; }", False,
+     "__grid_constant__ annotation is only allowed on a parameter of a __global__ function"),
+    ("grid_constant_on_lambda", "__global__ void lambda_grid(int* p) { auto f = [] (const __grid_constant__ int x) "
+                                "{ return x; }; p[0] = f(1); }", False,
+     "__grid_constant__ annotation is only allowed on a parameter of a __global__ function"),
+    ("grid_constant_on_local", "__global__ void local_grid(int* p) { const __grid_constant__ int n = 1; p[0] = n; }",
+     False, 'attribute "grid_constant" does not apply here (NVRTC refuses it too)'),
+    ("grid_constant_pointer_to_const", "__global__ void pointed(const __grid_constant__ float* p) { }", False,
+     "a parameter annotated with __grid_constant__ must have const-qualified type"),
     ("cluster_bound_below_sm_90", "__global__ void __launch_bounds__(256, 2, 1) clustered(float* p) { p[0] = 1; }",
      False, "__launch_bounds__ takes a third argument (max blocks per cluster) only for sm_90 and newer (NVRTC "
             "refuses it too: cannot specify max blocks per cluster for this GPU architecture)"),
@@ -351,6 +364,11 @@ DEVICE_CODE = [
     ("maxnreg", "__global__ void __maxnreg__(32) limited(float* p) { p[0] = 1; }", True, None),
     ("grid_constant_by_macro", "#define GRID_CONSTANT __grid_constant__\nstruct Trio { int a, b, c; }; "
                                "__global__ void trios(const GRID_CONSTANT Trio t, int* p) { p[0] = t.c; }", True, None),
+    ("grid_constant_const_pointer", "__global__ void const_pointer(float* const __grid_constant__ p) { p[0] = 1; }",
+     True, None),
+    ("grid_constant_by_kernel_macro", "#define KERNEL_ENTRY extern \"C\" __global__\nstruct Quad { int a, b, c, d; }; "
+                                      "KERNEL_ENTRY void quads(const __grid_constant__ Quad q, int* p) { p[0] = q.d; }",
+     True, None),
     ("builtin_assume", "__global__ void assumed(float* p, int n) { __builtin_assume(n > 0); p[0] = n; }", True, None),
     ("brkpt", "__global__ void breaks(int n) { if (n < 0) __brkpt(); }", True, None),
 ]
@@ -483,6 +501,12 @@ CONSTANT_INIT = [
      False),
     ("device_make_float2", "__device__ float2 pair = make_float2(1.0f, 2.0f);", False),
     ("static_from_argument", "__global__ void from_argument(int* p, int n) { static int s = n; p[0] = s; }", False),
+    # a namespace-scope variable without __device__ is a __device__ variable under CuPy's options
+    ("unmarked_call", "float four() { return 4.0f; } float from_four = four();", False),
+    ("unmarked_constructor", "struct Tally { int v; Tally() : v(1) {} }; Tally tally;", False),
+    ("unmarked_in_namespace", "namespace inner { float five() { return 5.0f; } float from_five = five(); }", False),
+    ("unmarked_static_const", "float six() { return 6.0f; } static const float from_six = six();", False),
+    ("unmarked_braced", "float seven() { return 7.0f; } float2 from_seven = {seven(), 1.0f};", False),
     ("static_from_block", "__global__ void from_block(int* p) { static unsigned s = blockDim.x; p[0] = s; }", False),
     ("device_constants", "__device__ int twelve = 3 * 4; __device__ float zeros[4]; "
                          "__constant__ float table[3] = {1, 2, 3}; __device__ float2 braced = {1.0f, 2.0f};", True),
@@ -492,6 +516,9 @@ CONSTANT_INIT = [
                          "static int z; return ++c + (int)t[1] + z; }", True),
     ("static_members", "struct Sizes { static const int w = 4; static constexpr int z = 2; }; "
                        "static __device__ int file_static = 2;", True),
+    ("unmarked_constants", "float eight = 8.0f; const float nine = 9.0f; static const float pair_table[2] = {1, 2}; "
+                           "float unset; constexpr float ten() { return 10.0f; } float from_ten = ten(); "
+                           "struct Plain { int v; } plain; enum Shade { dark, light } shade;", True),
     ("static_lambda", "__global__ void lambda_static(int* p) { static auto inc = [](int x) { return x + 1; }; "
                       "p[0] = inc(p[1]); }", True),
 ]
@@ -514,9 +541,10 @@ def test_the_emulator_refuses_a_run_time_initializer_where_nvrtc_does():
     text = str(info.value)
     for number in range(1, len(refused) + 1):
         assert re.search(rf"^init\.cu:{number}:\d+: error: .*constant initializer", text, re.M), (number, text)
-    assert ("(a __device__ or __constant__ variable, or a static local, is initialized before any thread runs: "
-            "NVRTC refuses a value computed at run time there ('dynamic initialization is not supported for a "
-            "__device__ variable')") in text
+    assert ("(a __device__ or __constant__ variable (one at namespace scope is __device__ even unmarked, under CuPy's "
+            "--device-as-default-execution-space), or a static local, is initialized before any thread runs: NVRTC "
+            "refuses a value computed at run time there ('dynamic initialization is not supported for a __device__ "
+            "variable')") in text
 
 
 def test_the_emulator_takes_constant_initializers():

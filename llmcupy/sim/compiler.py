@@ -505,17 +505,60 @@ def rewrite_warp_size(code: str) -> str:
 # before the kernel runs; NVRTC takes only a constant initializer for them ("dynamic initialization is
 # not supported for a __device__ variable", "... for a function-scope static __device__ variable"), where
 # g++ would run any code at load or first use. Each gets C++20's constinit (GCC's __constinit in any -std,
-# clang's attribute), so g++ refuses what NVRTC refuses; _unsupported_features says why in NVRTC's words.
+# clang's attribute), so g++ refuses what NVRTC refuses; _unsupported_features says why in NVRTC's words. So does
+# a namespace-scope variable without __device__ (_unmarked_file_scope_variables).
 # (GCC folds the C library's math calls, expf(1.0f), into constants, so those few still pass here.)
 _STATIC_SPECIFIER = re.compile(r"\bstatic\s+")
 _NOT_CONSTANT_INITIALIZER = re.compile(r"does not have a constant initializer")
+
+
+# Under CuPy's --device-as-default-execution-space a namespace-scope variable written without __device__ is a
+# __device__ variable too, and NVRTC refuses its run-time initializer in the same words (`float g = f();`,
+# `Counter c;` with a constructor that is not constexpr; NVRTC 12.4, 12.9 and 13.5). Such a definition is a
+# statement at namespace scope whose declarator part (before any '=') holds no parenthesis or brace.
+_NOT_A_VARIABLE = re.compile(r"\b(?:typedef|using|template|namespace|extern|static_assert|friend|struct|class|union|"
+                             r"enum|asm|__asm__|operator|constexpr|constinit|consteval|thread_local|__device__|"
+                             r"__constant__|__shared__|__managed__|warpSize|LLMCUPY_SIM_CONSTANT_INIT)\b")
+_DECLARATOR_END = re.compile(r"[A-Za-z_]\w*\s*(?:\[[^\]]*\]\s*)*$")
+_PREPROCESSOR_LINE = re.compile(r"(?m)^[ \t]*#(?:[^\n]*\\\n)*[^\n]*")
+
+
+def _unmarked_file_scope_variables(text: str, scopes: "_Scopes") -> list[int]:
+    """Where each namespace-scope variable definition without __device__ starts, in the comment- and
+    literal-blanked ``text``."""
+    text = _PREPROCESSOR_LINE.sub(_blank, text)
+    starts, start = [], 0
+    for m in re.finditer(r"[;{}]", text):
+        i, ch = m.start(), m.group(0)
+        if ch == "{":
+            if scopes.file_scope(i):
+                start = i + 1   # a namespace's or extern "C"'s body
+            continue
+        if ch == "}":
+            opener = scopes.enclosing_brace(i)
+            if (scopes.file_scope(i) and opener >= 0 and text[:opener].rstrip()[-1:] != "="
+                    and not _opens_aggregate(text, opener) and not re.search(r"\benum\b", text[max(0, opener - 200):opener])):
+                start = i + 1   # the end of a function's or namespace's body, not of an initializer or a class
+            continue
+        if not scopes.file_scope(i):
+            continue
+        statement = text[start:i]
+        start = i + 1
+        head = statement.split("=")[0]
+        words = head.split()
+        if (len(words) < 2 or re.search(r"[(){}]", head) or head.lstrip().startswith("[")
+                or _NOT_A_VARIABLE.search(statement.split("=")[0]) or "warpSize" in statement
+                or not _DECLARATOR_END.search(head.rstrip())):
+            continue
+        starts.append(i - len(statement.lstrip()))
+    return starts
 
 
 def rewrite_constant_initialization(code: str) -> str:
     """Line-preserving: ``LLMCUPY_SIM_CONSTANT_INIT`` (llmcupy_sim.h) before each namespace-scope
     __device__/__constant__ variable definition and after each function-scope ``static``."""
     text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
-    if "static" not in text and "__device__" not in text and "__constant__" not in text:
+    if ";" not in text:
         return code
     scopes = _Scopes(text)
     inserts = []
@@ -530,6 +573,7 @@ def rewrite_constant_initialization(code: str) -> str:
                 or re.search(r"\b(?:extern\s*(?:\"C\"\s*)?|constexpr\s+)$", before) or "warpSize" in m.group(0)):
             continue   # a declaration without storage, a constant already, or warpSize's own refusal
         inserts.append(m.start())
+    inserts += _unmarked_file_scope_variables(text, scopes)
     for m in _STATIC_SPECIFIER.finditer(text):
         decl = declaration(m.end())
         if scopes.file_scope(m.start()) or re.match(r"(?:__shared__|thread_local|constexpr|inline)\b", decl):
@@ -576,6 +620,12 @@ _GRID_CONSTANT = re.compile(r"\b__grid_constant__\b")
 _GRID_CONSTANT_REFUSAL = (
     "a parameter annotated with __grid_constant__ must have const-qualified type (NVRTC refuses it too); "
     "write const __grid_constant__ T name")
+_GRID_CONSTANT_NOT_A_KERNEL = (
+    "__grid_constant__ annotation is only allowed on a parameter of a __global__ function (NVRTC refuses it too); "
+    "drop it here: a __device__ function or a lambda takes the kernel's parameter by const reference (const T& name)")
+_GRID_CONSTANT_NOT_A_PARAMETER = (
+    'attribute "grid_constant" does not apply here (NVRTC refuses it too): __grid_constant__ marks a __global__ '
+    "function's const parameter only; drop it")
 
 _MAXNREG_REFUSAL = (
     "The __launch_bounds__ and __maxnreg__ qualifiers cannot be applied to the same kernel (NVRTC refuses it too); "
@@ -618,20 +668,50 @@ def _parameter_around(text: str, position: int) -> str:
     return text[begin:end]
 
 
-def _non_const_grid_constants(text: str):
-    """Positions of each __grid_constant__ whose parameter is not declared const."""
+def _parameter_list_head(text: str, position: int) -> str | None:
+    """What declares the function whose parameter list holds ``position`` (back from its '(' to the last ';'
+    or brace), or None where ``position`` is in no parameter list."""
+    depth, i = 0, position
+    while i > 0:
+        ch = text[i - 1]
+        if ch in ")>":
+            depth += 1
+        elif ch in "(<" and depth > 0:
+            depth -= 1
+        elif ch == "(":
+            return text[max(text.rfind(c, 0, i - 1) for c in ";{}") + 1:i - 1]
+        elif ch in ";{}":
+            return None
+        i -= 1
+    return None
+
+
+def _misplaced_grid_constants(text: str):
+    """(position, refusal) for each __grid_constant__ NVRTC refuses: on what is not a parameter, on a parameter
+    of a function that is not __global__ (a __device__ function, a lambda), or on one not declared const."""
+    # a kernel declared through a macro of the source's own (#define KERNEL extern "C" __global__)
+    kernel_words = ["__global__"] + re.findall(r"(?m)^[ \t]*#[ \t]*define[ \t]+(\w+)\b.*\b__global__\b", text)
+    is_kernel = re.compile(rf"\b(?:{'|'.join(kernel_words)})\b")
     for m in _GRID_CONSTANT.finditer(text):
         if text[text.rfind("\n", 0, m.start()) + 1:m.start()].lstrip().startswith("#"):
             continue   # a macro's definition (#define GRID_CONSTANT __grid_constant__): its uses are the parameters
+        head = _parameter_list_head(text, m.start())
+        if head is None:
+            yield m.start(), _GRID_CONSTANT_NOT_A_PARAMETER
+            continue
+        if not is_kernel.search(head):
+            yield m.start(), _GRID_CONSTANT_NOT_A_KERNEL
+            continue
+        # const must qualify the parameter itself: `const T* p` is a pointer to const, `T* const p` is const
         parameter = _template_arguments_blanked(_parameter_around(text, m.start()))
-        if not re.search(r"\bconst\b", parameter):
-            yield m.start()
+        if not re.search(r"\bconst\b", parameter[parameter.rfind("*") + 1:]):
+            yield m.start(), _GRID_CONSTANT_REFUSAL
 
 
 def rewrite_refused_words(code: str, options=()) -> str:
     """Line-preserving: each word of _REFUSED_WORDS in the source is preceded by a preprocessor error
     saying why NVRTC refuses it (``__int128`` is allowed with ``--device-int128``, as under NVRTC); so is a
-    lambda marked __device__/__host__, a __grid_constant__ parameter that is not const, and a kernel with both
+    lambda marked __device__/__host__, a __grid_constant__ other than on a kernel's const parameter, and a kernel with both
     __launch_bounds__ and __maxnreg__."""
     words = [w for w in _REFUSED_WORDS if w in code]
     if "__int128" in words and any(isinstance(o, str) and o.lstrip("-") == "device-int128" for o in options or ()):
@@ -648,7 +728,7 @@ def rewrite_refused_words(code: str, options=()) -> str:
                                         f"{nvrtc_says}); {advice}"))
     if annotated:
         refusals += [(m.start() + m.group(0).index("_"), _LAMBDA_REFUSAL) for m in _ANNOTATED_LAMBDA.finditer(text)]
-        refusals += [(pos, _GRID_CONSTANT_REFUSAL) for pos in _non_const_grid_constants(text)]
+        refusals += list(_misplaced_grid_constants(text))
     if "__maxnreg__" in code:
         for m in _GLOBAL_FN.finditer(text):
             if "__launch_bounds__" in m.group(0) and "__maxnreg__" in m.group(0):
@@ -1760,7 +1840,8 @@ def _unsupported_features(stderr: str) -> str:
         said.append("typeid and dynamic_cast are not CUDA: NVRTC fails on them too (no RTTI in device code); "
                     "dispatch on a type tag or a virtual function instead")
     if _NOT_CONSTANT_INITIALIZER.search(stderr):
-        said.append("a __device__ or __constant__ variable, or a static local, is initialized before any thread runs: "
+        said.append("a __device__ or __constant__ variable (one at namespace scope is __device__ even unmarked, under "
+                    "CuPy's --device-as-default-execution-space), or a static local, is initialized before any thread runs: "
                     "NVRTC refuses a value computed at run time there ('dynamic initialization is not supported for a "
                     "__device__ variable'); give it constants (a constexpr constructor for a class), or set it in "
                     "the kernel")
