@@ -829,6 +829,91 @@ def test_the_emulator_has_nvrtcs_overloads_of_min_max_abs_and_math():
         pytest.fail("\n".join(failed) or str(exc))
 
 
+# __half and __nv_bfloat16 arguments: CUDA's half types convert to float and to every integer type, so NVRTC
+# finds min, max, abs, isnan, isinf, isfinite and signbit of one ambiguous, and takes the float overload of
+# fabs, sqrt, expf, fmax, ... (NVRTC 12.4, 12.9 and 13.5)
+TYPE_NAMES.update({"h": "__half", "bf": "__nv_bfloat16", "bool": "bool"})
+HALF_OVERLOADS = [
+    *((name, {(x, x): None, (x, "f"): "f", ("f", x): "f", (x, "d"): "d", (x, "i"): None})
+      for name in ("min", "max") for x in ("h", "bf")),
+    *((name, {(x,): None for x in ("h", "bf")}) for name in ("abs", "isnan", "isinf", "isfinite", "signbit")),
+    *((name, {(x,): "f" for x in ("h", "bf")}) for name in ("fabs", "fabsf", "sqrt", "sqrtf", "exp", "expf", "log",
+                                                           "floor", "ceil", "tanh", "tanhf", "rsqrtf", "round")),
+    *((name, {(x, x): "f" for x in ("h", "bf")}) for name in ("fmax", "fmaxf", "fmin")),
+    ("pow", {("h", "i"): "f", ("bf", "i"): "f"}), ("fma", {("h", "h", "h"): "f", ("bf", "bf", "bf"): "f"}),
+    *((name, {("h", "h"): "h", ("bf", "bf"): "bf"}) for name in ("__hmax", "__hmin")),
+    *((name, {("h",): "h", ("bf",): "bf"}) for name in ("__habs", "hsqrt", "hexp")),
+    ("__hisnan", {("h",): "bool", ("bf",): "bool"}), ("__hisinf", {("h",): "i", ("bf",): "i"}),
+]
+_HALF_PROBE = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n" + _overload_probe(HALF_OVERLOADS)
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_overloads_for_half_arguments(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"half": _HALF_PROBE})["half"]
+    assert ok, "\n".join(re.findall(r'static assertion failed with "(.*)"', log)) or log
+
+
+def test_the_emulator_has_nvrtcs_overloads_for_half_arguments():
+    # before: the emulator's __half converted to float only, so min(h, h) and abs(h) were floats and isnan(h) an
+    # int here, where NVRTC refuses each
+    try:
+        llmcupy.RawModule(code=_HALF_PROBE, target="sim", filename="half.cu")
+    except sim_compiler.SimCompileError as exc:
+        failed = re.findall(r"static assertion failed: (.*)", str(exc))
+        pytest.fail("\n".join(failed) or str(exc))
+
+
+def test_isnan_of_a_half_is_refused_naming_what_to_write():
+    code = ('#include <cuda_fp16.h>\n'
+            '__global__ void flags(const __half* h, int* p) { p[0] = isnan(h[0]); p[1] = isinf(h[1]); }\n')
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="flags.cu")
+    text = str(info.value)
+    assert re.search(r"flags\.cu:2:\d+: error: .*\bisnan\b", text) and re.search(r"flags\.cu:2:\d+: error: .*\bisinf\b", text)
+    assert ("isnan() of a __half or __nv_bfloat16 is ambiguous under NVRTC ('more than one instance of overloaded "
+            "function \"isnan\" matches the argument list': CUDA's half types convert to float and to every integer "
+            "type); write __hisnan(h) or isnan(__half2float(h))") in text
+    assert "isinf() of a __half or __nv_bfloat16 is ambiguous under NVRTC" in text and "write __hisinf(h) or" in text
+
+
+# The integer conversions of CUDA's half types: toward zero, saturated to the type's range, NaN to 0
+# (__half2int_rz, ...); to bool, nonzero (NaN is true, -0 false)
+HALF_CONVERSIONS = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+extern "C" __global__ void half_to_integers(const float* f, long long* out) {
+    __half h[5] = {__float2half(f[0]), __float2half(f[1]), __float2half(f[2]), __float2half(f[3]),
+                   __float2half(f[4])};
+    int i = h[0];
+    short s = h[1];
+    unsigned u = h[2];
+    unsigned char c = h[1];
+    long long n = h[3];
+    out[0] = i; out[1] = s; out[2] = u; out[3] = c; out[4] = n;
+    bool nonzero = h[4], nan = h[3], one = h[0];
+    out[5] = nonzero; out[6] = nan; out[7] = one;
+    __nv_bfloat16 b = __float2bfloat16(f[1]);
+    short sb = b;
+    out[8] = sb;
+}
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_the_half_conversions_kernel_compiles_under_nvrtc(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"half": HALF_CONVERSIONS})["half"]
+    assert ok, log
+
+
+def test_the_emulators_half_types_convert_to_integers_as_cudas():
+    # before: only the float conversion was there, so `short s = h` of 60000 overflowed short through float
+    f = np.array([-2.75, 60000.0, -3.0, np.nan, -0.0], np.float32)
+    out = np.zeros(9, np.int64)
+    llmcupy.RawModule(code=HALF_CONVERSIONS, target="sim").get_function("half_to_integers")((1,), (1,), (f, out))
+    assert out.tolist() == [-2, 32767, 0, 255, 0, 0, 1, 1, 32767]
+
+
 # Where a naive min/max (a < b ? a : b in the arguments' common type) computes otherwise than CUDA's:
 # a NaN argument (fminf/fmaxf return the number), a negative int with an unsigned (CUDA converts the
 # int: -1 is the largest), and a result type wider than the arguments (int for bool or unsigned char)

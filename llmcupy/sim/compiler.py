@@ -510,6 +510,10 @@ def rewrite_warp_size(code: str) -> str:
 # (GCC folds the C library's math calls, expf(1.0f), into constants, so those few still pass here.)
 _STATIC_SPECIFIER = re.compile(r"\bstatic\s+")
 _NOT_CONSTANT_INITIALIZER = re.compile(r"does not have a constant initializer")
+# isnan, isinf, isfinite and signbit of a __half or __nv_bfloat16, which llmcupy_sim_half.h deletes (g++'s words,
+# then clang's)
+_HALF_CLASSIFICATION = re.compile(r"error: (?:use of deleted function .int (isnan|isinf|isfinite|signbit)"
+                                  r"\((__half|__nv_bfloat16)\).|call to deleted function .(isnan|isinf|isfinite|signbit).)")
 
 
 # Under CuPy's --device-as-default-execution-space a namespace-scope variable written without __device__ is a
@@ -1839,6 +1843,12 @@ def _unsupported_features(stderr: str) -> str:
                  r"|use of typeid requires -frtti|use of dynamic_cast requires -frtti)", stderr):
         said.append("typeid and dynamic_cast are not CUDA: NVRTC fails on them too (no RTTI in device code); "
                     "dispatch on a type tag or a virtual function instead")
+    for name in dict.fromkeys(m[1] or m[3] for m in _HALF_CLASSIFICATION.finditer(stderr)):
+        said.append(f"{name}() of a __half or __nv_bfloat16 is ambiguous under NVRTC ('more than one instance of "
+                    f"overloaded function \"{name}\" matches the argument list': CUDA's half types convert to float "
+                    f"and to every integer type); write " + ("__hisnan(h) or " if name == "isnan" else
+                                                             "__hisinf(h) or " if name == "isinf" else "")
+                    + f"{name}(__half2float(h)) ({name}(__bfloat162float(h)) for a __nv_bfloat16)")
     if _NOT_CONSTANT_INITIALIZER.search(stderr):
         said.append("a __device__ or __constant__ variable (one at namespace scope is __device__ even unmarked, under "
                     "CuPy's --device-as-default-execution-space), or a static local, is initialized before any thread runs: "
