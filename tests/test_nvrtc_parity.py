@@ -563,42 +563,54 @@ def test_the_emulator_takes_constant_initializers():
 _FLOAT = [m for m, what in sim_compiler.MACROS_NVRTC_LACKS.items() if what == "include <cuda/std/cfloat>"]
 _LIMITS = [m for m, what in sim_compiler.MACROS_NVRTC_LACKS.items() if what == "include <cuda/std/climits>"]
 _STDINT = [m for m, what in sim_compiler.MACROS_NVRTC_LACKS.items() if what == "include <cuda/std/cstdint>"]
+_CSTDDEF = [m for m, what in sim_compiler.MACROS_NVRTC_LACKS.items() if what == "include <cuda/std/cstddef>"]
 MACROS_BY_HEADER = {
     None: [],
-    "cuda/std/cmath": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
+    "cuda/std/cmath": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT, *_CSTDDEF],
     "cuda/std/cfloat": _FLOAT,
     "cuda/std/climits": _LIMITS,
     "cuda/std/cstdint": _LIMITS + _STDINT,
-    "cuda/std/cstdlib": _LIMITS + _STDINT,
-    "cuda/std/cstring": _LIMITS + _STDINT,
-    "cuda/std/limits": _FLOAT + _LIMITS + _STDINT,
+    "cuda/std/cstddef": _CSTDDEF,
+    "cuda/std/cstdlib": _LIMITS + _STDINT + _CSTDDEF,
+    "cuda/std/cstring": _LIMITS + _STDINT + _CSTDDEF,
+    "cuda/std/limits": _FLOAT + _LIMITS + _STDINT + _CSTDDEF,
     **dict.fromkeys(("cuda/std/atomic", "cuda/std/bit", "cuda/std/array", "cuda/std/functional", "cuda/std/utility",
-                     "cuda/std/tuple"), _FLOAT + _LIMITS + _STDINT),
-    "cuda/std/type_traits": _LIMITS + _STDINT,
+                     "cuda/std/tuple"), _FLOAT + _LIMITS + _STDINT + _CSTDDEF),
+    "cuda/std/type_traits": _LIMITS + _STDINT + _CSTDDEF,
     "cuda/std/ratio": _LIMITS + _STDINT,
-    "cuda/std/complex": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
-    "cub/block/block_reduce.cuh": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
-    "cub/warp/warp_reduce.cuh": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
-    **dict.fromkeys(("math_constants.h", "cuda/std/cassert", "cuda/std/cstddef", "cuda/std/initializer_list",
+    "cuda/std/complex": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT, *_CSTDDEF],
+    "cub/block/block_reduce.cuh": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT, *_CSTDDEF],
+    "cub/warp/warp_reduce.cuh": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT, *_CSTDDEF],
+    **dict.fromkeys(("math_constants.h", "cuda/std/cassert", "cuda/std/initializer_list",
                      "cuda_fp16.h", "cuda_bf16.h", "cuda_pipeline.h", "cuComplex.h"), []),
     # not <cooperative_groups.h>: NVRTC 12.9 and 13.5 bring in <cuda/std/cfloat>'s, ... through it, 12.4 none;
     # the emulator follows the oldest, so what it compiles compiles with each
 }
 
 
-def _macro_uses(header) -> str:
-    """A source that uses every macro of MACROS_NVRTC_LACKS, after ``header``."""
-    uses = "".join(f"    p[{i}] = (double)({m});\n" for i, m in enumerate(sim_compiler.MACROS_NVRTC_LACKS))
-    return (f"#include <{header}>\n" if header else "") + f'extern "C" __global__ void uses(double* p) {{\n{uses}}}\n'
+def _macro_flags(header) -> str:
+    """A source that warns of each macro of MACROS_NVRTC_LACKS defined after ``header`` (by #ifdef: NVRTC stops
+    at 100 errors, and a use of offsetof or INT32_C would need arguments)."""
+    flags = "".join(f"#ifdef {m}\n#warning defined: {m}\n#endif\n" for m in sim_compiler.MACROS_NVRTC_LACKS)
+    return (f"#include <{header}>\n" if header else "") + flags + KERNEL
 
 
 @pytest.mark.parametrize("which", WHICH)
 def test_nvrtc_verdicts_on_c_library_macros(have_nvrtc, which):
-    verdicts = nvrtc_verdicts(which, {str(h): _macro_uses(h) for h in MACROS_BY_HEADER})
+    verdicts = nvrtc_verdicts(which, {str(h): _macro_flags(h) for h in MACROS_BY_HEADER})
     for header, defined in MACROS_BY_HEADER.items():
         ok, log = verdicts[str(header)]
-        undefined = set(re.findall(r'identifier "(\w+)" is undefined', log))
-        assert not ok and undefined == set(sim_compiler.MACROS_NVRTC_LACKS) - set(defined), (header, log)
+        assert ok and set(re.findall(r"defined: (\w+)", log)) == set(defined), (header, log)
+
+
+def test_nvrtc_refuses_the_c_library_macros_without_an_include(have_nvrtc):
+    # the #ifdef probe above, seen from a use: 'identifier "EOF" is undefined' (INT32_C and offsetof need arguments)
+    args = {"offsetof": "(float2, y)", **dict.fromkeys([m for m in _STDINT if m.endswith("_C")], "(1)")}
+    names = [m for m in sim_compiler.MACROS_NVRTC_LACKS if m != "P_tmpdir"]   # a string
+    for chunk in range(0, len(names), 80):   # NVRTC stops at 100 errors
+        uses = "".join(f"    p[{i}] = (double)({m}{args.get(m, '')});\n" for i, m in enumerate(names[chunk:chunk + 80]))
+        ok, log = _compile_all({"uses": f'extern "C" __global__ void uses(double* p) {{\n{uses}}}\n'})["uses"]
+        assert not ok and set(names[chunk:chunk + 80]) <= set(re.findall(r'identifier "(\w+)" is undefined', log)), log
 
 
 def test_the_emulator_defines_the_c_library_macros_where_nvrtc_does_and_only_there():
@@ -641,6 +653,24 @@ def test_a_c_library_macro_without_its_header_names_what_provides_it():
                        ("M_PI", "no CUDA header defines it: write <math_constants.h>'s CUDART_* constants"),
                        ("HUGE_VALF", "no CUDA header defines it: write CUDART_INF_F"),
                        ("RAND_MAX", "no CUDA header defines it (device code has no rand() or exit())")]:
+        assert re.search(r"macros\.cu:1:\d+: error: .*\b" + name + r"\b", text), (name, text)
+        assert f"'{name}': " + said.format(name, what) in text, name
+    # before: each of these compiled here too (the host's <stdio.h>, <errno.h>, <float.h>, <stdint.h>, ...)
+    code = KERNEL.replace("1.0f", "EOF + errno + LDBL_MAX + INT32_C(1) + PTRDIFF_MAX + WCHAR_MAX + PATH_MAX + "
+                                  "offsetof(float2, y) + M_PIf + HUGE_VALL + FLT_DECIMAL_DIG")
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="macros.cu")
+    text = str(info.value)
+    for name, what in [("EOF", "no CUDA header defines it (device code has no files or streams"),
+                       ("errno", "no CUDA header defines it (device code has no errno"),
+                       ("LDBL_MAX", "no CUDA header defines it (<cuda/std/cfloat> has the FLT_ and DBL_ macros only)"),
+                       ("INT32_C", "include <cuda/std/cstdint>"), ("PTRDIFF_MAX", "include <cuda/std/cstdint>"),
+                       ("WCHAR_MAX", "no CUDA header defines it (<cuda/std/climits> and <cuda/std/cstdint> have C's"),
+                       ("PATH_MAX", "it is a host (POSIX) constant, which no CUDA header defines"),
+                       ("offsetof", "include <cuda/std/cstddef>"),
+                       ("M_PIf", "no CUDA header defines it: write <math_constants.h>'s CUDART_* constants"),
+                       ("HUGE_VALL", "no CUDA header defines it: write CUDART_INF or CUDART_NAN"),
+                       ("FLT_DECIMAL_DIG", "include <cuda/std/cfloat>")]:
         assert re.search(r"macros\.cu:1:\d+: error: .*\b" + name + r"\b", text), (name, text)
         assert f"'{name}': " + said.format(name, what) in text, name
 

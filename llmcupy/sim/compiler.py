@@ -1126,6 +1126,66 @@ _LIMITS_MACROS = ("CHAR_BIT SCHAR_MIN SCHAR_MAX UCHAR_MAX CHAR_MIN CHAR_MAX SHRT
                   "INT_MAX UINT_MAX LONG_MIN LONG_MAX ULONG_MAX LLONG_MIN LLONG_MAX ULLONG_MAX").split()
 _STDINT_MACROS = ("INT8_MIN INT8_MAX UINT8_MAX INT16_MIN INT16_MAX UINT16_MAX INT32_MIN INT32_MAX UINT32_MAX "
                   "INT64_MIN INT64_MAX UINT64_MAX SIZE_MAX").split()
+# The host C library's other macros that the emulator's header brings in and NVRTC lacks without an include
+# (NVRTC 12.4, 12.9 and 13.5 define only NULL and assert; measured in tests/test_nvrtc_parity.py): those
+# libcu++ headers define under NVRTC are taken back there (#pragma pop_macro in the stand-ins, so each keeps
+# the host's definition, which matches the host's int_fast16_t, ...); no CUDA header defines the others.
+_FLOAT_MACROS_KEPT = ("DBL_DECIMAL_DIG DBL_HAS_SUBNORM DBL_MAX_10_EXP DBL_MIN_10_EXP DECIMAL_DIG "
+                      "FLT_DECIMAL_DIG FLT_EVAL_METHOD FLT_HAS_SUBNORM FLT_MAX_10_EXP FLT_MIN_10_EXP "
+                      "FLT_ROUNDS").split()
+_STDINT_MACROS_KEPT = ("INT16_C INT32_C INT64_C INT8_C INTMAX_C INTMAX_MAX INTMAX_MIN INTPTR_MAX "
+                       "INTPTR_MIN INT_FAST16_MAX INT_FAST16_MIN INT_FAST32_MAX INT_FAST32_MIN "
+                       "INT_FAST64_MAX INT_FAST64_MIN INT_FAST8_MAX INT_FAST8_MIN INT_LEAST16_MAX "
+                       "INT_LEAST16_MIN INT_LEAST32_MAX INT_LEAST32_MIN INT_LEAST64_MAX INT_LEAST64_MIN "
+                       "INT_LEAST8_MAX INT_LEAST8_MIN PTRDIFF_MAX PTRDIFF_MIN UINT16_C UINT32_C UINT64_C "
+                       "UINT8_C UINTMAX_C UINTMAX_MAX UINTPTR_MAX UINT_FAST16_MAX UINT_FAST32_MAX "
+                       "UINT_FAST64_MAX UINT_FAST8_MAX UINT_LEAST16_MAX UINT_LEAST32_MAX UINT_LEAST64_MAX "
+                       "UINT_LEAST8_MAX").split()
+MACROS_KEPT_FOR_HEADERS = (*_FLOAT_MACROS_KEPT, *_STDINT_MACROS_KEPT, "offsetof")
+_ERRNO_MACROS = ("E2BIG EACCES EADDRINUSE EADDRNOTAVAIL EADV EAFNOSUPPORT EAGAIN EALREADY EBADE EBADF "
+                 "EBADFD EBADMSG EBADR EBADRQC EBADSLT EBFONT EBUSY ECANCELED ECHILD ECHRNG ECOMM "
+                 "ECONNABORTED ECONNREFUSED ECONNRESET EDEADLK EDEADLOCK EDESTADDRREQ EDOM EDOTDOT EDQUOT "
+                 "EEXIST EFAULT EFBIG EHOSTDOWN EHOSTUNREACH EHWPOISON EIDRM EILSEQ EINPROGRESS EINTR "
+                 "EINVAL EIO EISCONN EISDIR EISNAM EKEYEXPIRED EKEYREJECTED EKEYREVOKED EL2HLT EL2NSYNC "
+                 "EL3HLT EL3RST ELIBACC ELIBBAD ELIBEXEC ELIBMAX ELIBSCN ELNRNG ELOOP EMEDIUMTYPE EMFILE "
+                 "EMLINK EMSGSIZE EMULTIHOP ENAMETOOLONG ENAVAIL ENETDOWN ENETRESET ENETUNREACH ENFILE "
+                 "ENOANO ENOBUFS ENOCSI ENODATA ENODEV ENOENT ENOEXEC ENOKEY ENOLCK ENOLINK ENOMEDIUM "
+                 "ENOMEM ENOMSG ENONET ENOPKG ENOPROTOOPT ENOSPC ENOSR ENOSTR ENOSYS ENOTBLK ENOTCONN "
+                 "ENOTDIR ENOTEMPTY ENOTNAM ENOTRECOVERABLE ENOTSOCK ENOTSUP ENOTTY ENOTUNIQ ENXIO "
+                 "EOPNOTSUPP EOVERFLOW EOWNERDEAD EPERM EPFNOSUPPORT EPIPE EPROTO EPROTONOSUPPORT "
+                 "EPROTOTYPE ERANGE EREMCHG EREMOTE EREMOTEIO ERESTART ERFKILL EROFS ESHUTDOWN "
+                 "ESOCKTNOSUPPORT ESPIPE ESRCH ESRMNT ESTALE ESTRPIPE ETIME ETIMEDOUT ETOOMANYREFS "
+                 "ETXTBSY EUCLEAN EUNATCH EUSERS EWOULDBLOCK EXDEV EXFULL errno").split()
+_STDIO_MACROS = ("BUFSIZ EOF FILENAME_MAX FOPEN_MAX L_ctermid L_cuserid L_tmpnam P_tmpdir RENAME_EXCHANGE "
+                 "RENAME_NOREPLACE RENAME_WHITEOUT SEEK_CUR SEEK_DATA SEEK_END SEEK_HOLE SEEK_SET TMP_MAX").split()
+_LONG_DOUBLE_MACROS = ("LDBL_DECIMAL_DIG LDBL_DIG LDBL_EPSILON LDBL_HAS_SUBNORM LDBL_MANT_DIG LDBL_MAX "
+                      "LDBL_MAX_10_EXP LDBL_MAX_EXP LDBL_MIN LDBL_MIN_10_EXP LDBL_MIN_EXP LDBL_TRUE_MIN").split()
+_HUGE_AND_SNAN_MACROS = ("HUGE_VALL HUGE_VAL_F128 HUGE_VAL_F32 HUGE_VAL_F32X HUGE_VAL_F64 HUGE_VAL_F64X "
+                        "SNAN SNANF SNANF128 SNANF32 SNANF32X SNANF64 SNANF64X SNANL").split()
+_WIDTH_AND_LIMIT_MACROS = ("BOOL_MAX BOOL_WIDTH CHAR_WIDTH INT16_WIDTH INT32_WIDTH INT64_WIDTH INT8_WIDTH "
+                           "INTMAX_WIDTH INTPTR_WIDTH INT_FAST16_WIDTH INT_FAST32_WIDTH INT_FAST64_WIDTH "
+                           "INT_FAST8_WIDTH INT_LEAST16_WIDTH INT_LEAST32_WIDTH INT_LEAST64_WIDTH "
+                           "INT_LEAST8_WIDTH INT_WIDTH LLONG_WIDTH LONG_BIT LONG_LONG_MAX LONG_LONG_MIN "
+                           "LONG_WIDTH MB_CUR_MAX MB_LEN_MAX PTRDIFF_WIDTH SCHAR_WIDTH SHRT_WIDTH "
+                           "SIG_ATOMIC_MAX SIG_ATOMIC_MIN SIG_ATOMIC_WIDTH SIZE_WIDTH SSIZE_MAX "
+                           "UCHAR_WIDTH UINT16_WIDTH UINT32_WIDTH UINT64_WIDTH UINT8_WIDTH UINTMAX_WIDTH "
+                           "UINTPTR_WIDTH UINT_FAST16_WIDTH UINT_FAST32_WIDTH UINT_FAST64_WIDTH "
+                           "UINT_FAST8_WIDTH UINT_LEAST16_WIDTH UINT_LEAST32_WIDTH UINT_LEAST64_WIDTH "
+                           "UINT_LEAST8_WIDTH UINT_WIDTH ULLONG_WIDTH ULONG_LONG_MAX ULONG_WIDTH "
+                           "USHRT_WIDTH WCHAR_MAX WCHAR_MIN WCHAR_WIDTH WINT_MAX WINT_MIN WINT_WIDTH "
+                           "WORD_BIT").split()
+_MATH_MACROS = ("FP_ILOGB0 FP_ILOGBNAN FP_LLOGB0 FP_LLOGBNAN MATH_ERREXCEPT MATH_ERRNO issubnormal "
+                "math_errhandling").split()
+_POSIX_MACROS = ("AIO_PRIO_DELTA_MAX BC_BASE_MAX BC_DIM_MAX BC_SCALE_MAX BC_STRING_MAX BIG_ENDIAN "
+                 "BYTE_ORDER CHARCLASS_NAME_MAX COLL_WEIGHTS_MAX DELAYTIMER_MAX EXPR_NEST_MAX FD_SETSIZE "
+                 "HOST_NAME_MAX IOV_MAX LINE_MAX LITTLE_ENDIAN LOGIN_NAME_MAX MAX_CANON MAX_INPUT "
+                 "MQ_PRIO_MAX NAME_MAX NFDBITS NGROUPS_MAX NL_ARGMAX NL_LANGMAX NL_MSGMAX NL_NMAX "
+                 "NL_SETMAX NL_TEXTMAX NZERO PATH_MAX PDP_ENDIAN PIPE_BUF PTHREAD_DESTRUCTOR_ITERATIONS "
+                 "PTHREAD_KEYS_MAX PTHREAD_STACK_MIN RE_DUP_MAX RTSIG_MAX SEM_VALUE_MAX TTY_NAME_MAX "
+                 "WCONTINUED WEXITED WNOHANG WNOWAIT WSTOPPED WUNTRACED XATTR_LIST_MAX XATTR_NAME_MAX "
+                 "XATTR_SIZE_MAX").split()
+_M_CONSTANTS = ("M_PI M_PI_2 M_PI_4 M_1_PI M_2_PI M_2_SQRTPI M_E M_LOG2E M_LOG10E M_LN2 M_LN10 M_SQRT2 "
+                "M_SQRT1_2").split()
 _MATH_CONSTANTS = "<math_constants.h>'s CUDART_* constants (CUDART_PI_F, CUDART_PIO2_F, CUDART_SQRT_TWO_F, " \
                   "CUDART_LN2_F, ...; without _F for double), or a constexpr of your own"
 MACROS_NVRTC_LACKS = {
@@ -1133,13 +1193,33 @@ MACROS_NVRTC_LACKS = {
     "NAN": "include <cuda/std/cmath>, or write CUDART_NAN_F from <math_constants.h>",
     "HUGE_VALF": "no CUDA header defines it: write CUDART_INF_F from <math_constants.h>",
     "HUGE_VAL": "no CUDA header defines it: write CUDART_INF from <math_constants.h>",
-    **dict.fromkeys(("M_PI M_PI_2 M_PI_4 M_1_PI M_2_PI M_2_SQRTPI M_E M_LOG2E M_LOG10E M_LN2 M_LN10 M_SQRT2 "
-                     "M_SQRT1_2").split(), f"no CUDA header defines it: write {_MATH_CONSTANTS}"),
+    **dict.fromkeys(_M_CONSTANTS, f"no CUDA header defines it: write {_MATH_CONSTANTS}"),
+    # glibc's float, long double and _FloatN forms of them
+    **dict.fromkeys((name + suffix for name in _M_CONSTANTS for suffix in ("f", "l", "f32", "f64", "f128", "f32x", "f64x")),
+                    f"no CUDA header defines it: write {_MATH_CONSTANTS}"),
     **dict.fromkeys(_FLOAT_MACROS, "include <cuda/std/cfloat>"),
     **dict.fromkeys(_LIMITS_MACROS, "include <cuda/std/climits>"),
     **dict.fromkeys(_STDINT_MACROS, "include <cuda/std/cstdint>"),
     **dict.fromkeys(("RAND_MAX", "EXIT_SUCCESS", "EXIT_FAILURE"),
                     "no CUDA header defines it (device code has no rand() or exit()): define a constant of your own"),
+    **dict.fromkeys(_FLOAT_MACROS_KEPT, "include <cuda/std/cfloat>"),
+    **dict.fromkeys(_STDINT_MACROS_KEPT, "include <cuda/std/cstdint>"),
+    "offsetof": "include <cuda/std/cstddef>",
+    **dict.fromkeys(_ERRNO_MACROS, "no CUDA header defines it (device code has no errno; CUDA's math functions set "
+                                   "none): report a failure through an output of the kernel"),
+    **dict.fromkeys(_STDIO_MACROS, "no CUDA header defines it (device code has no files or streams; printf() is "
+                                   "built in): define a constant of your own"),
+    **dict.fromkeys(_LONG_DOUBLE_MACROS, "no CUDA header defines it (<cuda/std/cfloat> has the FLT_ and DBL_ macros "
+                                         "only): use the DBL_ one, or define a constant of your own"),
+    **dict.fromkeys(_HUGE_AND_SNAN_MACROS, "no CUDA header defines it: write CUDART_INF or CUDART_NAN (CUDART_INF_F, "
+                                           "CUDART_NAN_F for a float) from <math_constants.h>"),
+    "MAXFLOAT": "no CUDA header defines it: include <cuda/std/cfloat> and write FLT_MAX",
+    **dict.fromkeys(_WIDTH_AND_LIMIT_MACROS, "no CUDA header defines it (<cuda/std/climits> and <cuda/std/cstdint> have "
+                                             "C's limits without it): write cuda::std::numeric_limits<T> after "
+                                             "including <cuda/std/limits>, or define a constant of your own"),
+    **dict.fromkeys(_MATH_MACROS, "no CUDA header defines it: define a constant (or a function) of your own"),
+    **dict.fromkeys(_POSIX_MACROS, "it is a host (POSIX) constant, which no CUDA header defines: define a constant "
+                                   "of your own"),
 }
 
 # The host's std namespace and C library, which the headers under llmcupy_sim.h declare and NVRTC does not
@@ -1666,13 +1746,16 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
         kernels = _left_by_preprocessor(kernels, code, preprocessed)
     # The host's headers under llmcupy_sim.h redefine a -DM_PI=... of the user's: set again after the #undef,
     # so the user's value holds, as under NVRTC
+    user_defined = [d for d in (f[2:] for f in flags if f.startswith("-D")) if d.partition("=")[0] in MACROS_NVRTC_LACKS]
     user_macros = "".join(f"#define {d.partition('=')[0]} {d.partition('=')[2] if '=' in d else '1'}\n"
-                          for d in (f[2:] for f in flags if f.startswith("-D"))
-                          if d.partition("=")[0] in MACROS_NVRTC_LACKS)
+                          for d in user_defined)
+    kept = [name for name in MACROS_KEPT_FOR_HEADERS if name not in {d.partition("=")[0] for d in user_defined}]
     unit = (
         prefix
         + "#define LLMCUPY_SIM_USER_SOURCE 1\n"   # from here on a host header is refused (HOST_HEADERS)
-        + "".join(f"#undef {name}\n" for name in MACROS_NVRTC_LACKS)   # as NVRTC lacks them
+        # as NVRTC lacks them; those a libcu++ header defines under NVRTC are kept for its stand-in's pop_macro
+        + "".join(f"#pragma push_macro(\"{name}\")\n" for name in kept)
+        + "".join(f"#undef {name}\n" for name in MACROS_NVRTC_LACKS)
         + user_macros
         + '#include "llmcupy_sim_nvrtc_names.h"\n'   # std:: and the C library as NVRTC has them (NAMES_NVRTC_LACKS)
         + f'#line 1 "{safe_name}"\n'
