@@ -540,7 +540,7 @@ def _unmarked_file_scope_variables(text: str, scopes: "_Scopes") -> list[int]:
             continue
         if ch == "}":
             opener = scopes.enclosing_brace(i)
-            if (scopes.file_scope(i) and opener >= 0 and text[:opener].rstrip()[-1:] != "="
+            if (scopes.file_scope(i) and opener >= 0 and text[max(0, opener - 200):opener].rstrip()[-1:] != "="
                     and not _opens_aggregate(text, opener) and not re.search(r"\benum\b", text[max(0, opener - 200):opener])):
                 start = i + 1   # the end of a function's or namespace's body, not of an initializer or a class
             continue
