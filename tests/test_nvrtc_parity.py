@@ -519,6 +519,7 @@ CONSTANT_INIT = [
     ("unmarked_constants", "float eight = 8.0f; const float nine = 9.0f; static const float pair_table[2] = {1, 2}; "
                            "float unset; constexpr float ten() { return 10.0f; } float from_ten = ten(); "
                            "struct Plain { int v; } plain; enum Shade { dark, light } shade;", True),
+    ("marked_by_macro", "#define TABLE_OF __constant__\nTABLE_OF float\n    by_macro[4];", True),
     ("static_lambda", "__global__ void lambda_static(int* p) { static auto inc = [](int x) { return x + 1; }; "
                       "p[0] = inc(p[1]); }", True),
 ]

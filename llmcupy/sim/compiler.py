@@ -530,6 +530,10 @@ _PREPROCESSOR_LINE = re.compile(r"(?m)^[ \t]*#(?:[^\n]*\\\n)*[^\n]*")
 def _unmarked_file_scope_variables(text: str, scopes: "_Scopes") -> list[int]:
     """Where each namespace-scope variable definition without __device__ starts, in the comment- and
     literal-blanked ``text``."""
+    # a macro of the source's own standing for __constant__, ... (#define TABLE __constant__) marks its variables
+    marking = re.findall(r"(?m)^[ \t]*#[ \t]*define[ \t]+(\w+)\b[^\n]*\b(?:__device__|__constant__|__shared__|"
+                         r"__managed__)\b", text)
+    marked = re.compile(rf"\b(?:{'|'.join(marking)})\b") if marking else None
     text = _PREPROCESSOR_LINE.sub(_blank, text)
     starts, start = [], 0
     for m in re.finditer(r"[;{}]", text):
@@ -551,7 +555,7 @@ def _unmarked_file_scope_variables(text: str, scopes: "_Scopes") -> list[int]:
         head = statement.split("=")[0]
         words = head.split()
         if (len(words) < 2 or re.search(r"[(){}]", head) or head.lstrip().startswith("[")
-                or _NOT_A_VARIABLE.search(statement.split("=")[0]) or "warpSize" in statement
+                or _NOT_A_VARIABLE.search(head) or (marked and marked.search(head)) or "warpSize" in statement
                 or not _DECLARATOR_END.search(head.rstrip())):
             continue
         starts.append(i - len(statement.lstrip()))
