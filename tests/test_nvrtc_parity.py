@@ -334,6 +334,19 @@ DEVICE_CODE = [
     ("grid_constant_const_in_template_argument", "template <class T> struct Two { T a, b; }; "
      "__global__ void twos(__grid_constant__ Two<const int> q, int* p) { p[0] = q.b; }", False,
      "a parameter annotated with __grid_constant__ must have const-qualified type"),
+    # NVRTC 12.4 to 13.5 take __grid_constant__ on a kernel's const parameter only
+    ("grid_constant_on_device_function", "struct Cell { float a, b; }; "
+                                         "__device__ float second(const __grid_constant__ Cell c) { return c.b; }", False,
+     "__grid_constant__ annotation is only allowed on a parameter of a __global__ function (NVRTC refuses it too)"),
+    ("grid_constant_on_unmarked_template", "template <class T> T same(const __grid_constant__ T x) { return x; }", False,
+     "__grid_constant__ annotation is only allowed on a parameter of a __global__ function"),
+    ("grid_constant_on_lambda", "__global__ void lambda_grid(int* p) { auto f = [] (const __grid_constant__ int x) "
+                                "{ return x; }; p[0] = f(1); }", False,
+     "__grid_constant__ annotation is only allowed on a parameter of a __global__ function"),
+    ("grid_constant_on_local", "__global__ void local_grid(int* p) { const __grid_constant__ int n = 1; p[0] = n; }",
+     False, 'attribute "grid_constant" does not apply here (NVRTC refuses it too)'),
+    ("grid_constant_pointer_to_const", "__global__ void pointed(const __grid_constant__ float* p) { }", False,
+     "a parameter annotated with __grid_constant__ must have const-qualified type"),
     ("cluster_bound_below_sm_90", "__global__ void __launch_bounds__(256, 2, 1) clustered(float* p) { p[0] = 1; }",
      False, "__launch_bounds__ takes a third argument (max blocks per cluster) only for sm_90 and newer (NVRTC "
             "refuses it too: cannot specify max blocks per cluster for this GPU architecture)"),
@@ -351,6 +364,11 @@ DEVICE_CODE = [
     ("maxnreg", "__global__ void __maxnreg__(32) limited(float* p) { p[0] = 1; }", True, None),
     ("grid_constant_by_macro", "#define GRID_CONSTANT __grid_constant__\nstruct Trio { int a, b, c; }; "
                                "__global__ void trios(const GRID_CONSTANT Trio t, int* p) { p[0] = t.c; }", True, None),
+    ("grid_constant_const_pointer", "__global__ void const_pointer(float* const __grid_constant__ p) { p[0] = 1; }",
+     True, None),
+    ("grid_constant_by_kernel_macro", "#define KERNEL_ENTRY extern \"C\" __global__\nstruct Quad { int a, b, c, d; }; "
+                                      "KERNEL_ENTRY void quads(const __grid_constant__ Quad q, int* p) { p[0] = q.d; }",
+     True, None),
     ("builtin_assume", "__global__ void assumed(float* p, int n) { __builtin_assume(n > 0); p[0] = n; }", True, None),
     ("brkpt", "__global__ void breaks(int n) { if (n < 0) __brkpt(); }", True, None),
 ]
@@ -483,6 +501,12 @@ CONSTANT_INIT = [
      False),
     ("device_make_float2", "__device__ float2 pair = make_float2(1.0f, 2.0f);", False),
     ("static_from_argument", "__global__ void from_argument(int* p, int n) { static int s = n; p[0] = s; }", False),
+    # a namespace-scope variable without __device__ is a __device__ variable under CuPy's options
+    ("unmarked_call", "float four() { return 4.0f; } float from_four = four();", False),
+    ("unmarked_constructor", "struct Tally { int v; Tally() : v(1) {} }; Tally tally;", False),
+    ("unmarked_in_namespace", "namespace inner { float five() { return 5.0f; } float from_five = five(); }", False),
+    ("unmarked_static_const", "float six() { return 6.0f; } static const float from_six = six();", False),
+    ("unmarked_braced", "float seven() { return 7.0f; } float2 from_seven = {seven(), 1.0f};", False),
     ("static_from_block", "__global__ void from_block(int* p) { static unsigned s = blockDim.x; p[0] = s; }", False),
     ("device_constants", "__device__ int twelve = 3 * 4; __device__ float zeros[4]; "
                          "__constant__ float table[3] = {1, 2, 3}; __device__ float2 braced = {1.0f, 2.0f};", True),
@@ -492,6 +516,10 @@ CONSTANT_INIT = [
                          "static int z; return ++c + (int)t[1] + z; }", True),
     ("static_members", "struct Sizes { static const int w = 4; static constexpr int z = 2; }; "
                        "static __device__ int file_static = 2;", True),
+    ("unmarked_constants", "float eight = 8.0f; const float nine = 9.0f; static const float pair_table[2] = {1, 2}; "
+                           "float unset; constexpr float ten() { return 10.0f; } float from_ten = ten(); "
+                           "struct Plain { int v; } plain; enum Shade { dark, light } shade;", True),
+    ("marked_by_macro", "#define TABLE_OF __constant__\nTABLE_OF float\n    by_macro[4];", True),
     ("static_lambda", "__global__ void lambda_static(int* p) { static auto inc = [](int x) { return x + 1; }; "
                       "p[0] = inc(p[1]); }", True),
 ]
@@ -514,9 +542,10 @@ def test_the_emulator_refuses_a_run_time_initializer_where_nvrtc_does():
     text = str(info.value)
     for number in range(1, len(refused) + 1):
         assert re.search(rf"^init\.cu:{number}:\d+: error: .*constant initializer", text, re.M), (number, text)
-    assert ("(a __device__ or __constant__ variable, or a static local, is initialized before any thread runs: "
-            "NVRTC refuses a value computed at run time there ('dynamic initialization is not supported for a "
-            "__device__ variable')") in text
+    assert ("(a __device__ or __constant__ variable (one at namespace scope is __device__ even unmarked, under CuPy's "
+            "--device-as-default-execution-space), or a static local, is initialized before any thread runs: NVRTC "
+            "refuses a value computed at run time there ('dynamic initialization is not supported for a __device__ "
+            "variable')") in text
 
 
 def test_the_emulator_takes_constant_initializers():
@@ -535,42 +564,54 @@ def test_the_emulator_takes_constant_initializers():
 _FLOAT = [m for m, what in sim_compiler.MACROS_NVRTC_LACKS.items() if what == "include <cuda/std/cfloat>"]
 _LIMITS = [m for m, what in sim_compiler.MACROS_NVRTC_LACKS.items() if what == "include <cuda/std/climits>"]
 _STDINT = [m for m, what in sim_compiler.MACROS_NVRTC_LACKS.items() if what == "include <cuda/std/cstdint>"]
+_CSTDDEF = [m for m, what in sim_compiler.MACROS_NVRTC_LACKS.items() if what == "include <cuda/std/cstddef>"]
 MACROS_BY_HEADER = {
     None: [],
-    "cuda/std/cmath": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
+    "cuda/std/cmath": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT, *_CSTDDEF],
     "cuda/std/cfloat": _FLOAT,
     "cuda/std/climits": _LIMITS,
     "cuda/std/cstdint": _LIMITS + _STDINT,
-    "cuda/std/cstdlib": _LIMITS + _STDINT,
-    "cuda/std/cstring": _LIMITS + _STDINT,
-    "cuda/std/limits": _FLOAT + _LIMITS + _STDINT,
+    "cuda/std/cstddef": _CSTDDEF,
+    "cuda/std/cstdlib": _LIMITS + _STDINT + _CSTDDEF,
+    "cuda/std/cstring": _LIMITS + _STDINT + _CSTDDEF,
+    "cuda/std/limits": _FLOAT + _LIMITS + _STDINT + _CSTDDEF,
     **dict.fromkeys(("cuda/std/atomic", "cuda/std/bit", "cuda/std/array", "cuda/std/functional", "cuda/std/utility",
-                     "cuda/std/tuple"), _FLOAT + _LIMITS + _STDINT),
-    "cuda/std/type_traits": _LIMITS + _STDINT,
+                     "cuda/std/tuple"), _FLOAT + _LIMITS + _STDINT + _CSTDDEF),
+    "cuda/std/type_traits": _LIMITS + _STDINT + _CSTDDEF,
     "cuda/std/ratio": _LIMITS + _STDINT,
-    "cuda/std/complex": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
-    "cub/block/block_reduce.cuh": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
-    "cub/warp/warp_reduce.cuh": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT],
-    **dict.fromkeys(("math_constants.h", "cuda/std/cassert", "cuda/std/cstddef", "cuda/std/initializer_list",
+    "cuda/std/complex": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT, *_CSTDDEF],
+    "cub/block/block_reduce.cuh": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT, *_CSTDDEF],
+    "cub/warp/warp_reduce.cuh": ["INFINITY", "NAN", *_FLOAT, *_LIMITS, *_STDINT, *_CSTDDEF],
+    **dict.fromkeys(("math_constants.h", "cuda/std/cassert", "cuda/std/initializer_list",
                      "cuda_fp16.h", "cuda_bf16.h", "cuda_pipeline.h", "cuComplex.h"), []),
     # not <cooperative_groups.h>: NVRTC 12.9 and 13.5 bring in <cuda/std/cfloat>'s, ... through it, 12.4 none;
     # the emulator follows the oldest, so what it compiles compiles with each
 }
 
 
-def _macro_uses(header) -> str:
-    """A source that uses every macro of MACROS_NVRTC_LACKS, after ``header``."""
-    uses = "".join(f"    p[{i}] = (double)({m});\n" for i, m in enumerate(sim_compiler.MACROS_NVRTC_LACKS))
-    return (f"#include <{header}>\n" if header else "") + f'extern "C" __global__ void uses(double* p) {{\n{uses}}}\n'
+def _macro_flags(header) -> str:
+    """A source that warns of each macro of MACROS_NVRTC_LACKS defined after ``header`` (by #ifdef: NVRTC stops
+    at 100 errors, and a use of offsetof or INT32_C would need arguments)."""
+    flags = "".join(f"#ifdef {m}\n#warning defined: {m}\n#endif\n" for m in sim_compiler.MACROS_NVRTC_LACKS)
+    return (f"#include <{header}>\n" if header else "") + flags + KERNEL
 
 
 @pytest.mark.parametrize("which", WHICH)
 def test_nvrtc_verdicts_on_c_library_macros(have_nvrtc, which):
-    verdicts = nvrtc_verdicts(which, {str(h): _macro_uses(h) for h in MACROS_BY_HEADER})
+    verdicts = nvrtc_verdicts(which, {str(h): _macro_flags(h) for h in MACROS_BY_HEADER})
     for header, defined in MACROS_BY_HEADER.items():
         ok, log = verdicts[str(header)]
-        undefined = set(re.findall(r'identifier "(\w+)" is undefined', log))
-        assert not ok and undefined == set(sim_compiler.MACROS_NVRTC_LACKS) - set(defined), (header, log)
+        assert ok and set(re.findall(r"defined: (\w+)", log)) == set(defined), (header, log)
+
+
+def test_nvrtc_refuses_the_c_library_macros_without_an_include(have_nvrtc):
+    # the #ifdef probe above, seen from a use: 'identifier "EOF" is undefined' (INT32_C and offsetof need arguments)
+    args = {"offsetof": "(float2, y)", **dict.fromkeys([m for m in _STDINT if m.endswith("_C")], "(1)")}
+    names = [m for m in sim_compiler.MACROS_NVRTC_LACKS if m != "P_tmpdir"]   # a string
+    for chunk in range(0, len(names), 80):   # NVRTC stops at 100 errors
+        uses = "".join(f"    p[{i}] = (double)({m}{args.get(m, '')});\n" for i, m in enumerate(names[chunk:chunk + 80]))
+        ok, log = _compile_all({"uses": f'extern "C" __global__ void uses(double* p) {{\n{uses}}}\n'})["uses"]
+        assert not ok and set(names[chunk:chunk + 80]) <= set(re.findall(r'identifier "(\w+)" is undefined', log)), log
 
 
 def test_the_emulator_defines_the_c_library_macros_where_nvrtc_does_and_only_there(libcuxx_mode):
@@ -613,6 +654,24 @@ def test_a_c_library_macro_without_its_header_names_what_provides_it():
                        ("M_PI", "no CUDA header defines it: write <math_constants.h>'s CUDART_* constants"),
                        ("HUGE_VALF", "no CUDA header defines it: write CUDART_INF_F"),
                        ("RAND_MAX", "no CUDA header defines it (device code has no rand() or exit())")]:
+        assert re.search(r"macros\.cu:1:\d+: error: .*\b" + name + r"\b", text), (name, text)
+        assert f"'{name}': " + said.format(name, what) in text, name
+    # before: each of these compiled here too (the host's <stdio.h>, <errno.h>, <float.h>, <stdint.h>, ...)
+    code = KERNEL.replace("1.0f", "EOF + errno + LDBL_MAX + INT32_C(1) + PTRDIFF_MAX + WCHAR_MAX + PATH_MAX + "
+                                  "offsetof(float2, y) + M_PIf + HUGE_VALL + FLT_DECIMAL_DIG")
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="macros.cu")
+    text = str(info.value)
+    for name, what in [("EOF", "no CUDA header defines it (device code has no files or streams"),
+                       ("errno", "no CUDA header defines it (device code has no errno"),
+                       ("LDBL_MAX", "no CUDA header defines it (<cuda/std/cfloat> has the FLT_ and DBL_ macros only)"),
+                       ("INT32_C", "include <cuda/std/cstdint>"), ("PTRDIFF_MAX", "include <cuda/std/cstdint>"),
+                       ("WCHAR_MAX", "no CUDA header defines it (<cuda/std/climits> and <cuda/std/cstdint> have C's"),
+                       ("PATH_MAX", "it is a host (POSIX) constant, which no CUDA header defines"),
+                       ("offsetof", "include <cuda/std/cstddef>"),
+                       ("M_PIf", "no CUDA header defines it: write <math_constants.h>'s CUDART_* constants"),
+                       ("HUGE_VALL", "no CUDA header defines it: write CUDART_INF or CUDART_NAN"),
+                       ("FLT_DECIMAL_DIG", "include <cuda/std/cfloat>")]:
         assert re.search(r"macros\.cu:1:\d+: error: .*\b" + name + r"\b", text), (name, text)
         assert f"'{name}': " + said.format(name, what) in text, name
 
@@ -799,6 +858,91 @@ def test_the_emulator_has_nvrtcs_overloads_of_min_max_abs_and_math():
     except sim_compiler.SimCompileError as exc:
         failed = re.findall(r"static assertion failed: (.*)", str(exc))
         pytest.fail("\n".join(failed) or str(exc))
+
+
+# __half and __nv_bfloat16 arguments: CUDA's half types convert to float and to every integer type, so NVRTC
+# finds min, max, abs, isnan, isinf, isfinite and signbit of one ambiguous, and takes the float overload of
+# fabs, sqrt, expf, fmax, ... (NVRTC 12.4, 12.9 and 13.5)
+TYPE_NAMES.update({"h": "__half", "bf": "__nv_bfloat16", "bool": "bool"})
+HALF_OVERLOADS = [
+    *((name, {(x, x): None, (x, "f"): "f", ("f", x): "f", (x, "d"): "d", (x, "i"): None})
+      for name in ("min", "max") for x in ("h", "bf")),
+    *((name, {(x,): None for x in ("h", "bf")}) for name in ("abs", "isnan", "isinf", "isfinite", "signbit")),
+    *((name, {(x,): "f" for x in ("h", "bf")}) for name in ("fabs", "fabsf", "sqrt", "sqrtf", "exp", "expf", "log",
+                                                           "floor", "ceil", "tanh", "tanhf", "rsqrtf", "round")),
+    *((name, {(x, x): "f" for x in ("h", "bf")}) for name in ("fmax", "fmaxf", "fmin")),
+    ("pow", {("h", "i"): "f", ("bf", "i"): "f"}), ("fma", {("h", "h", "h"): "f", ("bf", "bf", "bf"): "f"}),
+    *((name, {("h", "h"): "h", ("bf", "bf"): "bf"}) for name in ("__hmax", "__hmin")),
+    *((name, {("h",): "h", ("bf",): "bf"}) for name in ("__habs", "hsqrt", "hexp")),
+    ("__hisnan", {("h",): "bool", ("bf",): "bool"}), ("__hisinf", {("h",): "i", ("bf",): "i"}),
+]
+_HALF_PROBE = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n" + _overload_probe(HALF_OVERLOADS)
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_overloads_for_half_arguments(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"half": _HALF_PROBE})["half"]
+    assert ok, "\n".join(re.findall(r'static assertion failed with "(.*)"', log)) or log
+
+
+def test_the_emulator_has_nvrtcs_overloads_for_half_arguments():
+    # before: the emulator's __half converted to float only, so min(h, h) and abs(h) were floats and isnan(h) an
+    # int here, where NVRTC refuses each
+    try:
+        llmcupy.RawModule(code=_HALF_PROBE, target="sim", filename="half.cu")
+    except sim_compiler.SimCompileError as exc:
+        failed = re.findall(r"static assertion failed: (.*)", str(exc))
+        pytest.fail("\n".join(failed) or str(exc))
+
+
+def test_isnan_of_a_half_is_refused_naming_what_to_write():
+    code = ('#include <cuda_fp16.h>\n'
+            '__global__ void flags(const __half* h, int* p) { p[0] = isnan(h[0]); p[1] = isinf(h[1]); }\n')
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="flags.cu")
+    text = str(info.value)
+    assert re.search(r"flags\.cu:2:\d+: error: .*\bisnan\b", text) and re.search(r"flags\.cu:2:\d+: error: .*\bisinf\b", text)
+    assert ("isnan() of a __half or __nv_bfloat16 is ambiguous under NVRTC ('more than one instance of overloaded "
+            "function \"isnan\" matches the argument list': CUDA's half types convert to float and to every integer "
+            "type); write __hisnan(h) or isnan(__half2float(h))") in text
+    assert "isinf() of a __half or __nv_bfloat16 is ambiguous under NVRTC" in text and "write __hisinf(h) or" in text
+
+
+# The integer conversions of CUDA's half types: toward zero, saturated to the type's range, NaN to 0
+# (__half2int_rz, ...); to bool, nonzero (NaN is true, -0 false)
+HALF_CONVERSIONS = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+extern "C" __global__ void half_to_integers(const float* f, long long* out) {
+    __half h[5] = {__float2half(f[0]), __float2half(f[1]), __float2half(f[2]), __float2half(f[3]),
+                   __float2half(f[4])};
+    int i = h[0];
+    short s = h[1];
+    unsigned u = h[2];
+    unsigned char c = h[1];
+    long long n = h[3];
+    out[0] = i; out[1] = s; out[2] = u; out[3] = c; out[4] = n;
+    bool nonzero = h[4], nan = h[3], one = h[0];
+    out[5] = nonzero; out[6] = nan; out[7] = one;
+    __nv_bfloat16 b = __float2bfloat16(f[1]);
+    short sb = b;
+    out[8] = sb;
+}
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_the_half_conversions_kernel_compiles_under_nvrtc(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"half": HALF_CONVERSIONS})["half"]
+    assert ok, log
+
+
+def test_the_emulators_half_types_convert_to_integers_as_cudas():
+    # before: only the float conversion was there, so `short s = h` of 60000 overflowed short through float
+    f = np.array([-2.75, 60000.0, -3.0, np.nan, -0.0], np.float32)
+    out = np.zeros(9, np.int64)
+    llmcupy.RawModule(code=HALF_CONVERSIONS, target="sim").get_function("half_to_integers")((1,), (1,), (f, out))
+    assert out.tolist() == [-2, 32767, 0, 255, 0, 0, 1, 1, 32767]
 
 
 # Where a naive min/max (a < b ? a : b in the arguments' common type) computes otherwise than CUDA's:

@@ -506,17 +506,68 @@ def rewrite_warp_size(code: str) -> str:
 # before the kernel runs; NVRTC takes only a constant initializer for them ("dynamic initialization is
 # not supported for a __device__ variable", "... for a function-scope static __device__ variable"), where
 # g++ would run any code at load or first use. Each gets C++20's constinit (GCC's __constinit in any -std,
-# clang's attribute), so g++ refuses what NVRTC refuses; _unsupported_features says why in NVRTC's words.
+# clang's attribute), so g++ refuses what NVRTC refuses; _unsupported_features says why in NVRTC's words. So does
+# a namespace-scope variable without __device__ (_unmarked_file_scope_variables).
 # (GCC folds the C library's math calls, expf(1.0f), into constants, so those few still pass here.)
 _STATIC_SPECIFIER = re.compile(r"\bstatic\s+")
 _NOT_CONSTANT_INITIALIZER = re.compile(r"does not have a constant initializer")
+# isnan, isinf, isfinite and signbit of a __half or __nv_bfloat16, which llmcupy_sim_half.h deletes (g++'s words,
+# then clang's)
+_HALF_CLASSIFICATION = re.compile(r"error: (?:use of deleted function .int (isnan|isinf|isfinite|signbit)"
+                                  r"\((__half|__nv_bfloat16)\).|call to deleted function .(isnan|isinf|isfinite|signbit).)")
+
+
+# Under CuPy's --device-as-default-execution-space a namespace-scope variable written without __device__ is a
+# __device__ variable too, and NVRTC refuses its run-time initializer in the same words (`float g = f();`,
+# `Counter c;` with a constructor that is not constexpr; NVRTC 12.4, 12.9 and 13.5). Such a definition is a
+# statement at namespace scope whose declarator part (before any '=') holds no parenthesis or brace.
+_NOT_A_VARIABLE = re.compile(r"\b(?:typedef|using|template|namespace|extern|static_assert|friend|struct|class|union|"
+                             r"enum|asm|__asm__|operator|constexpr|constinit|consteval|thread_local|__device__|"
+                             r"__constant__|__shared__|__managed__|warpSize|LLMCUPY_SIM_CONSTANT_INIT)\b")
+_DECLARATOR_END = re.compile(r"[A-Za-z_]\w*\s*(?:\[[^\]]*\]\s*)*$")
+_PREPROCESSOR_LINE = re.compile(r"(?m)^[ \t]*#(?:[^\n]*\\\n)*[^\n]*")
+
+
+def _unmarked_file_scope_variables(text: str, scopes: "_Scopes") -> list[int]:
+    """Where each namespace-scope variable definition without __device__ starts, in the comment- and
+    literal-blanked ``text``."""
+    # a macro of the source's own standing for __constant__, ... (#define TABLE __constant__) marks its variables
+    marking = re.findall(r"(?m)^[ \t]*#[ \t]*define[ \t]+(\w+)\b[^\n]*\b(?:__device__|__constant__|__shared__|"
+                         r"__managed__)\b", text)
+    marked = re.compile(rf"\b(?:{'|'.join(marking)})\b") if marking else None
+    text = _PREPROCESSOR_LINE.sub(_blank, text)
+    starts, start = [], 0
+    for m in re.finditer(r"[;{}]", text):
+        i, ch = m.start(), m.group(0)
+        if ch == "{":
+            if scopes.file_scope(i):
+                start = i + 1   # a namespace's or extern "C"'s body
+            continue
+        if ch == "}":
+            opener = scopes.enclosing_brace(i)
+            if (scopes.file_scope(i) and opener >= 0 and text[max(0, opener - 200):opener].rstrip()[-1:] != "="
+                    and not _opens_aggregate(text, opener) and not re.search(r"\benum\b", text[max(0, opener - 200):opener])):
+                start = i + 1   # the end of a function's or namespace's body, not of an initializer or a class
+            continue
+        if not scopes.file_scope(i):
+            continue
+        statement = text[start:i]
+        start = i + 1
+        head = statement.split("=")[0]
+        words = head.split()
+        if (len(words) < 2 or re.search(r"[(){}]", head) or head.lstrip().startswith("[")
+                or _NOT_A_VARIABLE.search(head) or (marked and marked.search(head)) or "warpSize" in statement
+                or not _DECLARATOR_END.search(head.rstrip())):
+            continue
+        starts.append(i - len(statement.lstrip()))
+    return starts
 
 
 def rewrite_constant_initialization(code: str) -> str:
     """Line-preserving: ``LLMCUPY_SIM_CONSTANT_INIT`` (llmcupy_sim.h) before each namespace-scope
     __device__/__constant__ variable definition and after each function-scope ``static``."""
     text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
-    if "static" not in text and "__device__" not in text and "__constant__" not in text:
+    if ";" not in text:
         return code
     scopes = _Scopes(text)
     inserts = []
@@ -531,6 +582,7 @@ def rewrite_constant_initialization(code: str) -> str:
                 or re.search(r"\b(?:extern\s*(?:\"C\"\s*)?|constexpr\s+)$", before) or "warpSize" in m.group(0)):
             continue   # a declaration without storage, a constant already, or warpSize's own refusal
         inserts.append(m.start())
+    inserts += _unmarked_file_scope_variables(text, scopes)
     for m in _STATIC_SPECIFIER.finditer(text):
         decl = declaration(m.end())
         if scopes.file_scope(m.start()) or re.match(r"(?:__shared__|thread_local|constexpr|inline)\b", decl):
@@ -577,6 +629,12 @@ _GRID_CONSTANT = re.compile(r"\b__grid_constant__\b")
 _GRID_CONSTANT_REFUSAL = (
     "a parameter annotated with __grid_constant__ must have const-qualified type (NVRTC refuses it too); "
     "write const __grid_constant__ T name")
+_GRID_CONSTANT_NOT_A_KERNEL = (
+    "__grid_constant__ annotation is only allowed on a parameter of a __global__ function (NVRTC refuses it too); "
+    "drop it here: a __device__ function or a lambda takes the kernel's parameter by const reference (const T& name)")
+_GRID_CONSTANT_NOT_A_PARAMETER = (
+    'attribute "grid_constant" does not apply here (NVRTC refuses it too): __grid_constant__ marks a __global__ '
+    "function's const parameter only; drop it")
 
 _MAXNREG_REFUSAL = (
     "The __launch_bounds__ and __maxnreg__ qualifiers cannot be applied to the same kernel (NVRTC refuses it too); "
@@ -619,20 +677,50 @@ def _parameter_around(text: str, position: int) -> str:
     return text[begin:end]
 
 
-def _non_const_grid_constants(text: str):
-    """Positions of each __grid_constant__ whose parameter is not declared const."""
+def _parameter_list_head(text: str, position: int) -> str | None:
+    """What declares the function whose parameter list holds ``position`` (back from its '(' to the last ';'
+    or brace), or None where ``position`` is in no parameter list."""
+    depth, i = 0, position
+    while i > 0:
+        ch = text[i - 1]
+        if ch in ")>":
+            depth += 1
+        elif ch in "(<" and depth > 0:
+            depth -= 1
+        elif ch == "(":
+            return text[max(text.rfind(c, 0, i - 1) for c in ";{}") + 1:i - 1]
+        elif ch in ";{}":
+            return None
+        i -= 1
+    return None
+
+
+def _misplaced_grid_constants(text: str):
+    """(position, refusal) for each __grid_constant__ NVRTC refuses: on what is not a parameter, on a parameter
+    of a function that is not __global__ (a __device__ function, a lambda), or on one not declared const."""
+    # a kernel declared through a macro of the source's own (#define KERNEL extern "C" __global__)
+    kernel_words = ["__global__"] + re.findall(r"(?m)^[ \t]*#[ \t]*define[ \t]+(\w+)\b.*\b__global__\b", text)
+    is_kernel = re.compile(rf"\b(?:{'|'.join(kernel_words)})\b")
     for m in _GRID_CONSTANT.finditer(text):
         if text[text.rfind("\n", 0, m.start()) + 1:m.start()].lstrip().startswith("#"):
             continue   # a macro's definition (#define GRID_CONSTANT __grid_constant__): its uses are the parameters
+        head = _parameter_list_head(text, m.start())
+        if head is None:
+            yield m.start(), _GRID_CONSTANT_NOT_A_PARAMETER
+            continue
+        if not is_kernel.search(head):
+            yield m.start(), _GRID_CONSTANT_NOT_A_KERNEL
+            continue
+        # const must qualify the parameter itself: `const T* p` is a pointer to const, `T* const p` is const
         parameter = _template_arguments_blanked(_parameter_around(text, m.start()))
-        if not re.search(r"\bconst\b", parameter):
-            yield m.start()
+        if not re.search(r"\bconst\b", parameter[parameter.rfind("*") + 1:]):
+            yield m.start(), _GRID_CONSTANT_REFUSAL
 
 
 def rewrite_refused_words(code: str, options=()) -> str:
     """Line-preserving: each word of _REFUSED_WORDS in the source is preceded by a preprocessor error
     saying why NVRTC refuses it (``__int128`` is allowed with ``--device-int128``, as under NVRTC); so is a
-    lambda marked __device__/__host__, a __grid_constant__ parameter that is not const, and a kernel with both
+    lambda marked __device__/__host__, a __grid_constant__ other than on a kernel's const parameter, and a kernel with both
     __launch_bounds__ and __maxnreg__."""
     words = [w for w in _REFUSED_WORDS if w in code]
     if "__int128" in words and any(isinstance(o, str) and o.lstrip("-") == "device-int128" for o in options or ()):
@@ -649,7 +737,7 @@ def rewrite_refused_words(code: str, options=()) -> str:
                                         f"{nvrtc_says}); {advice}"))
     if annotated:
         refusals += [(m.start() + m.group(0).index("_"), _LAMBDA_REFUSAL) for m in _ANNOTATED_LAMBDA.finditer(text)]
-        refusals += [(pos, _GRID_CONSTANT_REFUSAL) for pos in _non_const_grid_constants(text)]
+        refusals += list(_misplaced_grid_constants(text))
     if "__maxnreg__" in code:
         for m in _GLOBAL_FN.finditer(text):
             if "__launch_bounds__" in m.group(0) and "__maxnreg__" in m.group(0):
@@ -1066,6 +1154,66 @@ _LIMITS_MACROS = ("CHAR_BIT SCHAR_MIN SCHAR_MAX UCHAR_MAX CHAR_MIN CHAR_MAX SHRT
                   "INT_MAX UINT_MAX LONG_MIN LONG_MAX ULONG_MAX LLONG_MIN LLONG_MAX ULLONG_MAX").split()
 _STDINT_MACROS = ("INT8_MIN INT8_MAX UINT8_MAX INT16_MIN INT16_MAX UINT16_MAX INT32_MIN INT32_MAX UINT32_MAX "
                   "INT64_MIN INT64_MAX UINT64_MAX SIZE_MAX").split()
+# The host C library's other macros that the emulator's header brings in and NVRTC lacks without an include
+# (NVRTC 12.4, 12.9 and 13.5 define only NULL and assert; measured in tests/test_nvrtc_parity.py): those
+# libcu++ headers define under NVRTC are taken back there (#pragma pop_macro in the stand-ins, so each keeps
+# the host's definition, which matches the host's int_fast16_t, ...); no CUDA header defines the others.
+_FLOAT_MACROS_KEPT = ("DBL_DECIMAL_DIG DBL_HAS_SUBNORM DBL_MAX_10_EXP DBL_MIN_10_EXP DECIMAL_DIG "
+                      "FLT_DECIMAL_DIG FLT_EVAL_METHOD FLT_HAS_SUBNORM FLT_MAX_10_EXP FLT_MIN_10_EXP "
+                      "FLT_ROUNDS").split()
+_STDINT_MACROS_KEPT = ("INT16_C INT32_C INT64_C INT8_C INTMAX_C INTMAX_MAX INTMAX_MIN INTPTR_MAX "
+                       "INTPTR_MIN INT_FAST16_MAX INT_FAST16_MIN INT_FAST32_MAX INT_FAST32_MIN "
+                       "INT_FAST64_MAX INT_FAST64_MIN INT_FAST8_MAX INT_FAST8_MIN INT_LEAST16_MAX "
+                       "INT_LEAST16_MIN INT_LEAST32_MAX INT_LEAST32_MIN INT_LEAST64_MAX INT_LEAST64_MIN "
+                       "INT_LEAST8_MAX INT_LEAST8_MIN PTRDIFF_MAX PTRDIFF_MIN UINT16_C UINT32_C UINT64_C "
+                       "UINT8_C UINTMAX_C UINTMAX_MAX UINTPTR_MAX UINT_FAST16_MAX UINT_FAST32_MAX "
+                       "UINT_FAST64_MAX UINT_FAST8_MAX UINT_LEAST16_MAX UINT_LEAST32_MAX UINT_LEAST64_MAX "
+                       "UINT_LEAST8_MAX").split()
+MACROS_KEPT_FOR_HEADERS = (*_FLOAT_MACROS_KEPT, *_STDINT_MACROS_KEPT, "offsetof")
+_ERRNO_MACROS = ("E2BIG EACCES EADDRINUSE EADDRNOTAVAIL EADV EAFNOSUPPORT EAGAIN EALREADY EBADE EBADF "
+                 "EBADFD EBADMSG EBADR EBADRQC EBADSLT EBFONT EBUSY ECANCELED ECHILD ECHRNG ECOMM "
+                 "ECONNABORTED ECONNREFUSED ECONNRESET EDEADLK EDEADLOCK EDESTADDRREQ EDOM EDOTDOT EDQUOT "
+                 "EEXIST EFAULT EFBIG EHOSTDOWN EHOSTUNREACH EHWPOISON EIDRM EILSEQ EINPROGRESS EINTR "
+                 "EINVAL EIO EISCONN EISDIR EISNAM EKEYEXPIRED EKEYREJECTED EKEYREVOKED EL2HLT EL2NSYNC "
+                 "EL3HLT EL3RST ELIBACC ELIBBAD ELIBEXEC ELIBMAX ELIBSCN ELNRNG ELOOP EMEDIUMTYPE EMFILE "
+                 "EMLINK EMSGSIZE EMULTIHOP ENAMETOOLONG ENAVAIL ENETDOWN ENETRESET ENETUNREACH ENFILE "
+                 "ENOANO ENOBUFS ENOCSI ENODATA ENODEV ENOENT ENOEXEC ENOKEY ENOLCK ENOLINK ENOMEDIUM "
+                 "ENOMEM ENOMSG ENONET ENOPKG ENOPROTOOPT ENOSPC ENOSR ENOSTR ENOSYS ENOTBLK ENOTCONN "
+                 "ENOTDIR ENOTEMPTY ENOTNAM ENOTRECOVERABLE ENOTSOCK ENOTSUP ENOTTY ENOTUNIQ ENXIO "
+                 "EOPNOTSUPP EOVERFLOW EOWNERDEAD EPERM EPFNOSUPPORT EPIPE EPROTO EPROTONOSUPPORT "
+                 "EPROTOTYPE ERANGE EREMCHG EREMOTE EREMOTEIO ERESTART ERFKILL EROFS ESHUTDOWN "
+                 "ESOCKTNOSUPPORT ESPIPE ESRCH ESRMNT ESTALE ESTRPIPE ETIME ETIMEDOUT ETOOMANYREFS "
+                 "ETXTBSY EUCLEAN EUNATCH EUSERS EWOULDBLOCK EXDEV EXFULL errno").split()
+_STDIO_MACROS = ("BUFSIZ EOF FILENAME_MAX FOPEN_MAX L_ctermid L_cuserid L_tmpnam P_tmpdir RENAME_EXCHANGE "
+                 "RENAME_NOREPLACE RENAME_WHITEOUT SEEK_CUR SEEK_DATA SEEK_END SEEK_HOLE SEEK_SET TMP_MAX").split()
+_LONG_DOUBLE_MACROS = ("LDBL_DECIMAL_DIG LDBL_DIG LDBL_EPSILON LDBL_HAS_SUBNORM LDBL_MANT_DIG LDBL_MAX "
+                      "LDBL_MAX_10_EXP LDBL_MAX_EXP LDBL_MIN LDBL_MIN_10_EXP LDBL_MIN_EXP LDBL_TRUE_MIN").split()
+_HUGE_AND_SNAN_MACROS = ("HUGE_VALL HUGE_VAL_F128 HUGE_VAL_F32 HUGE_VAL_F32X HUGE_VAL_F64 HUGE_VAL_F64X "
+                        "SNAN SNANF SNANF128 SNANF32 SNANF32X SNANF64 SNANF64X SNANL").split()
+_WIDTH_AND_LIMIT_MACROS = ("BOOL_MAX BOOL_WIDTH CHAR_WIDTH INT16_WIDTH INT32_WIDTH INT64_WIDTH INT8_WIDTH "
+                           "INTMAX_WIDTH INTPTR_WIDTH INT_FAST16_WIDTH INT_FAST32_WIDTH INT_FAST64_WIDTH "
+                           "INT_FAST8_WIDTH INT_LEAST16_WIDTH INT_LEAST32_WIDTH INT_LEAST64_WIDTH "
+                           "INT_LEAST8_WIDTH INT_WIDTH LLONG_WIDTH LONG_BIT LONG_LONG_MAX LONG_LONG_MIN "
+                           "LONG_WIDTH MB_CUR_MAX MB_LEN_MAX PTRDIFF_WIDTH SCHAR_WIDTH SHRT_WIDTH "
+                           "SIG_ATOMIC_MAX SIG_ATOMIC_MIN SIG_ATOMIC_WIDTH SIZE_WIDTH SSIZE_MAX "
+                           "UCHAR_WIDTH UINT16_WIDTH UINT32_WIDTH UINT64_WIDTH UINT8_WIDTH UINTMAX_WIDTH "
+                           "UINTPTR_WIDTH UINT_FAST16_WIDTH UINT_FAST32_WIDTH UINT_FAST64_WIDTH "
+                           "UINT_FAST8_WIDTH UINT_LEAST16_WIDTH UINT_LEAST32_WIDTH UINT_LEAST64_WIDTH "
+                           "UINT_LEAST8_WIDTH UINT_WIDTH ULLONG_WIDTH ULONG_LONG_MAX ULONG_WIDTH "
+                           "USHRT_WIDTH WCHAR_MAX WCHAR_MIN WCHAR_WIDTH WINT_MAX WINT_MIN WINT_WIDTH "
+                           "WORD_BIT").split()
+_MATH_MACROS = ("FP_ILOGB0 FP_ILOGBNAN FP_LLOGB0 FP_LLOGBNAN MATH_ERREXCEPT MATH_ERRNO issubnormal "
+                "math_errhandling").split()
+_POSIX_MACROS = ("AIO_PRIO_DELTA_MAX BC_BASE_MAX BC_DIM_MAX BC_SCALE_MAX BC_STRING_MAX BIG_ENDIAN "
+                 "BYTE_ORDER CHARCLASS_NAME_MAX COLL_WEIGHTS_MAX DELAYTIMER_MAX EXPR_NEST_MAX FD_SETSIZE "
+                 "HOST_NAME_MAX IOV_MAX LINE_MAX LITTLE_ENDIAN LOGIN_NAME_MAX MAX_CANON MAX_INPUT "
+                 "MQ_PRIO_MAX NAME_MAX NFDBITS NGROUPS_MAX NL_ARGMAX NL_LANGMAX NL_MSGMAX NL_NMAX "
+                 "NL_SETMAX NL_TEXTMAX NZERO PATH_MAX PDP_ENDIAN PIPE_BUF PTHREAD_DESTRUCTOR_ITERATIONS "
+                 "PTHREAD_KEYS_MAX PTHREAD_STACK_MIN RE_DUP_MAX RTSIG_MAX SEM_VALUE_MAX TTY_NAME_MAX "
+                 "WCONTINUED WEXITED WNOHANG WNOWAIT WSTOPPED WUNTRACED XATTR_LIST_MAX XATTR_NAME_MAX "
+                 "XATTR_SIZE_MAX").split()
+_M_CONSTANTS = ("M_PI M_PI_2 M_PI_4 M_1_PI M_2_PI M_2_SQRTPI M_E M_LOG2E M_LOG10E M_LN2 M_LN10 M_SQRT2 "
+                "M_SQRT1_2").split()
 _MATH_CONSTANTS = "<math_constants.h>'s CUDART_* constants (CUDART_PI_F, CUDART_PIO2_F, CUDART_SQRT_TWO_F, " \
                   "CUDART_LN2_F, ...; without _F for double), or a constexpr of your own"
 MACROS_NVRTC_LACKS = {
@@ -1073,13 +1221,33 @@ MACROS_NVRTC_LACKS = {
     "NAN": "include <cuda/std/cmath>, or write CUDART_NAN_F from <math_constants.h>",
     "HUGE_VALF": "no CUDA header defines it: write CUDART_INF_F from <math_constants.h>",
     "HUGE_VAL": "no CUDA header defines it: write CUDART_INF from <math_constants.h>",
-    **dict.fromkeys(("M_PI M_PI_2 M_PI_4 M_1_PI M_2_PI M_2_SQRTPI M_E M_LOG2E M_LOG10E M_LN2 M_LN10 M_SQRT2 "
-                     "M_SQRT1_2").split(), f"no CUDA header defines it: write {_MATH_CONSTANTS}"),
+    **dict.fromkeys(_M_CONSTANTS, f"no CUDA header defines it: write {_MATH_CONSTANTS}"),
+    # glibc's float, long double and _FloatN forms of them
+    **dict.fromkeys((name + suffix for name in _M_CONSTANTS for suffix in ("f", "l", "f32", "f64", "f128", "f32x", "f64x")),
+                    f"no CUDA header defines it: write {_MATH_CONSTANTS}"),
     **dict.fromkeys(_FLOAT_MACROS, "include <cuda/std/cfloat>"),
     **dict.fromkeys(_LIMITS_MACROS, "include <cuda/std/climits>"),
     **dict.fromkeys(_STDINT_MACROS, "include <cuda/std/cstdint>"),
     **dict.fromkeys(("RAND_MAX", "EXIT_SUCCESS", "EXIT_FAILURE"),
                     "no CUDA header defines it (device code has no rand() or exit()): define a constant of your own"),
+    **dict.fromkeys(_FLOAT_MACROS_KEPT, "include <cuda/std/cfloat>"),
+    **dict.fromkeys(_STDINT_MACROS_KEPT, "include <cuda/std/cstdint>"),
+    "offsetof": "include <cuda/std/cstddef>",
+    **dict.fromkeys(_ERRNO_MACROS, "no CUDA header defines it (device code has no errno; CUDA's math functions set "
+                                   "none): report a failure through an output of the kernel"),
+    **dict.fromkeys(_STDIO_MACROS, "no CUDA header defines it (device code has no files or streams; printf() is "
+                                   "built in): define a constant of your own"),
+    **dict.fromkeys(_LONG_DOUBLE_MACROS, "no CUDA header defines it (<cuda/std/cfloat> has the FLT_ and DBL_ macros "
+                                         "only): use the DBL_ one, or define a constant of your own"),
+    **dict.fromkeys(_HUGE_AND_SNAN_MACROS, "no CUDA header defines it: write CUDART_INF or CUDART_NAN (CUDART_INF_F, "
+                                           "CUDART_NAN_F for a float) from <math_constants.h>"),
+    "MAXFLOAT": "no CUDA header defines it: include <cuda/std/cfloat> and write FLT_MAX",
+    **dict.fromkeys(_WIDTH_AND_LIMIT_MACROS, "no CUDA header defines it (<cuda/std/climits> and <cuda/std/cstdint> have "
+                                             "C's limits without it): write cuda::std::numeric_limits<T> after "
+                                             "including <cuda/std/limits>, or define a constant of your own"),
+    **dict.fromkeys(_MATH_MACROS, "no CUDA header defines it: define a constant (or a function) of your own"),
+    **dict.fromkeys(_POSIX_MACROS, "it is a host (POSIX) constant, which no CUDA header defines: define a constant "
+                                   "of your own"),
 }
 
 # The host's std namespace and C library, which the headers under llmcupy_sim.h declare and NVRTC does not
@@ -1622,13 +1790,16 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
         kernels = _left_by_preprocessor(kernels, code, preprocessed)
     # The host's headers under llmcupy_sim.h redefine a -DM_PI=... of the user's: set again after the #undef,
     # so the user's value holds, as under NVRTC
+    user_defined = [d for d in (f[2:] for f in flags if f.startswith("-D")) if d.partition("=")[0] in MACROS_NVRTC_LACKS]
     user_macros = "".join(f"#define {d.partition('=')[0]} {d.partition('=')[2] if '=' in d else '1'}\n"
-                          for d in (f[2:] for f in flags if f.startswith("-D"))
-                          if d.partition("=")[0] in MACROS_NVRTC_LACKS)
+                          for d in user_defined)
+    kept = [name for name in MACROS_KEPT_FOR_HEADERS if name not in {d.partition("=")[0] for d in user_defined}]
     unit = (
         prefix
         + "#define LLMCUPY_SIM_USER_SOURCE 1\n"   # from here on a host header is refused (HOST_HEADERS)
-        + "".join(f"#undef {name}\n" for name in MACROS_NVRTC_LACKS)   # as NVRTC lacks them
+        # as NVRTC lacks them; those a libcu++ header defines under NVRTC are kept for its stand-in's pop_macro
+        + "".join(f"#pragma push_macro(\"{name}\")\n" for name in kept)
+        + "".join(f"#undef {name}\n" for name in MACROS_NVRTC_LACKS)
         + user_macros
         + '#include "llmcupy_sim_nvrtc_names.h"\n'   # std:: and the C library as NVRTC has them (NAMES_NVRTC_LACKS)
         + f'#line 1 "{safe_name}"\n'
@@ -1810,8 +1981,15 @@ def _unsupported_features(stderr: str) -> str:
                  r"|use of typeid requires -frtti|use of dynamic_cast requires -frtti)", stderr):
         said.append("typeid and dynamic_cast are not CUDA: NVRTC fails on them too (no RTTI in device code); "
                     "dispatch on a type tag or a virtual function instead")
+    for name in dict.fromkeys(m[1] or m[3] for m in _HALF_CLASSIFICATION.finditer(stderr)):
+        said.append(f"{name}() of a __half or __nv_bfloat16 is ambiguous under NVRTC ('more than one instance of "
+                    f"overloaded function \"{name}\" matches the argument list': CUDA's half types convert to float "
+                    f"and to every integer type); write " + ("__hisnan(h) or " if name == "isnan" else
+                                                             "__hisinf(h) or " if name == "isinf" else "")
+                    + f"{name}(__half2float(h)) ({name}(__bfloat162float(h)) for a __nv_bfloat16)")
     if _NOT_CONSTANT_INITIALIZER.search(stderr):
-        said.append("a __device__ or __constant__ variable, or a static local, is initialized before any thread runs: "
+        said.append("a __device__ or __constant__ variable (one at namespace scope is __device__ even unmarked, under "
+                    "CuPy's --device-as-default-execution-space), or a static local, is initialized before any thread runs: "
                     "NVRTC refuses a value computed at run time there ('dynamic initialization is not supported for a "
                     "__device__ variable'); give it constants (a constexpr constructor for a class), or set it in "
                     "the kernel")

@@ -147,6 +147,22 @@ inline double sticky_double(unsigned long long x) { return sticky_double(x, fals
         T(short i) : __x(llmcupy_sim::TO(float(i))) {}                                                 \
         T(unsigned short i) : __x(llmcupy_sim::TO(float(i))) {}                                        \
         operator float() const { return llmcupy_sim::FROM(__x); }                                      \
+        /* as CUDA's: to each integer type too (toward zero and saturated, NaN to 0, as __half2int_rz),  \
+           which makes min(h, h), max, abs, isnan, isinf, isfinite and signbit of one ambiguous under NVRTC \
+           (12.4 to 13.5), while fabs(h), sqrt(h), expf(h), ... take the float overload */             \
+        operator signed char() const { return integer<signed char>(); }                                \
+        operator unsigned char() const { return integer<unsigned char>(); }                            \
+        operator char() const { return integer<char>(); }                                              \
+        operator short() const { return integer<short>(); }                                            \
+        operator unsigned short() const { return integer<unsigned short>(); }                          \
+        operator int() const { return integer<int>(); }                                                \
+        operator unsigned int() const { return integer<unsigned int>(); }                              \
+        operator long() const { return integer<long>(); }                                              \
+        operator unsigned long() const { return integer<unsigned long>(); }                            \
+        operator long long() const { return integer<long long>(); }                                    \
+        operator unsigned long long() const { return integer<unsigned long long>(); }                  \
+        operator bool() const { return (__x & 0x7fffu) != 0; }   /* nonzero: NaN too, not -0 */         \
+        template <class I> I integer() const { return llmcupy_sim::cvt_sat<I>(std::trunc(float(*this))); } \
         T& operator=(float f) { __x = llmcupy_sim::TO(f); return *this; }                              \
         T& operator+=(T o) { *this = T(float(*this) + float(o)); return *this; }                      \
         T& operator-=(T o) { *this = T(float(*this) - float(o)); return *this; }                      \
@@ -182,6 +198,12 @@ inline double sticky_double(unsigned long long x) { return sticky_double(x, fals
     inline T __hdiv(T a, T b) { return a / b; }                                                        \
     inline T __hneg(T a) { return -a; }                                                                \
     inline T __habs(T a) { T r = a; r.__x &= 0x7fffu; return r; }                                      \
+    /* NVRTC finds isnan(h) ambiguous between its float and long double overloads (the integer        \
+       conversions reach long double too), where g++ takes the float one: refused here as well */      \
+    int isnan(T) = delete;                                                                             \
+    int isinf(T) = delete;                                                                             \
+    int isfinite(T) = delete;                                                                          \
+    int signbit(T) = delete;                                                                           \
     inline T __hfma(T a, T b, T c) { return T(std::fma(float(a), float(b), float(c))); }               \
     inline T __hmax(T a, T b) { return T(std::fmax(float(a), float(b))); }                             \
     inline T __hmin(T a, T b) { return T(std::fmin(float(a), float(b))); }                             \
