@@ -76,9 +76,13 @@ def test_each_wrapper_opens_and_closes_the_real_header(tmp_path):
         if name in libcuxx.REFUSED:
             assert lines == ["#pragma once", f"#error \"'{name}': {libcuxx.REFUSED[name]}\""]
             continue
-        assert lines[:4] == ["#pragma once", '#include "llmcupy_sim_libcuxx_begin.h"',
-                             f'#include "{(root / libcuxx._INSTEAD.get(name, name)).as_posix()}"',
-                             '#include "llmcupy_sim_libcuxx_end.h"'], name
+        begin = lines.index('#include "llmcupy_sim_libcuxx_begin.h"')
+        assert lines[begin:begin + 3] == ['#include "llmcupy_sim_libcuxx_begin.h"',
+                                          f'#include "{(root / libcuxx._INSTEAD.get(name, name)).as_posix()}"',
+                                          '#include "llmcupy_sim_libcuxx_end.h"'], name
+        # the host's macros libcu++ uses are back while the outermost wrapper reads, and gone after it
+        assert lines[0] == "#pragma once" and lines[1] == "#ifndef LLMCUPY_SIM_LIBCUXX_READING", name
+        assert '#pragma pop_macro("LDBL_MAX")' in lines[:begin] and "#undef LDBL_MAX" in lines[begin + 3:], name
         assert lines[-1] == '#include "llmcupy_sim_nvrtc_names_on.h"', name
     # made once, whole: a second call finds it
     assert libcuxx.wrapper_dir(tmp_path, root) == folder

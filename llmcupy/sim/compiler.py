@@ -1793,11 +1793,13 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
     user_defined = [d for d in (f[2:] for f in flags if f.startswith("-D")) if d.partition("=")[0] in MACROS_NVRTC_LACKS]
     user_macros = "".join(f"#define {d.partition('=')[0]} {d.partition('=')[2] if '=' in d else '1'}\n"
                           for d in user_defined)
-    kept = [name for name in MACROS_KEPT_FOR_HEADERS if name not in {d.partition("=")[0] for d in user_defined}]
+    kept = [name for name in (*MACROS_KEPT_FOR_HEADERS, *libcuxx.HOST_MACROS_LIBCUXX_USES)
+            if name not in {d.partition("=")[0] for d in user_defined}]
     unit = (
         prefix
         + "#define LLMCUPY_SIM_USER_SOURCE 1\n"   # from here on a host header is refused (HOST_HEADERS)
-        # as NVRTC lacks them; those a libcu++ header defines under NVRTC are kept for its stand-in's pop_macro
+        # as NVRTC lacks them; those a libcu++ header defines under NVRTC are kept for its stand-in's (or
+        # wrapper's) pop_macro, and those the real libcu++'s host code uses for its wrappers (sim/libcuxx.py)
         + "".join(f"#pragma push_macro(\"{name}\")\n" for name in kept)
         + "".join(f"#undef {name}\n" for name in MACROS_NVRTC_LACKS)
         + user_macros
