@@ -847,13 +847,17 @@ __attribute__((no_sanitize_thread)) inline void acquire(BlockState& bs, uintptr_
 // another is ordered. Its hook runs before the load itself, so the acquisition waits for the block's
 // next access, by when the load has happened: acquiring earlier could take a publication whose flag
 // store the load did not see.
-__attribute__((no_sanitize_thread)) inline void acquire_pending(BlockState& bs) {
-    uintptr_t a = bs.pending_acquire;
-    bs.pending_acquire = 0;
+__attribute__((no_sanitize_thread)) inline void acquire_locked(BlockState& bs, uintptr_t a) {
     size_t s = stripe(a);
     lock(g_sync_locks[s]);
     acquire(bs, a);
     unlock(g_sync_locks[s]);
+}
+
+__attribute__((no_sanitize_thread)) inline void acquire_pending(BlockState& bs) {
+    uintptr_t a = bs.pending_acquire;
+    bs.pending_acquire = 0;
+    acquire_locked(bs, a);
 }
 
 // An atomic is checked against other blocks' accesses with what it acquires already acquired: a
@@ -861,11 +865,7 @@ __attribute__((no_sanitize_thread)) inline void acquire_pending(BlockState& bs) 
 // x, as the rule says. Its hook runs just before on_atomic_begin, which acquires again under the lock
 // (what is published in between comes before the atomic too, so acquiring early never orders more).
 __attribute__((no_sanitize_thread)) inline void acquire_for_atomic(BlockState& bs, uintptr_t a) {
-    if (!is_sync_address(a)) return;
-    size_t s = stripe(a);
-    lock(g_sync_locks[s]);
-    acquire(bs, a);
-    unlock(g_sync_locks[s]);
+    if (is_sync_address(a)) acquire_locked(bs, a);
 }
 
 // An atomic on a launch buffer: acquire what was published through its address; after the memory
