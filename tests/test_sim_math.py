@@ -13,19 +13,21 @@ import llmcupy
 mpmath = pytest.importorskip("mpmath")
 mpmath.mp.dps = 50
 
-# function: (CUDA's maximum ulp error for double, for float), from the Math API appendix; norm/normf and
-# rnorm/rnormf state none and are held to the 3d/4d forms' 2 ulp
+# function: (CUDA's maximum ulp error for double, for float), from the table "Maximum ULP Error" of the CUDA C++
+# Programming Guide's appendix "Mathematical Functions" (standard functions, single and double precision). The
+# emulator must do at least as well as a GPU here: a kernel validated in it must not lean on more accuracy than
+# CUDA promises, but a looser bound would let a wrong formula pass (erfcinvf(1e-10) once gave infinity).
 FUNCTIONS = {
     "erfinv": (lambda x: mpmath.erfinv(x), 5, 2),
-    "normcdfinv": (lambda p: -mpmath.sqrt(2) * _erfcinv(2 * mpmath.mpf(p)), 8, 5),
+    "normcdfinv": (lambda p: -mpmath.sqrt(2) * _erfcinv(2 * mpmath.mpf(p)), 7, 5),
     "erfcx": (lambda x: (0.0 if x > 0 else math.inf) if math.isinf(x) else mpmath.exp(mpmath.mpf(x) ** 2) * mpmath.erfc(x),
-              4, 4),
+              3, 4),
     "cyl_bessel_i0": (lambda x: mpmath.besseli(0, x), 6, 6),
     "cyl_bessel_i1": (lambda x: mpmath.besseli(1, x), 6, 6),
     "rcbrt": (lambda x: math.copysign(math.inf, x) if x == 0 else
               1 / mpmath.cbrt(x) if x > 0 else -1 / mpmath.cbrt(-mpmath.mpf(x)), 1, 1),
-    "sinpi": (lambda x: mpmath.sinpi(x), 2, 2),
-    "cospi": (lambda x: mpmath.cospi(x), 2, 2),
+    "sinpi": (lambda x: mpmath.sinpi(x), 1, 2),
+    "cospi": (lambda x: mpmath.cospi(x), 1, 2),
 }
 
 
@@ -40,7 +42,7 @@ def _erfcinv(z):
         return +mpmath.erfinv(1 - z)
 
 
-FUNCTIONS["erfcinv"] = (_erfcinv, 6, 4)
+FUNCTIONS["erfcinv"] = (_erfcinv, 6, 2)
 
 
 def _as_float(value, dtype):
@@ -138,10 +140,13 @@ def test_norms_and_reciprocal_norms():
         return mpmath.sqrt(mpmath.fsum(mpmath.mpf(float(a)) ** 2 for a in values))
     want = [exact(v), 1 / exact(v), exact(v[:3]), exact(v[:4]), 1 / exact(v[:3]), 1 / exact(v[:4]), 1 / exact(v[:2]),
             mpmath.sqrt(2) * mpmath.mpf("1e300"), 1 / (mpmath.sqrt(2) * mpmath.mpf(1e-300))]
-    for got, w in zip(o[:9].tolist(), want):
-        assert _ulps(got, w, np.float64) <= 2, (got, w)   # CUDA's bound for the 3d/4d forms
-    for got, w in zip(of.tolist(), [exact(f), 1 / exact(f), 1 / exact(f[:4])]):
-        assert _ulps(got, w, np.float32) <= 2, (got, w)
+    # CUDA's bounds (the table above): norm 3, rnorm 2, norm3d/norm4d 2, rnorm3d/rnorm4d 1, rhypot 1 ulp;
+    # normf 4, rnormf 3, rnorm4df 2 ulp
+    double_bounds = [3, 2, 2, 2, 1, 1, 1, 2, 1]
+    for got, w, bound in zip(o[:9].tolist(), want, double_bounds):
+        assert _ulps(got, w, np.float64) <= bound, (got, w, bound)
+    for got, w, bound in zip(of.tolist(), [exact(f), 1 / exact(f), 1 / exact(f[:4])], [4, 3, 2]):
+        assert _ulps(got, w, np.float32) <= bound, (got, w, bound)
     assert o[9] == math.inf and o[10] == 0.0   # an infinite component wins over a NaN, as C's hypot
 
 
@@ -158,8 +163,8 @@ def test_sincospi_and_scoped_wrapping_atomics():
     }'''
     o, c = np.zeros(4), np.zeros(4, np.uint32)
     llmcupy.RawModule(code=code, target="sim").get_function("k")((1,), (5,), (o, c))
-    assert _ulps(o[0], mpmath.sinpi(mpmath.mpf(1.0 / 6.0)), np.float64) <= 2
-    assert _ulps(o[1], mpmath.cospi(mpmath.mpf(1.0 / 6.0)), np.float64) <= 2
+    assert _ulps(o[0], mpmath.sinpi(mpmath.mpf(1.0 / 6.0)), np.float64) <= 1   # CUDA's bound for sincospi
+    assert _ulps(o[1], mpmath.cospi(mpmath.mpf(1.0 / 6.0)), np.float64) <= 1
     assert o[2] == 0.0 and o[3] == -1.0
     # five threads: inc wraps 0 1 2 3 0 -> 1; dec from 0 gives 3, then 2 1 0 3 -> 3
     assert c.tolist() == [1, 1, 3, 3]
