@@ -151,3 +151,50 @@ def test_get_device_address_is_the_objects_own_address():
     p = np.zeros(2, np.float32)
     llmcupy.RawModule(code=code, target="sim").get_function("k")((1,), (1,), (p,))
     assert p.tolist() == [3, 1]
+
+
+# Thread 0 waits for the block's last thread, which the emulator runs after it in the default order: before,
+# libcu++'s host atomics (GCC's __atomic builtins) never yielded, so the waiter spun until the watchdog
+# (120 s) and the setter never ran; now a poll through them yields as one through CUDA's atomics does.
+SPIN_WAITS = {
+    "load": "while (f.load(cuda::std::memory_order_acquire) == 0) {}",
+    "wait": "f.wait(0, cuda::std::memory_order_acquire);",
+    "fetch_or": "while (f.fetch_or(0) == 0) {}",
+    "exchange": "while (f.exchange(0) == 0) {} f.store(1);",
+    "compare_exchange": "int seen = 1; while (!f.compare_exchange_strong(seen, 1)) seen = 1;",
+}
+
+
+@needs_real
+@pytest.mark.parametrize("order", ["forward", "random"])
+@pytest.mark.parametrize("wait", list(SPIN_WAITS))
+def test_a_spin_on_a_libcuxx_atomic_lets_the_other_threads_run(wait, order):
+    code = ("#include <cuda/atomic>\n"
+            'extern "C" __global__ void k(int* flag, int* out) {\n'
+            "    cuda::atomic_ref<int, cuda::thread_scope_block> f(flag[blockIdx.x]);\n"
+            "    if (threadIdx.x == blockDim.x - 1) { out[2 * blockIdx.x + 1] = 42; f.store(1); f.notify_all(); }\n"
+            f"    else if (threadIdx.x == 0) {{ {SPIN_WAITS[wait]} out[2 * blockIdx.x] = 1; }}\n"
+            "}\n")
+    flag, out = np.zeros(2, np.int32), np.zeros(4, np.int32)
+    with sim.settings(order=order, seed=5, timeout=20):
+        llmcupy.RawModule(code=code, target="sim").get_function("k")((2,), (64,), (flag, out))
+    assert out.tolist() == [1, 42, 1, 42] and flag.tolist() == [1, 1]
+
+
+@needs_real
+def test_a_spin_lock_on_a_libcuxx_atomic_serialises_its_critical_section():
+    code = ("#include <cuda/atomic>\n"
+            'extern "C" __global__ void k(int* lock, int* count) {\n'
+            "    cuda::atomic_ref<int, cuda::thread_scope_device> l(*lock);\n"
+            "    int expected = 0;\n"
+            "    while (!l.compare_exchange_weak(expected, 1, cuda::std::memory_order_acquire)) expected = 0;\n"
+            "    int c = *count;\n"
+            "    __nanosleep(100);   // the holder yields inside: the others must find the lock taken\n"
+            "    *count = c + 1;\n"
+            "    l.store(0, cuda::std::memory_order_release);\n"
+            "}\n")
+    lock, count = np.zeros(1, np.int32), np.zeros(1, np.int32)
+    with sim.settings(order="random", seed=5, timeout=20):
+        llmcupy.RawModule(code=code, target="sim").get_function("k")((2,), (32,), (lock, count))
+    assert count.tolist() == [64] and lock.tolist() == [0]
+

@@ -1065,6 +1065,42 @@ inline T atomic_op(T* a, T v, int op, int line, const char* what) {
     if (__builtin_expect(unchanged, 0)) note_atomic(a, poll_bits(old), line, what);
     return old;
 }
+// libcu++'s atomics (cuda::atomic_ref, cuda::std::atomic, ...) are host code here, built on GCC's __atomic
+// builtins, which never yield: a thread spinning on one (a flag wait, a spin lock) held the CPU until the
+// watchdog, while the thread that would set the flag never ran. llmcupy_sim_libcuxx_begin.h sends the
+// builtins of libcu++'s headers through these, which note a poll as CUDA's atomics do (note_atomic): a load or
+// a failed compare-exchange that sees the same value at the same address, an exchange or fetch that leaves
+// memory as it was.
+template <typename P, typename R>
+inline void libcuxx_atomic_load(P* a, R* ret, int order) {
+    __atomic_load(a, ret, order);
+    note_atomic((const void*)a, poll_bits(*ret), 0, "a libcu++ atomic load");
+}
+template <typename P, typename E, typename D>
+inline bool libcuxx_atomic_compare_exchange(P* a, E* expected, D* desired, bool weak, int success, int failure) {
+    bool exchanged = __atomic_compare_exchange(a, expected, desired, weak, success, failure);
+    if (!exchanged) note_atomic((const void*)a, poll_bits(*expected), 0, "a libcu++ atomic compare-exchange");
+    return exchanged;
+}
+template <typename P, typename V, typename R>
+inline void libcuxx_atomic_exchange(P* a, V* value, R* ret, int order) {
+    __atomic_exchange(a, value, ret, order);
+    if (poll_bits(*value) == poll_bits(*ret)) note_atomic((const void*)a, poll_bits(*ret), 0, "a libcu++ atomic exchange");
+}
+// fetch_add/sub/or/xor of zero: a poll written as a read-modify-write (libcu++'s floating-point adds are
+// compare-exchange loops, so these are integers and pointers)
+#define LLMCUPY_SIM_LIBCUXX_FETCH(OP)                                                                   \
+    template <typename P, typename V>                                                                  \
+    inline auto libcuxx_atomic_fetch_##OP(P* a, V v, int order) {                                      \
+        auto old = __atomic_fetch_##OP(a, v, order);                                                   \
+        if (v == 0) note_atomic((const void*)a, poll_bits(old), 0, "a libcu++ atomic fetch_" #OP);   \
+        return old;                                                                                    \
+    }
+LLMCUPY_SIM_LIBCUXX_FETCH(add)
+LLMCUPY_SIM_LIBCUXX_FETCH(sub)
+LLMCUPY_SIM_LIBCUXX_FETCH(or)
+LLMCUPY_SIM_LIBCUXX_FETCH(xor)
+#undef LLMCUPY_SIM_LIBCUXX_FETCH
 }  // namespace llmcupy_sim
 #define LLMCUPY_SIM_ATOMIC(NAME, OP)                                                                    \
     template <typename T>                                                                              \

@@ -60,3 +60,20 @@
 #pragma push_macro("cudaGetSymbolAddress")
 #define cudaGetSymbolAddress llmcupy_sim_libcuxx_cudaGetSymbolAddress
 #include "llmcupy_sim_libcuxx_cudart.h"
+// libcu++'s host atomics call GCC's __atomic builtins, which never yield: inside its headers they go through
+// llmcupy_sim.h's libcuxx_atomic_* instead, so a spin on a cuda::atomic_ref lets the other threads run
+#pragma push_macro("__atomic_load")
+#define __atomic_load(a, ret, order) ::llmcupy_sim::libcuxx_atomic_load(a, ret, order)
+#pragma push_macro("__atomic_compare_exchange")
+#define __atomic_compare_exchange(a, expected, desired, weak, success, failure) \
+    ::llmcupy_sim::libcuxx_atomic_compare_exchange(a, expected, desired, weak, success, failure)
+#pragma push_macro("__atomic_exchange")
+#define __atomic_exchange(a, value, ret, order) ::llmcupy_sim::libcuxx_atomic_exchange(a, value, ret, order)
+#pragma push_macro("__atomic_fetch_add")
+#define __atomic_fetch_add(a, v, order) ::llmcupy_sim::libcuxx_atomic_fetch_add(a, v, order)
+#pragma push_macro("__atomic_fetch_sub")
+#define __atomic_fetch_sub(a, v, order) ::llmcupy_sim::libcuxx_atomic_fetch_sub(a, v, order)
+#pragma push_macro("__atomic_fetch_or")
+#define __atomic_fetch_or(a, v, order) ::llmcupy_sim::libcuxx_atomic_fetch_or(a, v, order)
+#pragma push_macro("__atomic_fetch_xor")
+#define __atomic_fetch_xor(a, v, order) ::llmcupy_sim::libcuxx_atomic_fetch_xor(a, v, order)

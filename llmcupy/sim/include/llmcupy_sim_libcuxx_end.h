@@ -17,6 +17,13 @@
 #pragma pop_macro("cudaGetErrorString")
 #pragma pop_macro("cudaGetErrorName")
 #pragma pop_macro("cudaGetSymbolAddress")
+#pragma pop_macro("__atomic_load")
+#pragma pop_macro("__atomic_compare_exchange")
+#pragma pop_macro("__atomic_exchange")
+#pragma pop_macro("__atomic_fetch_add")
+#pragma pop_macro("__atomic_fetch_sub")
+#pragma pop_macro("__atomic_fetch_or")
+#pragma pop_macro("__atomic_fetch_xor")
 // `std` in the kernel's source is __llmcupy_sim_nvrtc_std (llmcupy_sim_nvrtc_names.h), so its cuda::std is
 // cuda::__llmcupy_sim_nvrtc_std: here the real one (the stand-ins alias it to the host's std instead)
 #ifndef LLMCUPY_SIM_LIBCUXX_ALIASED
