@@ -1396,6 +1396,10 @@ LIBCUXX_KERNELS = [
      "p[0] = cuda::maximum<>{}(p[1], p[2]) + 10 * cuda::std::plus<>{}(p[1], p[2]);", {0: 2 + 30}),
     ("atomic_ref", "#include <cuda/atomic>\n",
      "cuda::atomic_ref<float, cuda::thread_scope_device> a(p[0]); a.fetch_add(1.f);", {0: 64}),
+    # the device branch, as NVRTC takes (before: the host one, nv/target being read as host code here)
+    ("nv_target", "#include <nv/target>\n",
+     "NV_IF_TARGET(NV_IS_DEVICE, (p[0] = 1;), (p[0] = 2;)) NV_IF_ELSE_TARGET(NV_PROVIDES_SM_70, (p[1] = 1;), (p[1] = 2;)) "
+     "NV_IF_TARGET(NV_IS_HOST, (p[2] = 1;), (p[2] = 2;))", {0: 1, 1: 1, 2: 2}),
 ]
 
 

@@ -198,3 +198,29 @@ def test_a_spin_lock_on_a_libcuxx_atomic_serialises_its_critical_section():
         llmcupy.RawModule(code=code, target="sim").get_function("k")((2,), (32,), (lock, count))
     assert count.tolist() == [64] and lock.tolist() == [0]
 
+
+NV_TARGET_QUERIES = r"""
+__global__ void k(int* p) {
+    NV_IF_TARGET(NV_IS_DEVICE, (p[0] = 1;), (p[0] = 2;))
+    NV_IF_TARGET(NV_PROVIDES_SM_90, (p[1] = 1;), (p[1] = 2;))
+    NV_DISPATCH_TARGET(NV_IS_EXACTLY_SM_90, (p[2] = 90;), NV_IS_EXACTLY_SM_80, (p[2] = 80;))
+    p[3] = __CUDA_MINIMUM_ARCH__;
+    p[4] = NV_TARGET_MINIMUM_SM_INTEGER;
+    p[5] = f();
+}
+"""
+
+
+@needs_real
+@pytest.mark.parametrize("arch, expected", [(None, [1, 2, 80, 800, 80, 1]), ("sm_90", [1, 1, 90, 900, 90, 1])])
+def test_a_kernels_nv_if_target_takes_nvrtcs_branch_for_the_emulated_arch(arch, expected):
+    # before: nv/target, read as host code (libcu++'s own branches must be the host ones here), gave the
+    # kernel's NV_IF_TARGET the host branch too: NV_IS_DEVICE false, NV_PROVIDES_SM_* false, whatever -arch said.
+    # A libcu++ header read after the kernel's first use still compiles (its branches are host ones again).
+    code = ("#include <cuda/std/span>\n"   # reads nv/target inside another header
+            "__device__ int f() { NV_IF_TARGET(NV_IS_HOST, (return 2;), (return 1;)) }\n"
+            "#include <cuda/std/optional>\n#include <cuda/atomic>\n" + NV_TARGET_QUERIES)
+    options = () if arch is None else (f"-arch={arch}",)
+    p = np.zeros(6, np.int32)
+    llmcupy.RawModule(code=code, target="sim", options=options).get_function("k")((1,), (1,), (p,))
+    assert p.tolist() == expected
