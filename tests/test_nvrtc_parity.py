@@ -1442,6 +1442,29 @@ def test_without_the_real_libcuxx_its_headers_are_refused_naming_what_to_install
         assert "install CuPy (pip install cupy-cuda12x, or llmcupy's [cuda12] extra)" in str(info.value), name
 
 
+# libcu++ has no long double under a CUDA compiler (NVRTC): numeric_limits<long double> is the unspecialised
+# template, without members. Before, the emulator read libcu++ as host code, with long double: these ran here.
+LONG_DOUBLE_LIMITS = {name: "#include <cuda/std/limits>\n"
+                      f'extern "C" __global__ void k(float* p) {{ p[0] = cuda::std::numeric_limits<long double>::{name}; }}\n'
+                      for name in ("max()", "is_specialized", "digits")}
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtcs_libcuxx_has_no_long_double_limits(have_nvrtc, which):
+    verdicts = nvrtc_verdicts(which, LONG_DOUBLE_LIMITS)
+    assert not any(ok for ok, _ in verdicts.values()) and all("has no member" in log for _, log in verdicts.values())
+
+
+def test_the_emulators_libcuxx_has_no_long_double_limits_either():
+    pytest.importorskip("llmcupy.sim.libcuxx").libcudacxx_dir() or pytest.skip("no real libcu++ here (CuPy's)")
+    for name, code in LONG_DOUBLE_LIMITS.items():
+        with pytest.raises(sim_compiler.SimCompileError) as info:
+            llmcupy.RawModule(code=code, target="sim")
+        # g++: "'max' is not a member of 'cuda::std::__4::numeric_limits<long double>'"; clang: "no member named"
+        assert re.search(rf"{name.rstrip('()')}.{{1,3}}(is not a member of|in) .{{1,3}}cuda::std::.*numeric_limits<long "
+                         "double>", str(info.value)), str(info.value)
+
+
 # CCCL 3 (CuPy 14's, which NVRTC compiles a kernel against) removed CUB's functors for libcu++'s
 CUB_FUNCTORS = {f"cub_{name.lower()}": "#include <cub/block/block_reduce.cuh>\n"
                 f'extern "C" __global__ void k(float* p) {{ p[0] = cub::{name}()(p[1], p[2]); }}\n'

@@ -60,6 +60,16 @@
 #pragma push_macro("cudaGetSymbolAddress")
 #define cudaGetSymbolAddress llmcupy_sim_libcuxx_cudaGetSymbolAddress
 #include "llmcupy_sim_libcuxx_cudart.h"
+// long double: under NVRTC (a CUDA compiler) libcu++ has none (_CCCL_HAS_LONG_DOUBLE() 0: no
+// numeric_limits<long double> specialisation, no long double overloads), read as host code it has one. The
+// emulator reads libcu++'s configuration first and turns it off, so a kernel meets what NVRTC gives it
+// ('numeric_limits<long double>' has no member 'max').
+#if !defined(LLMCUPY_SIM_LIBCUXX_NO_LONG_DOUBLE) && __has_include(<cuda/std/__cccl/extended_data_types.h>)
+#define LLMCUPY_SIM_LIBCUXX_NO_LONG_DOUBLE 1
+#include <cuda/std/__cccl/extended_data_types.h>
+#undef _CCCL_HAS_LONG_DOUBLE
+#define _CCCL_HAS_LONG_DOUBLE() 0
+#endif
 // libcu++'s host atomics call GCC's __atomic builtins, which never yield: inside its headers they go through
 // llmcupy_sim.h's libcuxx_atomic_* instead, so a spin on a cuda::atomic_ref lets the other threads run
 #pragma push_macro("__atomic_load")
