@@ -1435,6 +1435,13 @@ def test_raw_kernel_has_cupys_signature(no_hazards):
     k((4,), (32,), (y, x, np.float32(2.0), np.int32(100)))
     assert (y == 1 + 2 * x).all()
     assert "axpy(float* y, const float* x, float a, int n)" in repr(k)
+    # CuPy's parameter names and kinds (RawKernel(str code, str name, tuple options=(), str backend,
+    # bool translate_cucomplex, *, ...)): code= was refused as an unexpected keyword, and
+    # translate_cucomplex given by position as a sixth argument too many
+    for by_keyword in (llmcupy.RawKernel(code=code, name="axpy", options=(), backend="nvrtc", target="sim"),
+                       llmcupy.RawKernel(code, "axpy", (), "nvrtc", False, target="sim")):
+        by_keyword((4,), (32,), (y, x, np.float32(-2.0), np.int32(100)))
+    assert (y == 1 - 2 * x).all()
 
 
 DISJOINT_CODE = r"""
