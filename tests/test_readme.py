@@ -362,3 +362,65 @@ def test_readme_registers_are_what_the_stated_nvrtc_gives(have_nvrtc, paragraph)
     table, reason = analyze.kernel_resources("softmax_forward.cu", arch)
     assert reason is None, reason
     assert {name: table[name].registers for name in registers} == registers
+
+
+def _readme_quoted_report(first_words: str) -> str:
+    """The sanitizer report the README quotes that starts with ``first_words``, on one line."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    m = re.search(r"^    " + re.escape(first_words) + r".*?(?=\n    (?:racecheck|memcheck):|\n\n)", text, re.S | re.M)
+    assert m, f"the README's quoted report starting {first_words!r} is missing"
+    return " ".join(m.group(0).split())
+
+
+def _without_addresses(report: str) -> str:
+    return re.sub(r"0x[0-9a-f]+", "0x...", report)
+
+
+def test_readme_memcheck_report_is_what_memcheck_prints():
+    """The memcheck report the README quotes, word for word but the addresses: it lacked the
+    '(stopped before it)' that memcheck prints, so a reader matching it against a real report saw
+    another message."""
+    import numpy as np
+
+    import llmcupy
+    import llmcupy.sim
+
+    # the README's example: thread 5 of `spill` writes 12 bytes past a 128-byte argument at line 5
+    code = "__global__ void spill(float* out) {\n    int t = threadIdx.x;\n\n    if (t == 5)\n" \
+           "        out[t + 30] = 1.0f;\n}"
+    kernel = llmcupy.RawModule(code=code).get_function("spill")
+    with pytest.raises(llmcupy.sim.SimSanitizerError) as err, llmcupy.sim.settings(check="memory"):
+        kernel((1,), (32,), (np.zeros(32, np.float32),))
+    printed = [" ".join(line.split()) for line in str(err.value).splitlines() if "memcheck:" in line]
+    assert len(printed) == 1, str(err.value)
+    assert _without_addresses(printed[0]) == _without_addresses(_readme_quoted_report("memcheck: invalid"))
+
+
+def test_readme_racecheck_report_between_blocks_is_what_racecheck_prints(tmp_path, monkeypatch, capsys):
+    """The README's racecheck report of `layernorm_backward` 5 with its `__threadfence()` deleted, as
+    `kernel layernorm_backward 5 --sanitize race` prints it today: it named lines 302 and 317, which
+    the kernel's scratch write and `__ldcg` read had long left, and lacked the grid.sync() clause of
+    the message. Run on a copy of kernels_cu with that one line deleted."""
+    import shutil
+
+    from llmcupy import kernel
+    from llmcupy.ops import _op
+    from llmcupy.runtime import module
+
+    copy = tmp_path / "kernels_cu"
+    shutil.copytree(module.kernels_dir(), copy)
+    source = (copy / "layernorm_backward.cu").read_text()
+    kernel5 = source.index("__global__ void layernorm_backward_kernel5")
+    fence = source.index("    __threadfence();", kernel5)
+    line_end = source.index("\n", fence) + 1
+    assert source.index("__global__", kernel5 + 1) > fence   # the fence deleted is kernel 5's own
+    (copy / "layernorm_backward.cu").write_text(source[:fence] + source[line_end:])
+    monkeypatch.setattr(module, "kernels_dir", lambda: copy)
+    monkeypatch.setattr(module, "_FILE_MODULES", {})
+    monkeypatch.setattr(_op, "_KERNELS", {})
+    monkeypatch.setenv("LLMCUPY_BACKEND", "sim")
+    rc = kernel.main(["layernorm_backward", "5", "--sanitize", "race"])
+    out = capsys.readouterr().out
+    assert rc == 1, out[-3000:]
+    printed = [" ".join(line.split()) for line in out.splitlines() if "racecheck:" in line]
+    assert printed and printed[0] == _readme_quoted_report("racecheck: RAW hazard on global memory"), out[-3000:]

@@ -1435,6 +1435,32 @@ def test_raw_kernel_has_cupys_signature(no_hazards):
     k((4,), (32,), (y, x, np.float32(2.0), np.int32(100)))
     assert (y == 1 + 2 * x).all()
     assert "axpy(float* y, const float* x, float a, int n)" in repr(k)
+    # CuPy's parameter names and kinds (RawKernel(str code, str name, tuple options=(), str backend,
+    # bool translate_cucomplex, *, ...)): code= was refused as an unexpected keyword, and
+    # translate_cucomplex given by position as a sixth argument too many
+    for by_keyword in (llmcupy.RawKernel(code=code, name="axpy", options=(), backend="nvrtc", target="sim"),
+                       llmcupy.RawKernel(code, "axpy", (), "nvrtc", False, target="sim")):
+        by_keyword((4,), (32,), (y, x, np.float32(-2.0), np.int32(100)))
+    assert (y == 1 - 2 * x).all()
+
+
+
+def test_kernels_and_variables_may_bear_the_names_of_the_emulators_entry_parameters(no_hazards):
+    # the emulator's generated entry points took parameters named c, a, r and size: a kernel called
+    # `c` did not compile ('does not name a __global__ function') and a __device__ variable called
+    # `size` read back as that parameter (8 bytes of the stack); NVRTC takes any of these names
+    code = ("__device__ float size[3];\n"
+            "__global__ void a(float* y) { y[threadIdx.x] = 1.0f; }\n"
+            "__global__ void c(float* y) { y[threadIdx.x] += size[threadIdx.x]; }\n"
+            "__global__ void r(float* y) { y[threadIdx.x] *= 2.0f; }\n")
+    mod = module(code)
+    table = mod.global_array("size", np.float32)
+    assert table.shape == (3,)
+    table[:] = [1.0, 2.0, 3.0]
+    y = np.zeros(3, np.float32)
+    for name in ("a", "c", "r"):
+        mod.get_function(name)((1,), (3,), (y,))
+    assert y.tolist() == [4.0, 6.0, 8.0]
 
 
 DISJOINT_CODE = r"""

@@ -208,11 +208,13 @@ class RawKernel:
     resident at once and ``cg::this_grid().sync()`` allowed (cuLaunchCooperativeKernel on a GPU).
     """
 
-    def __init__(self, module, name: str, options=(), backend: str = "nvrtc", *, translate_cucomplex: bool = False,
+    def __init__(self, code, name: str, options=(), backend: str = "nvrtc", translate_cucomplex: bool = False, *,
                  enable_cooperative_groups: bool = False, jitify: bool = False, target: str | None = None):
-        if isinstance(module, str):
-            # cupy.RawKernel(code, name, options=...): one kernel from source, same signature as CuPy's
-            module = RawModule(code=module, options=options, backend=backend,
+        # `code` is named and placed as in cupy.RawKernel, so CuPy callers' keywords work; get_function
+        # passes its RawModule there instead of source
+        module = code
+        if isinstance(code, str):
+            module = RawModule(code=code, options=options, backend=backend,
                                translate_cucomplex=translate_cucomplex,
                                enable_cooperative_groups=enable_cooperative_groups, jitify=jitify,
                                name_expressions=[name], target=target)

@@ -1759,16 +1759,19 @@ def _entry_points(scanned: str, kernels, variables) -> str:
             fn = f"{header} static int llmcupy_sim_bound_{i}() {{ return (int)({bound}); }}"
             entries.append(f"namespace {namespace} {{ {fn} }}\n" if namespace else fn + "\n")
             bound_fn = f"{namespace + '::' if namespace else ''}llmcupy_sim_bound_{i}{template_args}()"
+        # the parameters' names are the emulator's own: a kernel or variable of the source may be called
+        # anything NVRTC takes (`c`, `size`), and a parameter of that name would hide it here
         entries.append(
-            f'extern "C" LLMCUPY_SIM_EXPORT int llmcupy_sim_entry_{i}(const llmcupy_sim::LaunchConfig* c, void** a, '
-            f"llmcupy_sim::LaunchResult* r) {{ return llmcupy_sim::launch(&{name}, \"{name}\", c, a, r); }}\n"
+            f'extern "C" LLMCUPY_SIM_EXPORT int llmcupy_sim_entry_{i}(const llmcupy_sim::LaunchConfig* llmcupy_sim_cfg, '
+            f"void** llmcupy_sim_args, llmcupy_sim::LaunchResult* llmcupy_sim_res) {{ return llmcupy_sim::launch("
+            f"&{name}, \"{name}\", llmcupy_sim_cfg, llmcupy_sim_args, llmcupy_sim_res); }}\n"
             f'extern "C" LLMCUPY_SIM_EXPORT const char* llmcupy_sim_signature_{i}() {{ return llmcupy_sim::signature(&{name}); }}\n'
             f'extern "C" LLMCUPY_SIM_EXPORT int llmcupy_sim_max_threads_{i}() {{ return {bound_fn}; }}\n'
         )
     for i, name in enumerate(variables):
         entries.append(
-            f'extern "C" LLMCUPY_SIM_EXPORT void* llmcupy_sim_global_{i}(unsigned long long* size) '
-            f"{{ *size = sizeof({name}); return (void*)&{name}; }}\n"
+            f'extern "C" LLMCUPY_SIM_EXPORT void* llmcupy_sim_global_{i}(unsigned long long* llmcupy_sim_size) '
+            f"{{ *llmcupy_sim_size = sizeof({name}); return (void*)&{name}; }}\n"
         )
     return "".join(entries)
 
