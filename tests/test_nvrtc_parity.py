@@ -556,6 +556,56 @@ def test_the_emulator_takes_constant_initializers():
 
 
 # ----------------------------------------------------------------------------------------------
+# declared and never defined: NVRTC compiles both; a kernel is then missing from the module, and an extern
+# variable is a zero-initialised definition ('warning #20044-D: extern declaration of the entity g is treated
+# as a static definition')
+
+UNDEFINED = r"""
+extern "C" __global__ void declared_only(float* p);
+__global__ void declared_only_cpp(float* p);
+extern __device__ float never_defined;
+namespace inner { extern __constant__ float never_defined_table[4]; }
+extern __device__ float defined_later;
+extern "C" __global__ void k(float* p) { p[0] = never_defined + inner::never_defined_table[2] + defined_later; }
+__device__ float defined_later = 5.0f;
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_compiles_declared_kernels_and_variables_it_never_defines(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"undefined": UNDEFINED})["undefined"]
+    assert ok, log
+    for name in ("never_defined", "inner::never_defined_table"):
+        assert f"extern declaration of the entity {name} is treated as a static definition" in log, log
+    assert "defined_later is treated" not in log
+
+
+def test_the_emulator_runs_a_source_with_a_kernel_declared_and_never_defined():
+    # before: the library did not load ('undefined symbol: declared_only', a dlopen error naming neither
+    # the kernel nor the fix); now the defined kernel runs, and asking for the other says why it is not there
+    mod = llmcupy.RawModule(code=UNDEFINED, target="sim", filename="undefined.cu")
+    p = np.full(1, 9.0, np.float32)
+    mod.get_function("k")((1,), (1,), (p,))
+    assert p[0] == 5.0   # the extern variables NVRTC defines start at zero
+    for name in ("declared_only", "declared_only_cpp"):
+        with pytest.raises(AttributeError) as info:
+            mod.get_function(name)
+        assert str(info.value) == (
+            f"kernel '{name}' of undefined.cu is declared but never defined (it has no body), so a GPU has no such "
+            "kernel either: NVRTC compiles the source, and CuPy's get_function fails for it ('CUDA_ERROR_NOT_FOUND: "
+            "named symbol not found'); define it, or launch one of the kernels the source defines: k")
+    assert sim_compiler.undefined_kernel_names(UNDEFINED) == ["declared_only", "declared_only_cpp"]
+
+
+def test_a_kernel_declared_before_its_definition_is_defined():
+    code = 'extern "C" __global__ void k(float* p);\nextern "C" __global__ void k(float* p) { p[0] = 2.0f; }\n'
+    assert sim_compiler.undefined_kernel_names(code) == []
+    p = np.zeros(1, np.float32)
+    llmcupy.RawModule(code=code, target="sim").get_function("k")((1,), (1,), (p,))
+    assert p[0] == 2.0
+
+
+# ----------------------------------------------------------------------------------------------
 # the host C library's macros (INFINITY, FLT_MAX, INT_MAX, M_PI, ...): NVRTC has none without an include
 
 # By header, the macros of MACROS_NVRTC_LACKS it defines under NVRTC, its own and those it brings in (libcu++'s

@@ -523,9 +523,11 @@ class RawModule:
             )
         elif self.backend == "sim":
             # kernels inside namespaces are found qualified ("ops::scale"), as name_expressions spell them
-            names = sim_compiler.global_kernel_names(code)
+            # a kernel declared and never defined is no kernel of the module, as on a GPU (get_function says so)
+            self._undefined_kernels = sim_compiler.undefined_kernel_names(code)
+            names = [n for n in sim_compiler.global_kernel_names(code) if n not in self._undefined_kernels]
             for expr in self.name_expressions:
-                if expr not in names:
+                if expr not in names and expr not in self._undefined_kernels:
                     names.append(expr)
             self.kernel_names = names
             self.variable_names = sim_compiler.device_variables(code)
@@ -610,6 +612,12 @@ class RawModule:
         expressions), ready to launch; an AttributeError lists the kernels if there is none."""
         kernel = self._functions.get(name)
         if kernel is None:
+            if self.backend == "sim" and name in self._undefined_kernels:
+                raise AttributeError(
+                    f"kernel {name!r} of {self.filename} is declared but never defined (it has no body), so a GPU "
+                    "has no such kernel either: NVRTC compiles the source, and CuPy's get_function fails for it "
+                    "('CUDA_ERROR_NOT_FOUND: named symbol not found'); define it, or launch one of the kernels the "
+                    f"source defines: {', '.join(self.kernel_names) or 'none'}")
             if self.backend == "sim" and name not in self.kernel_names:
                 raise AttributeError(_no_kernel(name, name, self.filename, self.kernel_names)
                                      + " (template kernels need name_expressions=)")

@@ -329,6 +329,24 @@ def global_function_names(code: str) -> list[str]:
     return names
 
 
+def undefined_kernel_names(code: str) -> list[str]:
+    """The non-template kernels (named as ``global_kernel_names`` names them) that the source declares
+    (``__global__ void k(float*);``) and never defines. NVRTC compiles such a source (12.4, 12.9 and 13.5)
+    and its module has no such kernel: on a GPU, CuPy's get_function fails for it, and only for it."""
+    blanked = blank_comments(code)
+    defined, declared = set(), []
+    for m in _GLOBAL_FN.finditer(blanked):
+        if m["template"]:
+            continue
+        after = blanked[_matching(blanked, m.end() - 1):].lstrip()
+        if after.startswith("{"):
+            defined.add(m["name"])
+        elif after.startswith(";"):
+            declared.append(m["name"])
+    return [name for name in global_kernel_names(code)
+            if name.rpartition("::")[2] in declared and name.rpartition("::")[2] not in defined]
+
+
 def launch_bounds(code: str) -> dict[str, tuple[str, str]]:
     """The maximum block size each kernel declares with ``__launch_bounds__``, as the C expression
     written there (``256``, ``16 * 16``, a macro, ``BM * BN / (TM * TN)``), by unqualified name, with
@@ -361,6 +379,34 @@ def _device_variable_definitions(code: str):
         ns = scopes.namespace(m.start())
         yield (f"{ns}::{m['name']}" if ns else m["name"], blanked.count("\n", 0, m.start()) + 1,
                "__constant__" in m.group(0))
+
+
+def define_extern_variables(code: str) -> str:
+    """The source with ``extern`` dropped from each file-scope ``extern __device__`` (``__constant__``)
+    variable that no definition of the source defines: NVRTC compiles a source as a whole program and takes
+    such a declaration for a definition (12.4, 12.9 and 13.5: 'warning #20044-D: extern declaration of the
+    entity g is treated as a static definition'), so on a GPU the kernel reads a zero-initialised variable;
+    here the library would otherwise fail to load ('undefined symbol: g'). Same length, same lines."""
+    if "extern" not in code:
+        return code
+    blanked = blank_comments(code)
+    defined = {name.rpartition("::")[2] for name, _, _ in _device_variable_definitions(code)}
+    matches = list(_DEVICE_VAR.finditer(blanked))
+    scopes = _Scopes(blanked) if matches else None
+    starts = []
+    for m in matches:
+        if m["name"] in defined or not scopes.file_scope(m.start()) or re.search(r"\b(?:template|typedef|using)\b",
+                                                                                 m["rest"]):
+            continue
+        inside = re.search(r"\bextern\b(?!\s*\")", m["rest"])
+        before = re.search(r"\bextern(?=\s*$)", blanked[max(0, m.start() - 40):m.start()])
+        if inside:
+            starts.append(m.start("rest") + inside.start())
+        elif before:
+            starts.append(max(0, m.start() - 40) + before.start())
+    for start in reversed(starts):
+        code = code[:start] + " " * len("extern") + code[start + len("extern"):]
+    return code
 
 
 def device_variables(code: str) -> list[str]:
@@ -1718,7 +1764,7 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
 
     # constant initialization before warpSize's refusals: a declaration warpSize refuses is left to them
     body = rewrite_asm(rewrite_shared(rewrite_warp_size(rewrite_constant_initialization(
-        rewrite_refused_words(code, options)))))
+        define_extern_variables(rewrite_refused_words(code, options))))))
     volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
     try:
         # the real libcu++'s wrappers answer <cuda/std/...> before the emulator's stand-ins (sim/libcuxx.py)
