@@ -595,6 +595,8 @@ def test_the_emulator_runs_a_source_with_a_kernel_declared_and_never_defined():
             "kernel either: NVRTC compiles the source, and CuPy's get_function fails for it ('CUDA_ERROR_NOT_FOUND: "
             "named symbol not found'); define it, or launch one of the kernels the source defines: k")
     assert sim_compiler.undefined_kernel_names(UNDEFINED) == ["declared_only", "declared_only_cpp"]
+    with pytest.raises(AttributeError, match="kernel 'declared_only' of kernel.cu is declared but never defined"):
+        llmcupy.RawKernel(UNDEFINED, "declared_only", target="sim")
 
 
 def test_a_kernel_declared_before_its_definition_is_defined():

@@ -240,6 +240,8 @@ class RawKernel:
                 )
             self.params: list[Param] = params
         else:
+            if name in module._undefined_kernels:
+                raise module._undefined_kernel_error(name)
             self._entry = module._sim_library.launcher(name)
             parsed = parse_signature(module.code, name) or []
             compiled = parse_compiled_signature(module._sim_library.signature(name), parsed)
@@ -613,16 +615,20 @@ class RawModule:
         kernel = self._functions.get(name)
         if kernel is None:
             if self.backend == "sim" and name in self._undefined_kernels:
-                raise AttributeError(
-                    f"kernel {name!r} of {self.filename} is declared but never defined (it has no body), so a GPU "
-                    "has no such kernel either: NVRTC compiles the source, and CuPy's get_function fails for it "
-                    "('CUDA_ERROR_NOT_FOUND: named symbol not found'); define it, or launch one of the kernels the "
-                    f"source defines: {', '.join(self.kernel_names) or 'none'}")
+                raise self._undefined_kernel_error(name)
             if self.backend == "sim" and name not in self.kernel_names:
                 raise AttributeError(_no_kernel(name, name, self.filename, self.kernel_names)
                                      + " (template kernels need name_expressions=)")
             kernel = self._functions[name] = RawKernel(self, name)
         return kernel
+
+    def _undefined_kernel_error(self, name: str) -> AttributeError:
+        """In the emulator, for a kernel the source declares and never defines (where a GPU fails too)."""
+        return AttributeError(
+            f"kernel {name!r} of {self.filename} is declared but never defined (it has no body), so a GPU has no "
+            "such kernel either: NVRTC compiles the source, and CuPy's get_function fails for it "
+            "('CUDA_ERROR_NOT_FOUND: named symbol not found'); define it, or launch one of the kernels the source "
+            f"defines: {', '.join(self.kernel_names) or 'none'}")
 
     def _unknown_kernel_error(self, name: str, exc: BaseException) -> AttributeError | None:
         """On a GPU, the emulator's AttributeError for a kernel name the source lacks, where CuPy's
