@@ -556,6 +556,58 @@ def test_the_emulator_takes_constant_initializers():
 
 
 # ----------------------------------------------------------------------------------------------
+# declared and never defined: NVRTC compiles both; a kernel is then missing from the module, and an extern
+# variable is a zero-initialised definition ('warning #20044-D: extern declaration of the entity g is treated
+# as a static definition')
+
+UNDEFINED = r"""
+extern "C" __global__ void declared_only(float* p);
+__global__ void declared_only_cpp(float* p);
+extern __device__ float never_defined;
+namespace inner { extern __constant__ float never_defined_table[4]; }
+extern __device__ float defined_later;
+extern "C" __global__ void k(float* p) { p[0] = never_defined + inner::never_defined_table[2] + defined_later; }
+__device__ float defined_later = 5.0f;
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_compiles_declared_kernels_and_variables_it_never_defines(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"undefined": UNDEFINED})["undefined"]
+    assert ok, log
+    for name in ("never_defined", "inner::never_defined_table"):
+        assert f"extern declaration of the entity {name} is treated as a static definition" in log, log
+    assert "defined_later is treated" not in log
+
+
+def test_the_emulator_runs_a_source_with_a_kernel_declared_and_never_defined():
+    # before: the library did not load ('undefined symbol: declared_only', a dlopen error naming neither
+    # the kernel nor the fix); now the defined kernel runs, and asking for the other says why it is not there
+    mod = llmcupy.RawModule(code=UNDEFINED, target="sim", filename="undefined.cu")
+    p = np.full(1, 9.0, np.float32)
+    mod.get_function("k")((1,), (1,), (p,))
+    assert p[0] == 5.0   # the extern variables NVRTC defines start at zero
+    for name in ("declared_only", "declared_only_cpp"):
+        with pytest.raises(AttributeError) as info:
+            mod.get_function(name)
+        assert str(info.value) == (
+            f"kernel '{name}' of undefined.cu is declared but never defined (it has no body), so a GPU has no such "
+            "kernel either: NVRTC compiles the source, and CuPy's get_function fails for it ('CUDA_ERROR_NOT_FOUND: "
+            "named symbol not found'); define it, or launch one of the kernels the source defines: k")
+    assert sim_compiler.undefined_kernel_names(UNDEFINED) == ["declared_only", "declared_only_cpp"]
+    with pytest.raises(AttributeError, match="kernel 'declared_only' of kernel.cu is declared but never defined"):
+        llmcupy.RawKernel(UNDEFINED, "declared_only", target="sim")
+
+
+def test_a_kernel_declared_before_its_definition_is_defined():
+    code = 'extern "C" __global__ void k(float* p);\nextern "C" __global__ void k(float* p) { p[0] = 2.0f; }\n'
+    assert sim_compiler.undefined_kernel_names(code) == []
+    p = np.zeros(1, np.float32)
+    llmcupy.RawModule(code=code, target="sim").get_function("k")((1,), (1,), (p,))
+    assert p[0] == 2.0
+
+
+# ----------------------------------------------------------------------------------------------
 # the host C library's macros (INFINITY, FLT_MAX, INT_MAX, M_PI, ...): NVRTC has none without an include
 
 # By header, the macros of MACROS_NVRTC_LACKS it defines under NVRTC, its own and those it brings in (libcu++'s
@@ -1126,6 +1178,29 @@ STD_AND_C_NAMES = [
     ("time", "", "p[0] = time(0);", False),
     ("puts", "", 'puts("x");', False),
     ("fprintf_stderr", "", 'fprintf(stderr, "x");', False),
+    # glibc declares stdin as a variable and FP_NAN, ... as enumerators besides their macros: hidden as well
+    ("stdin", "", "p[0] = stdin != 0;", False),
+    ("fp_categories", "", "p[0] = FP_NAN + FP_INFINITE + FP_ZERO + FP_SUBNORMAL + FP_NORMAL;", False),
+    ("fp_categories_limits", "#include <cuda/std/limits>\n", "p[0] = FP_NAN + FP_ZERO;", False),
+    ("fp_categories_cmath", "#include <cuda/std/cmath>\n",
+     "p[0] = FP_NAN + FP_INFINITE + FP_ZERO + FP_SUBNORMAL + FP_NORMAL;", True),
+    ("fp_categories_complex", "#include <cuda/std/complex>\n", "p[0] = FP_NAN + FP_NORMAL;", True),
+    ("users_fp_nan", "enum Category { FP_NAN = 7 };\n", "p[0] = FP_NAN;", True),
+    ("users_stdin", "__device__ int stdin = 3;\n", "p[0] = stdin;", True),
+    ("fpclassify_cmath", "#include <cuda/std/cmath>\n", "p[0] = fpclassify(p[1]);", False),
+    ("isunordered_cmath", "#include <cuda/std/cmath>\n", "p[0] = isunordered(p[1], p[2]);", False),
+    ("comparisons", "", "p[0] = isgreater(p[1], p[2]) + isgreaterequal(p[1], p[2]) + isless(p[1], p[2]) + "
+                        "islessequal(p[1], p[2]) + islessgreater(p[1], p[2]);", False),
+    *[(f"{name}_cmath", "#include <cuda/std/cmath>\n", f"p[0] = {name}(p[1], p[2]);", False)
+      for name in ("isgreater", "isgreaterequal", "isless", "islessequal", "islessgreater")],
+    ("comparisons_limits", "#include <cuda/std/limits>\n", "p[0] = cuda::std::isgreater(p[1], p[2]);", False),
+    ("cuda_std_comparisons", "#include <cuda/std/cmath>\n",
+     "p[0] = cuda::std::isgreater(p[1], p[2]) + cuda::std::isgreaterequal(p[1], 2.0) + cuda::std::isless(p[1], 2) + "
+     "cuda::std::islessequal(p[1], p[2]) + cuda::std::islessgreater(p[1], p[2]) + cuda::std::isunordered(p[1], p[2]);",
+     True),
+    ("cuda_std_comparisons_complex", "#include <cuda/std/complex>\n", "p[0] = cuda::std::isless(p[1], p[2]);", True),
+    ("users_isless", "__device__ bool isless(float a, float b) { return a < b; }\n", "p[0] = isless(p[1], p[2]);",
+     True),
     ("built_in", "", 'size_t i = 0; ptrdiff_t d = 1; float* q = (float*)malloc(4); memcpy(q, p, 4); memset(q, 0, 4); '
                      'free(q); printf("%d", (int)clock()); assert(p); p[i + d] = abs(-1);', True),
 ]
@@ -1203,6 +1278,63 @@ def test_a_c_library_name_nvrtc_lacks_is_refused_naming_what_to_use():
             "\"uint32_t\" is undefined'), so this kernel would not compile on a GPU; include <cuda/std/cstdint> "
             "(also cuda::std::uint32_t), or write unsigned int") in text
     assert "'exit' is the host C library's" in text and "return from the kernel, or stop it with assert()" in text
+
+
+# glibc's FP_NAN, FP_INFINITE, FP_ZERO, FP_SUBNORMAL and FP_NORMAL: NVRTC defines them (as macros) after the headers
+# that bring in libcu++'s <cuda/std/cmath>, those of MACROS_BY_HEADER that define INFINITY, and after no other
+_FP_CATEGORIES = ("FP_NAN", "FP_INFINITE", "FP_ZERO", "FP_SUBNORMAL", "FP_NORMAL")
+FP_CATEGORY_HEADERS = {h: "INFINITY" in defined for h, defined in MACROS_BY_HEADER.items()
+                       if h in (None, "cuda/std/cmath", "cuda/std/complex", "cuda/std/limits", "cuda/std/type_traits",
+                                "cub/block/block_reduce.cuh", "cuda_fp16.h", "math_constants.h")}
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_defines_the_fp_categories_after_cuda_std_cmath_only(have_nvrtc, which):
+    flags = "".join(f"#ifdef {m}\n#warning defined: {m}\n#endif\n" for m in _FP_CATEGORIES)
+    verdicts = nvrtc_verdicts(which, {str(h): (f"#include <{h}>\n" if h else "") + flags + KERNEL
+                                      for h in FP_CATEGORY_HEADERS})
+    for header, defined in FP_CATEGORY_HEADERS.items():
+        ok, log = verdicts[str(header)]
+        assert ok and set(re.findall(r"defined: (\w+)", log)) == (set(_FP_CATEGORIES) if defined else set()), header
+
+
+def test_the_emulator_has_the_fp_categories_where_nvrtc_does_and_only_there(libcuxx_mode):
+    # before: glibc's enumerators (and, for want of an #undef, its macros) were there without any include
+    use = "p[0] = FP_NAN + FP_INFINITE + FP_ZERO + FP_SUBNORMAL + FP_NORMAL;"
+    for header, defined in FP_CATEGORY_HEADERS.items():
+        code = _names_source(f"#include <{header}>\n" if header else "", use)
+        if defined:
+            llmcupy.RawModule(code=code, target="sim").get_function("k")
+        else:
+            with pytest.raises(sim_compiler.SimCompileError, match="include <cuda/std/cmath>, which defines FP_NAN"):
+                llmcupy.RawModule(code=code, target="sim", filename="fp.cu")
+
+
+FP_VALUES = r"""
+#include <cuda/std/cmath>
+extern "C" __global__ void fp_values(const float* x, int* out) {
+    out[0] = FP_NAN; out[1] = FP_INFINITE; out[2] = FP_ZERO; out[3] = FP_SUBNORMAL; out[4] = FP_NORMAL;
+    for (int i = 0; i < 5; i++) out[5 + i] = cuda::std::fpclassify(x[i]);
+    out[10] = cuda::std::isgreater(x[4], x[2]) + 2 * cuda::std::isgreater(x[0], x[2]) + 4 * cuda::std::isless(x[2], 2)
+              + 8 * cuda::std::islessgreater(x[0], x[4]) + 16 * cuda::std::isunordered(x[0], 1.0)
+              + 32 * cuda::std::islessequal(x[2], x[2]) + 64 * cuda::std::isgreaterequal(x[0], x[0]);
+}
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_the_fp_values_kernel_compiles_under_nvrtc(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"fp_values": FP_VALUES})["fp_values"]
+    assert ok, log
+
+
+def test_the_fp_categories_and_comparisons_have_cudas_values_in_the_emulator(libcuxx_mode):
+    # libcu++ under NVRTC: FP_NAN 0, FP_INFINITE 1, FP_ZERO 2, FP_SUBNORMAL 3, FP_NORMAL 4 (cuda/std/__cmath/fpclassify.h)
+    x = np.array([np.nan, np.inf, 0.0, 1e-40, 1.5], np.float32)
+    out = np.zeros(11, np.int32)
+    llmcupy.RawModule(code=FP_VALUES, target="sim").get_function("fp_values")((1,), (1,), (x, out))
+    assert out[:10].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]
+    assert out[10] == 1 + 4 + 16 + 32   # NaN compares false, and unordered
 
 
 NAMES_HEADERS = sim_compiler.INCLUDE_DIR

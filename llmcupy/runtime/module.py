@@ -242,6 +242,8 @@ class RawKernel:
                 )
             self.params: list[Param] = params
         else:
+            if name in module._undefined_kernels:
+                raise module._undefined_kernel_error(name)
             self._entry = module._sim_library.launcher(name)
             parsed = parse_signature(module.code, name) or []
             compiled = parse_compiled_signature(module._sim_library.signature(name), parsed)
@@ -525,9 +527,11 @@ class RawModule:
             )
         elif self.backend == "sim":
             # kernels inside namespaces are found qualified ("ops::scale"), as name_expressions spell them
-            names = sim_compiler.global_kernel_names(code)
+            # a kernel declared and never defined is no kernel of the module, as on a GPU (get_function says so)
+            self._undefined_kernels = sim_compiler.undefined_kernel_names(code)
+            names = [n for n in sim_compiler.global_kernel_names(code) if n not in self._undefined_kernels]
             for expr in self.name_expressions:
-                if expr not in names:
+                if expr not in names and expr not in self._undefined_kernels:
                     names.append(expr)
             self.kernel_names = names
             self.variable_names = sim_compiler.device_variables(code)
@@ -612,11 +616,21 @@ class RawModule:
         expressions), ready to launch; an AttributeError lists the kernels if there is none."""
         kernel = self._functions.get(name)
         if kernel is None:
+            if self.backend == "sim" and name in self._undefined_kernels:
+                raise self._undefined_kernel_error(name)
             if self.backend == "sim" and name not in self.kernel_names:
                 raise AttributeError(_no_kernel(name, name, self.filename, self.kernel_names)
                                      + " (template kernels need name_expressions=)")
             kernel = self._functions[name] = RawKernel(self, name)
         return kernel
+
+    def _undefined_kernel_error(self, name: str) -> AttributeError:
+        """In the emulator, for a kernel the source declares and never defines (where a GPU fails too)."""
+        return AttributeError(
+            f"kernel {name!r} of {self.filename} is declared but never defined (it has no body), so a GPU has no "
+            "such kernel either: NVRTC compiles the source, and CuPy's get_function fails for it "
+            "('CUDA_ERROR_NOT_FOUND: named symbol not found'); define it, or launch one of the kernels the source "
+            f"defines: {', '.join(self.kernel_names) or 'none'}")
 
     def _unknown_kernel_error(self, name: str, exc: BaseException) -> AttributeError | None:
         """On a GPU, the emulator's AttributeError for a kernel name the source lacks, where CuPy's

@@ -329,6 +329,24 @@ def global_function_names(code: str) -> list[str]:
     return names
 
 
+def undefined_kernel_names(code: str) -> list[str]:
+    """The non-template kernels (named as ``global_kernel_names`` names them) that the source declares
+    (``__global__ void k(float*);``) and never defines. NVRTC compiles such a source (12.4, 12.9 and 13.5)
+    and its module has no such kernel: on a GPU, CuPy's get_function fails for it, and only for it."""
+    blanked = blank_comments(code)
+    defined, declared = set(), []
+    for m in _GLOBAL_FN.finditer(blanked):
+        if m["template"]:
+            continue
+        after = blanked[_matching(blanked, m.end() - 1):].lstrip()
+        if after.startswith("{"):
+            defined.add(m["name"])
+        elif after.startswith(";"):
+            declared.append(m["name"])
+    return [name for name in global_kernel_names(code)
+            if name.rpartition("::")[2] in declared and name.rpartition("::")[2] not in defined]
+
+
 def launch_bounds(code: str) -> dict[str, tuple[str, str]]:
     """The maximum block size each kernel declares with ``__launch_bounds__``, as the C expression
     written there (``256``, ``16 * 16``, a macro, ``BM * BN / (TM * TN)``), by unqualified name, with
@@ -361,6 +379,34 @@ def _device_variable_definitions(code: str):
         ns = scopes.namespace(m.start())
         yield (f"{ns}::{m['name']}" if ns else m["name"], blanked.count("\n", 0, m.start()) + 1,
                "__constant__" in m.group(0))
+
+
+def define_extern_variables(code: str) -> str:
+    """The source with ``extern`` dropped from each file-scope ``extern __device__`` (``__constant__``)
+    variable that no definition of the source defines: NVRTC compiles a source as a whole program and takes
+    such a declaration for a definition (12.4, 12.9 and 13.5: 'warning #20044-D: extern declaration of the
+    entity g is treated as a static definition'), so on a GPU the kernel reads a zero-initialised variable;
+    here the library would otherwise fail to load ('undefined symbol: g'). Same length, same lines."""
+    if "extern" not in code:
+        return code
+    blanked = blank_comments(code)
+    defined = {name.rpartition("::")[2] for name, _, _ in _device_variable_definitions(code)}
+    matches = list(_DEVICE_VAR.finditer(blanked))
+    scopes = _Scopes(blanked) if matches else None
+    starts = []
+    for m in matches:
+        if m["name"] in defined or not scopes.file_scope(m.start()) or re.search(r"\b(?:template|typedef|using)\b",
+                                                                                 m["rest"]):
+            continue
+        inside = re.search(r"\bextern\b(?!\s*\")", m["rest"])
+        before = re.search(r"\bextern(?=\s*$)", blanked[max(0, m.start() - 40):m.start()])
+        if inside:
+            starts.append(m.start("rest") + inside.start())
+        elif before:
+            starts.append(max(0, m.start() - 40) + before.start())
+    for start in reversed(starts):
+        code = code[:start] + " " * len("extern") + code[start + len("extern"):]
+    return code
 
 
 def device_variables(code: str) -> list[str]:
@@ -1263,6 +1309,8 @@ NVRTC_STD_NAMES = ("move", "forward", "initializer_list", "align_val_t")
 _STDINT_TYPES = [f"{u}int{kind}{bits}_t" for u in ("", "u") for kind in ("", "_least", "_fast")
                  for bits in (8, 16, 32, 64)] + ["intmax_t", "uintmax_t", "intptr_t", "uintptr_t"]
 _NO_HOST_LIBRARY = "device code has no host C library"
+_FP_CATEGORIES = ("FP_NAN", "FP_INFINITE", "FP_ZERO", "FP_SUBNORMAL", "FP_NORMAL")
+_COMPARISONS = ("isgreater", "isgreaterequal", "isless", "islessequal", "islessgreater")
 
 
 def _builtin_integer(name: str) -> str:
@@ -1286,6 +1334,14 @@ NAMES_NVRTC_LACKS = {
                                           "after including <cuda/std/cstring>"),
     **dict.fromkeys(("calloc", "realloc"), "only malloc() and free() (and new and delete) are built in: allocate "
                                            "with malloc() and set the memory with memset()"),
+    "stdin": f"{_NO_HOST_LIBRARY}: pass the kernel's input in as an argument",
+    # glibc's <math.h> declares these as enumerators and as macros; libcu++'s <cuda/std/cmath> defines the macros
+    # under NVRTC (the same values), for cuda::std::fpclassify
+    **dict.fromkeys(_FP_CATEGORIES, "include <cuda/std/cmath>, which defines FP_NAN, FP_INFINITE, FP_ZERO, "
+                                    "FP_SUBNORMAL and FP_NORMAL (cuda::std::fpclassify returns them)"),
+    # C's comparison macros: libcu++ has them as cuda::std::isgreater, ... only
+    **dict.fromkeys(_COMPARISONS, "write cuda::std::{name} after including <cuda/std/cmath>, or compare with <, <=, "
+                                  ">, >= (each is false where an operand is NaN, as these are)"),
 }
 NAMES_NVRTC_LACKS = {name: what.replace("{name}", name) for name, what in NAMES_NVRTC_LACKS.items()}
 # What std:: names a kernel writes most, by what NVRTC has for them
@@ -1718,7 +1774,7 @@ def _build_library(code, kernels, options, filename, variables, instrument=False
 
     # constant initialization before warpSize's refusals: a declaration warpSize refuses is left to them
     body = rewrite_asm(rewrite_shared(rewrite_warp_size(rewrite_constant_initialization(
-        rewrite_refused_words(code, options)))))
+        define_extern_variables(rewrite_refused_words(code, options))))))
     volatile = uses_volatile(code) and not asan  # GCC cannot combine the two sanitizers' instrumentation
     try:
         # the real libcu++'s wrappers answer <cuda/std/...> before the emulator's stand-ins (sim/libcuxx.py)
@@ -1885,7 +1941,13 @@ _GCC_AMBIGUITY_EXTENSION = ("warning: ISO C++ says that these are ambiguous, eve
 def _compiler_says(stderr: str) -> str:
     """The compiler's diagnostics as the user reads them: the kernel's `cuda::std` is the emulator's
     `cuda::__llmcupy_sim_nvrtc_std` to the compiler (llmcupy_sim_nvrtc_names.h), and is named as written."""
-    return _ambiguity_as_error(stderr).replace("cuda::__llmcupy_sim_nvrtc_std", "cuda::std")
+    text = _ambiguity_as_error(stderr).replace("cuda::__llmcupy_sim_nvrtc_std", "cuda::std")
+    # cuda::std::isgreater without its header: the kernel's name is renamed (NAMES_NVRTC_LACKS), named as written
+    return _RENAMED_NOT_A_MEMBER.sub(r"\g<q>\g<name>\g<rest>", text)
+
+
+_RENAMED_NOT_A_MEMBER = re.compile(r"(?P<q>.)llmcupy_nvrtc_no_(?P<name>\w+)(?P<rest>. is not a member of .(?:cuda::)?std.)"
+                                   r"(?:; did you mean .\w+.\?)?")
 
 
 def _ambiguity_as_error(stderr: str) -> str:
@@ -1917,6 +1979,15 @@ _UNSUPPORTED = {
     **{f"llmcupy_nvrtc_no_{name}": f"'{name}' is the host C library's, which NVRTC does not have (NVRTC "
        f"{NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: 'identifier \"{name}\" is undefined'), so this kernel would not "
        f"compile on a GPU; {what}" for name, what in NAMES_NVRTC_LACKS.items()},
+    # C's classification macros NVRTC lacks, with <cuda/std/cmath> too (it has isnan, isinf, isfinite and signbit
+    # built in); the emulator's header declares none of them in the kernel's scope
+    **{name: f"NVRTC does not have {name} either (NVRTC {NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: 'identifier \"{name}\" "
+             f"is undefined', after <cuda/std/cmath> too): write cuda::std::{name} after including <cuda/std/cmath>"
+       for name in ("fpclassify", "isnormal", "isunordered")},
+    **dict.fromkeys((f"cuda::std::{name}" for name in _COMPARISONS),
+                    "libcu++ declares cuda::std::isgreater, isgreaterequal, isless, islessequal and islessgreater in "
+                    "<cuda/std/cmath>, and <cuda/std/complex> includes it; without either NVRTC 12.4 to 13.5 say "
+                    "'namespace \"cuda::std\" has no member': include <cuda/std/cmath>"),
     # cuda::std before any <cuda/std/...> include (g++: "'cuda' has not been declared")
     "cuda": "libcu++'s namespace cuda (cuda::std::) needs a header, under NVRTC too ('name followed by \"::\" must "
             "be a class or namespace name'): include the <cuda/std/...> header of what the kernel uses "
@@ -1958,6 +2029,8 @@ def _unsupported_features(stderr: str) -> str:
         r"|(?:use of undeclared identifier|unknown type name|no template named) .(\w+).)", stderr)]
     names += [f"cuda::{gcc or clang}" for gcc, clang in re.findall(
         r"error: (?:.(\w+). is not a member of .cuda.|no member named .(\w+). in namespace .cuda.)", stderr)]
+    names += [f"cuda::std::{name}" for name in re.findall(r"error: .llmcupy_nvrtc_no_(\w+). is not a member of "
+                                                           r".(?:cuda::)?(?:std|__llmcupy_sim_nvrtc_std).", stderr)]
     names += [f"cub::{gcc or clang}" for gcc, clang in re.findall(
         r"error: (?:.(\w+). is not a member of .cub.|no member named .(\w+). in namespace .cub.)", stderr)]
     names += re.findall(r"fatal error: .?(cuda/\w+).? ?(?::|file not found)", stderr)

@@ -39,3 +39,20 @@ namespace __llmcupy_sim_nvrtc_std { using ::std::tuple_size; using ::std::tuple_
 #endif
 // The wrapper goes on with what NVRTC's header defines besides (the C library's macros, uint32_t, ...) and then
 // llmcupy_sim_nvrtc_names_on.h.
+// libcu++'s FP_NAN, FP_INFINITE, ... are defined under NVRTC where its fpclassify is (<cuda/std/cmath>, <cuda/cmath>,
+// ...): llmcupy_sim_nvrtc_names_on.h defines them once this is set, and a kernel reads no more of glibc's
+#if defined(_LIBCUDACXX___CMATH_FPCLASSIFY_H) && !defined(LLMCUPY_SIM_NVRTC_HAS_FP_CATEGORIES)
+#define LLMCUPY_SIM_NVRTC_HAS_FP_CATEGORIES 1
+#endif
+// The kernel's isgreater, ... are llmcupy_nvrtc_no_NAME (NVRTC has no C comparison macros), its cuda::std::isgreater
+// too: libcu++'s under that name, where it declares them
+#if defined(_LIBCUDACXX___CMATH_TRAITS_H) && !defined(LLMCUPY_SIM_LIBCUXX_COMPARISONS)
+#define LLMCUPY_SIM_LIBCUXX_COMPARISONS 1
+namespace cuda { namespace std {
+template <class A, class B> inline auto llmcupy_nvrtc_no_isgreater(A x, B y) -> decltype(::cuda::std::isgreater(x, y)) { return ::cuda::std::isgreater(x, y); }
+template <class A, class B> inline auto llmcupy_nvrtc_no_isgreaterequal(A x, B y) -> decltype(::cuda::std::isgreaterequal(x, y)) { return ::cuda::std::isgreaterequal(x, y); }
+template <class A, class B> inline auto llmcupy_nvrtc_no_isless(A x, B y) -> decltype(::cuda::std::isless(x, y)) { return ::cuda::std::isless(x, y); }
+template <class A, class B> inline auto llmcupy_nvrtc_no_islessequal(A x, B y) -> decltype(::cuda::std::islessequal(x, y)) { return ::cuda::std::islessequal(x, y); }
+template <class A, class B> inline auto llmcupy_nvrtc_no_islessgreater(A x, B y) -> decltype(::cuda::std::islessgreater(x, y)) { return ::cuda::std::islessgreater(x, y); }
+} }
+#endif

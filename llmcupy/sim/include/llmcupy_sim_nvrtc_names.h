@@ -6,9 +6,16 @@
 #pragma once
 namespace __llmcupy_sim_nvrtc_std { using ::std::move; using ::std::forward; using ::std::initializer_list; using ::std::align_val_t; }
 #define std __llmcupy_sim_nvrtc_std
-// glibc defines these as macros of themselves
+// glibc defines these as macros of themselves, and FP_NAN, ... as macros of their enumerators' values: the names
+// are renamed below, which hides glibc's variables and enumerators from the kernel as well
 #undef stderr
 #undef stdout
+#undef stdin
+#undef FP_NAN
+#undef FP_INFINITE
+#undef FP_ZERO
+#undef FP_SUBNORMAL
+#undef FP_NORMAL
 #ifndef int8_t
 #define int8_t llmcupy_nvrtc_no_int8_t
 #endif
@@ -173,4 +180,37 @@ namespace __llmcupy_sim_nvrtc_std { using ::std::move; using ::std::forward; usi
 #endif
 #ifndef realloc
 #define realloc llmcupy_nvrtc_no_realloc
+#endif
+#ifndef stdin
+#define stdin llmcupy_nvrtc_no_stdin
+#endif
+#ifndef FP_NAN
+#define FP_NAN llmcupy_nvrtc_no_FP_NAN
+#endif
+#ifndef FP_INFINITE
+#define FP_INFINITE llmcupy_nvrtc_no_FP_INFINITE
+#endif
+#ifndef FP_ZERO
+#define FP_ZERO llmcupy_nvrtc_no_FP_ZERO
+#endif
+#ifndef FP_SUBNORMAL
+#define FP_SUBNORMAL llmcupy_nvrtc_no_FP_SUBNORMAL
+#endif
+#ifndef FP_NORMAL
+#define FP_NORMAL llmcupy_nvrtc_no_FP_NORMAL
+#endif
+#ifndef isgreater
+#define isgreater llmcupy_nvrtc_no_isgreater
+#endif
+#ifndef isgreaterequal
+#define isgreaterequal llmcupy_nvrtc_no_isgreaterequal
+#endif
+#ifndef isless
+#define isless llmcupy_nvrtc_no_isless
+#endif
+#ifndef islessequal
+#define islessequal llmcupy_nvrtc_no_islessequal
+#endif
+#ifndef islessgreater
+#define islessgreater llmcupy_nvrtc_no_islessgreater
 #endif

@@ -1,5 +1,16 @@
 // The end of llmcupy_sim_nvrtc_names_off.h's span: the renames of the kernel's source are back, less the names a
 // header included so far declares under NVRTC as well. No include guard: every header includes it.
+#pragma pop_macro("islessgreater")
+#pragma pop_macro("islessequal")
+#pragma pop_macro("isless")
+#pragma pop_macro("isgreaterequal")
+#pragma pop_macro("isgreater")
+#pragma pop_macro("FP_NORMAL")
+#pragma pop_macro("FP_SUBNORMAL")
+#pragma pop_macro("FP_ZERO")
+#pragma pop_macro("FP_INFINITE")
+#pragma pop_macro("FP_NAN")
+#pragma pop_macro("stdin")
 #pragma pop_macro("realloc")
 #pragma pop_macro("calloc")
 #pragma pop_macro("memcmp")
@@ -95,4 +106,18 @@
 #undef uint32_t
 #undef uint64_t
 #undef uintptr_t
+#endif
+// FP_NAN, FP_INFINITE, FP_ZERO, FP_SUBNORMAL and FP_NORMAL: libcu++'s <cuda/std/cmath> defines them under NVRTC
+// (and <cuda/std/complex>, <cuda/cmath>, CUB's reductions, which include it), with glibc's values
+#ifdef LLMCUPY_SIM_NVRTC_HAS_FP_CATEGORIES
+#undef FP_NAN
+#define FP_NAN 0
+#undef FP_INFINITE
+#define FP_INFINITE 1
+#undef FP_ZERO
+#define FP_ZERO 2
+#undef FP_SUBNORMAL
+#define FP_SUBNORMAL 3
+#undef FP_NORMAL
+#define FP_NORMAL 4
 #endif
