@@ -1193,7 +1193,7 @@ HOST_HEADERS = tuple("""
 # cuda/std/limits, complex, atomic, ..., cub's block_reduce.cuh and warp_reduce.cuh; not cooperative_groups.h,
 # through which NVRTC 12.9 and 13.5 bring in FLT_MAX, ... and 12.4 does not). By name: what a kernel includes or
 # writes for it under NVRTC. (Not FP_NAN, FP_ZERO, ...: glibc declares them as enumerators too, which an
-# #undef leaves.)
+# #undef leaves; they are renamed instead, as NAMES_NVRTC_LACKS are.)
 _FLOAT_MACROS = ("FLT_MAX FLT_MIN FLT_EPSILON FLT_TRUE_MIN FLT_DIG FLT_MANT_DIG FLT_MAX_EXP FLT_MIN_EXP FLT_RADIX "
                  "DBL_MAX DBL_MIN DBL_EPSILON DBL_TRUE_MIN DBL_DIG DBL_MANT_DIG DBL_MAX_EXP DBL_MIN_EXP").split()
 _LIMITS_MACROS = ("CHAR_BIT SCHAR_MIN SCHAR_MAX UCHAR_MAX CHAR_MIN CHAR_MAX SHRT_MIN SHRT_MAX USHRT_MAX INT_MIN "
