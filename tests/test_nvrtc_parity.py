@@ -508,6 +508,13 @@ CONSTANT_INIT = [
     ("unmarked_static_const", "float six() { return 6.0f; } static const float from_six = six();", False),
     ("unmarked_braced", "float seven() { return 7.0f; } float2 from_seven = {seven(), 1.0f};", False),
     ("static_from_block", "__global__ void from_block(int* p) { static unsigned s = blockDim.x; p[0] = s; }", False),
+    # the C library's math is no constant under NVRTC, while g++ folds a call with constant arguments (before:
+    # these five compiled here)
+    ("device_math", "__device__ float from_exp = expf(1.0f);", False),
+    ("constant_math", "__constant__ float roots[2] = {sqrtf(2.0f), 1.0f};", False),
+    ("device_abs", "__device__ int from_abs = abs(-3);", False),
+    ("static_math", "__global__ void from_max(float* p) { static float s = fmaxf(1.0f, 2.0f); p[0] = s; }", False),
+    ("unmarked_math", "double from_log = log(2.0);", False),
     ("device_constants", "__device__ int twelve = 3 * 4; __device__ float zeros[4]; "
                          "__constant__ float table[3] = {1, 2, 3}; __device__ float2 braced = {1.0f, 2.0f};", True),
     ("device_constexpr", "struct Seven { int v; constexpr Seven() : v(7) {} }; __device__ Seven seven; "

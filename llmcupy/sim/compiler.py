@@ -553,8 +553,8 @@ def rewrite_warp_size(code: str) -> str:
 # not supported for a __device__ variable", "... for a function-scope static __device__ variable"), where
 # g++ would run any code at load or first use. Each gets C++20's constinit (GCC's __constinit in any -std,
 # clang's attribute), so g++ refuses what NVRTC refuses; _unsupported_features says why in NVRTC's words. So does
-# a namespace-scope variable without __device__ (_unmarked_file_scope_variables).
-# (GCC folds the C library's math calls, expf(1.0f), into constants, so those few still pass here.)
+# a namespace-scope variable without __device__ (_unmarked_file_scope_variables). A call of the C library's math,
+# expf(1.0f), is no constant either: GPU_LANGUAGE_FLAGS keeps g++ from folding it into one.
 _STATIC_SPECIFIER = re.compile(r"\bstatic\s+")
 _NOT_CONSTANT_INITIALIZER = re.compile(r"does not have a constant initializer")
 # isnan, isinf, isfinite and signbit of a __half or __nv_bfloat16, which llmcupy_sim_half.h deletes (g++'s words,
@@ -1162,7 +1162,20 @@ def translate_options(options, filename: str = "kernel.cu") -> tuple[list[str], 
 # What the C++ of a kernel means on a GPU where the host compiler's default differs: `char` is signed
 # in CUDA device code (NVCC and NVRTC follow x86), while aarch64's ABI makes it unsigned, so without
 # this `char c = 200; int i = c;` gave 200 in the emulator on ARM Linux and -56 on the GPU.
-GPU_LANGUAGE_FLAGS = ("-fsigned-char",)
+#
+# -fno-builtin-expf, ...: on a GPU the C library's math functions are functions like any other, so a call is
+# never a constant expression and NVRTC refuses it as a __device__ variable's initializer ("dynamic
+# initialization is not supported", `__device__ float g = expf(1.0f);`, NVRTC 12.4, 12.9 and 13.5). g++ knows
+# them as builtins and folds a call with constant arguments into a constant, so LLMCUPY_SIM_CONSTANT_INIT took
+# it here. As plain functions they compile to calls of the same C library (no change in value); fabsf, sqrtf and
+# copysignf, which g++ would otherwise inline, become calls too.
+_C_MATH_FUNCTIONS = """acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh erf erfc exp exp2 exp10 expm1
+    fabs fdim floor fma fmax fmin fmod frexp gamma hypot ilogb j0 j1 jn ldexp lgamma llrint llround log log10 log1p
+    log2 logb lrint lround modf nan nearbyint nextafter nexttoward pow pow10 remainder remquo rint round scalb scalbln
+    scalbn significand sin sincos sinh sqrt tan tanh tgamma trunc y0 y1 yn""".split()
+_UNFOLDED_MATH_FLAGS = tuple(f"-fno-builtin-{name}{suffix}" for name in _C_MATH_FUNCTIONS for suffix in ("", "f")) + (
+    "-fno-builtin-abs", "-fno-builtin-labs", "-fno-builtin-llabs")
+GPU_LANGUAGE_FLAGS = ("-fsigned-char", *_UNFOLDED_MATH_FLAGS)
 
 # --- host C/C++ headers ---------------------------------------------------------------------------
 
