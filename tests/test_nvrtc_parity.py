@@ -1629,3 +1629,44 @@ def test_cubs_operators_are_cccl_3s(libcuxx_mode):
     p = np.arange(8, dtype=np.float32)
     llmcupy.RawModule(code=_libcuxx_source(name, includes, body), target="sim").get_function(name)((1,), (1,), (p,))
     assert p[[0, 3, 4]].tolist() == [expected[0], 1, 6]
+
+
+# ----------------------------------------------------------------------------------------------
+# the version macros NVRTC predefines, which a kernel's #if reads: each NVRTC (12.4, 12.9, 13.5) defines all
+# of them, consistent with one another and with -arch; the emulator too, for the CUDA 12.0 it presents
+# (__CUDACC_VER_MAJOR__ 12, __CUDACC_VER_MINOR__ 0). Before, CUDART_VERSION and the others were undefined
+# here, so `#if CUDART_VERSION >= 11000` took the old branch in the emulator and the new one on a GPU.
+VERSION_MACROS = r"""
+#if !defined(CUDART_VERSION) || !defined(__CUDART_API_VERSION) || !defined(__CUDACC_VER_BUILD__) \
+    || !defined(__CUDA_ARCH_LIST__) || !defined(__NVCC_DIAG_PRAGMA_SUPPORT__)
+#error "a version macro is undefined"
+#endif
+static_assert(CUDART_VERSION == __CUDACC_VER_MAJOR__ * 1000 + __CUDACC_VER_MINOR__ * 10, "CUDART_VERSION");
+static_assert(__CUDART_API_VERSION == CUDART_VERSION, "__CUDART_API_VERSION");
+static_assert(__CUDA_ARCH_LIST__ == __CUDA_ARCH__, "__CUDA_ARCH_LIST__");
+static_assert(__CUDACC_VER_BUILD__ > 0, "__CUDACC_VER_BUILD__");
+extern "C" __global__ void branch(int* p) {
+#if CUDART_VERSION >= 11000
+    p[0] = 1;
+#else
+    p[0] = 2;
+#endif
+}
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_defines_the_version_macros_consistently(have_nvrtc, which):
+    assert nvrtc_verdicts(which, {"versions": VERSION_MACROS}) == {"versions": (True, "")}
+
+
+@pytest.mark.parametrize("arch", [None, "sm_90"])
+def test_the_emulator_defines_nvrtcs_version_macros(libcuxx_mode, arch):
+    # a libcu++ header in front reads them as a host compile without a CUDA toolkit does (hidden while it is
+    # read), and leaves them defined for the kernel after it
+    options = ("-arch=" + arch,) if arch else ()
+    for head in ("", "#include <cuda/std/cmath>\n"):
+        p = np.zeros(1, np.int32)
+        module = llmcupy.RawModule(code=head + VERSION_MACROS, target="sim", options=options)
+        module.get_function("branch")((1,), (1,), (p,))
+        assert p[0] == 1, head

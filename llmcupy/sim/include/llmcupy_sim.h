@@ -158,6 +158,14 @@
 #define __CUDACC_RTC__ 1
 #define __CUDACC_VER_MAJOR__ 12
 #define __CUDACC_VER_MINOR__ 0
+// NVRTC's other version macros (12.4, 12.9 and 13.5 define each; tests/test_nvrtc_parity.py), for the CUDA 12.0
+// the emulator presents: undefined, a kernel's `#if CUDART_VERSION >= 11000` took the old branch here (an
+// undefined name is 0 in #if) and the new one on a GPU. Hidden while libcu++ is read (llmcupy_sim_libcuxx_begin.h).
+#define __CUDACC_VER_BUILD__ 76   // CUDA 12.0's first release: nvcc and NVRTC 12.0.76
+#define CUDART_VERSION 12000      // major * 1000 + minor * 10
+#define __CUDART_API_VERSION 12000
+#define __CUDA_ARCH_LIST__ __CUDA_ARCH__   // NVRTC compiles for the one -arch it is given
+#define __NVCC_DIAG_PRAGMA_SUPPORT__ 1     // #pragma nv_diag_suppress, ...: g++ ignores them
 #define LLMCUPY_SIM 1
 #define LLMCUPY_SIM_EXPORT __attribute__((visibility("default")))
 

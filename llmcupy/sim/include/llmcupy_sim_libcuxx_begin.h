@@ -28,6 +28,10 @@
 #pragma push_macro("__CUDACC_RTC__")
 #pragma push_macro("__CUDACC_VER_MAJOR__")
 #pragma push_macro("__CUDACC_VER_MINOR__")
+#pragma push_macro("__CUDACC_VER_BUILD__")
+#pragma push_macro("CUDART_VERSION")
+#pragma push_macro("__CUDART_API_VERSION")
+#pragma push_macro("__CUDA_ARCH_LIST__")
 #pragma push_macro("assert")
 #pragma push_macro("uint")
 #pragma push_macro("ushort")
@@ -41,6 +45,12 @@
 #undef __CUDACC_RTC__
 #undef __CUDACC_VER_MAJOR__
 #undef __CUDACC_VER_MINOR__
+// the toolkit's version as a host compile without one sees it (libcu++ reads CUDART_VERSION for the CUDA toolkit
+// whose runtime API it may call; the emulator has only the few functions of llmcupy_sim_libcuxx_cudart.h)
+#undef __CUDACC_VER_BUILD__
+#undef CUDART_VERSION
+#undef __CUDART_API_VERSION
+#undef __CUDA_ARCH_LIST__
 #undef uint
 #undef ushort
 #undef ulong
