@@ -2186,10 +2186,17 @@ def _unsupported_features(stderr: str) -> str:
     std_advice = _std_advice(stderr)
     if std_advice:
         said.append(std_advice)
-    if re.search(r"error: variable[ -]length array", stderr):   # g++'s and clang's words for -Werror=vla
+    # g++'s and clang's words for -Werror=vla (g++'s under -Wpedantic, which the kernel's source has: "ISO C++ forbids")
+    if re.search(r"error: (?:ISO C\+\+ forbids )?variable[ -]length array", stderr):
         said.append("a local array sized at run time is not CUDA: NVRTC refuses it ('expression must have a "
                     "constant value'); size it with a constant (a template parameter, a constexpr, 32 rather "
                     "than warpSize), or use dynamic shared memory or a buffer passed as an argument")
+    # a float with a double where CUDA has a float and a double overload (fmax(x, 0.0)): under -Wpedantic (the kernel's
+    # source has it) g++ refuses the call itself, where it would otherwise take it with _GCC_AMBIGUITY_EXTENSION's warning
+    if re.search(r"error: call of overloaded .\w+\((?:float&?, double|double, float&?)\). is ambiguous", stderr):
+        said.append("NVRTC refuses such a call too ('more than one instance of overloaded function matches the "
+                    "argument list'): convert an argument so that one overload matches, as fmaxf(x, 0.0f) or "
+                    "fmax((double)x, 0.0)")
     if re.search(r"error: exception handling disabled", stderr):   # g++'s words for -fno-exceptions; clang's:
         said.append("exceptions are not CUDA: NVRTC refuses them ('device code does not support exception "
                     "handling'); report a failure through an output (an error flag) or stop with assert()")
