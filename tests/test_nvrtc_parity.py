@@ -1052,7 +1052,9 @@ def _ambiguous(line: int, name: str, gcc_args) -> str:
     (gcc_args None: a float with a double), the emulator's error in its place; or clang's words."""
     gcc = (rf"call of overloaded .{name}\({gcc_args}\). is ambiguous" if gcc_args else
            re.escape("call of overloaded function is ambiguous (ISO C++ says so and NVRTC refuses it: 'more than one "
-                     "instance of overloaded function matches the argument list'"))
+                     "instance of overloaded function matches the argument list'")
+           # g++ under -Wpedantic, which the kernel's source has (for the GNU syntax NVRTC refuses)
+           + rf"|call of overloaded .{name}\((?:float&?, double|double, float&?)\). is ambiguous")
     return rf"^k\.cu:{line}:\d+: error: (?:{gcc}|call to .{name}. is ambiguous)"
 
 
@@ -1129,6 +1131,7 @@ def test_a_math_call_nvrtc_finds_ambiguous_is_refused_by_the_emulator():
     # fmaxf(p[0], 1) is a float; fmax(float, double) g++ alone takes (it warns that ISO C++ calls it
     # ambiguous and picks the double overload): an error here too, alone in a source or among others
     assert len(re.findall(r": error: ", text)) == 3, text
+    assert "convert an argument so that one overload matches, as fmaxf(x, 0.0f)" in text
     alone = 'extern "C" __global__ void k(float* p) {\n    p[0] = fmax(p[1], 0.0) + pow(p[1], 2.0);\n}\n'
     with pytest.raises(sim_compiler.SimCompileError) as info:
         llmcupy.RawModule(code=alone, target="sim", filename="k.cu")
@@ -1670,3 +1673,232 @@ def test_the_emulator_defines_nvrtcs_version_macros(libcuxx_mode, arch):
         module = llmcupy.RawModule(code=head + VERSION_MACROS, target="sim", options=options)
         module.get_function("branch")((1,), (1,), (p,))
         assert p[0] == 1, head
+
+
+# ----------------------------------------------------------------------------------------------
+# GCC's builtins and GNU extensions: g++ takes them in any C++, NVRTC few of them
+
+# the math functions with __builtin_ before them (GCC has one for each; NVRTC none)
+MATH_BUILTINS = """acos acosh asin asinh atan atan2 atanh cbrt ceil cos cosh erf erfc exp exp10 exp2 expm1 fabs fdim
+    floor fma fmax fmin fmod hypot ldexp lgamma log log10 log1p log2 logb nearbyint nextafter pow remainder rint
+    round sin sinh sqrt tan tanh tgamma trunc""".split()
+_MATH_BUILTIN_ARGS = {"ldexp": "p[1], 2", "fma": "p[1], p[2], p[3]",
+                      **dict.fromkeys("atan2 fdim fmax fmin fmod hypot nextafter pow remainder".split(), "p[1], p[2]")}
+# (name, what precedes the kernel, the kernel's body, NVRTC compiles it: True, False, "newer" (12.9 and 13.5 do;
+# the emulator takes it) or "13.5" (13.5 alone does; the emulator refuses it, as 12.4 and 12.9 do))
+BUILTINS = [
+    ("expect", "", "if (__builtin_expect(q[0] > 0, 1)) p[0] = 1;", True),
+    ("assume", "", "__builtin_assume(q[0] > 0); p[0] = q[0];", True),
+    ("assume_aligned", "", "float* a = (float*)__builtin_assume_aligned(p, 16); a[0] = 1;", True),
+    ("unreachable", "", "if (q[0] < 0) __builtin_unreachable(); p[0] = 1;", True),
+    ("bit_cast", "", "q[0] = __builtin_bit_cast(int, p[0]);", True),
+    ("addressof", "", "int* a = __builtin_addressof(q[1]); a[0] = 1;", True),
+    ("is_constant_evaluated", "", "q[0] = __builtin_is_constant_evaluated();", True),
+    ("isnan_isinf_isfinite", "", "q[0] = __builtin_isnan(p[0]) + 2 * __builtin_isinf(p[1]) + 4 * __builtin_isfinite(p[2]);",
+     True),
+    ("copysign", "", "p[0] = __builtin_copysignf(p[1], p[2]) + (float)__builtin_copysign(1.0, -1.0);", True),
+    ("file_line_function", "", "q[0] = __builtin_LINE() + __builtin_FILE()[0] + __builtin_FUNCTION()[0];", "newer"),
+    ("gnu_spellings", "__device__ void copies(float* __restrict a, const float* __restrict__ b) { a[0] = b[0]; } ",
+     "copies(p, p + 1); q[0] = __alignof__(double) + 0b1010 + __func__[0] + __PRETTY_FUNCTION__[0]; "
+     "__attribute__((unused)) int t = 1;", True),
+    ("trap", "", "if (q[0] < 0) __builtin_trap(); p[0] = 1;", False),
+    *[(name, "", f"q[0] = __builtin_{name}(q[1]);", False) for name in ("popcount", "clz", "ctz", "ffs", "parity",
+                                                                        "bswap16", "bswap32", "abs")],
+    *[(name, "", f"q[0] = __builtin_{name}(u[1]);", False) for name in ("popcountl", "popcountll", "clzll", "ctzll",
+                                                                        "ffsll", "bswap64")],
+    ("memcpy", "", "__builtin_memcpy(p, p + 1, 4);", False),
+    ("memset", "", "__builtin_memset(p, 0, 4);", False),
+    ("memcmp", "", "q[0] = __builtin_memcmp(p, p + 1, 4);", False),
+    ("strlen", "", 'q[0] = __builtin_strlen("ab");', False),
+    ("offsetof", "struct WithB { int a; float b; }; ", "q[0] = __builtin_offsetof(WithB, b);", "13.5"),
+    ("launder", "", "int* a = __builtin_launder(q); a[0] = 1;", False),
+    ("constant_p", "", "q[0] = __builtin_constant_p(q[1]);", "13.5"),
+    ("add_overflow", "", "int r; q[0] = __builtin_add_overflow(q[1], q[2], &r); q[3] = r;", "13.5"),
+    ("sub_overflow", "", "int r; q[0] = __builtin_sub_overflow(q[1], q[2], &r); q[3] = r;", "13.5"),
+    ("mul_overflow", "", "int r; q[0] = __builtin_mul_overflow(q[1], q[2], &r); q[3] = r;", "13.5"),
+    *[(name, "", f"p[0] = __builtin_{name}();", False) for name in ("huge_valf", "huge_val", "inff", "inf")],
+    *[(name, "", f'p[0] = __builtin_{name}("");', False) for name in ("nanf", "nan")],
+    ("signbit", "", "q[0] = __builtin_signbit(p[0]);", False),
+    ("isnormal", "", "q[0] = __builtin_isnormal(p[0]);", False),
+    ("fpclassify", "", "q[0] = __builtin_fpclassify(0, 1, 2, 3, 4, p[0]);", False),
+    ("isless", "", "q[0] = __builtin_isless(p[0], p[1]) + __builtin_isunordered(p[0], p[1]);", False),
+    *[(f"{name}{suffix}", "", f"p[0] = __builtin_{name}{suffix}({_MATH_BUILTIN_ARGS.get(name, 'p[1]')});", False)
+      for name in MATH_BUILTINS for suffix in ("", "f")],
+    ("prefetch", "", "__builtin_prefetch(p); p[0] = 1;", False),
+    ("alloca", "", "int* a = (int*)__builtin_alloca(8); a[0] = 1; q[0] = a[0];", False),
+    ("frame_address", "", "u[0] = (unsigned long long)__builtin_frame_address(0);", False),
+    ("return_address", "", "u[0] = (unsigned long long)__builtin_return_address(0);", False),
+    ("vector_size", "typedef float f4v __attribute__((vector_size(16))); ", "f4v a = {1, 2, 3, 4}; p[0] = a[1];", False),
+    ("shuffle", "typedef int i4v __attribute__((vector_size(16))); ",
+     "i4v a = {1, 2, 3, 4}, m = {3, 2, 1, 0}; i4v r = __builtin_shuffle(a, m); q[0] = r[0];", False),
+    ("va_start", "__device__ int first(int n, ...) { __builtin_va_list ap; __builtin_va_start(ap, n); "
+                 "int s = __builtin_va_arg(ap, int); __builtin_va_end(ap); return s; } ", "q[0] = first(1, 2);", False),
+    ("sync_fetch_and_add", "", "q[0] = __sync_fetch_and_add(q + 1, 1);", False),
+    ("sync_synchronize", "", "__sync_synchronize(); q[0] = 1;", False),
+    ("atomic_fetch_add", "", "q[0] = __atomic_fetch_add(q + 1, 1, 0);", False),
+    ("atomic_load_n", "", "q[0] = __atomic_load_n(q + 1, 0);", False),
+    ("atomic_store_n", "", "__atomic_store_n(q + 1, 1, 0);", False),
+    ("memory_order", "", "q[0] = __ATOMIC_RELAXED;", False),
+    ("typeof", "", "__typeof__(q[0]) t = 1; q[0] = t;", False),
+    ("extension", "", "__extension__ long long x = 1; q[0] = x;", False),
+    ("local_label", "", "{ __label__ out; if (q[0]) goto out; q[1] = 1; out: ; }", False),
+    ("complex", "", "_Complex float c; __real__ c = 1; __imag__ c = 2; p[0] = __imag__ c;", False),
+    ("float128", "", "__float128 x = p[0]; p[1] = (float)x;", False),
+]
+# GNU syntax g++ warns of only (-Wpedantic, -Wc++20-extensions): refused after the build, each line named
+GNU_SYNTAX = [
+    ("statement_expression", "", "q[0] = ({ int t = q[1]; t * 2; });", "a statement expression"),
+    ("case_range", "", "switch (q[0]) { case 1 ... 3: q[1] = 1; break; default: q[1] = 0; }", "a case range"),
+    ("computed_goto", "", "void* t = &&done; goto *t; done: q[0] = 1;", "a computed goto"),
+    ("omitted_middle", "", "q[0] = q[1] ?: q[2];", "a conditional with its middle operand omitted"),
+    ("zero_length_array", "struct Zero { int n; int data[0]; }; ", "q[0] = sizeof(Zero);", "an array of size zero"),
+    ("flexible_array", "struct Flexible { int n; int data[]; }; ", "q[0] = sizeof(Flexible);",
+     "a flexible array member"),
+    ("designated_initializer", "struct Point { int x, y; }; ", "Point d = {.x = 1, .y = 2}; q[0] = d.x + d.y;",
+     "a designated initializer"),
+]
+
+
+def _builtin_source(prelude: str, body: str, kernel: str = "k") -> str:
+    return (f'{prelude}extern "C" __global__ void {kernel}(float* p, int* q, unsigned long long* u) '
+            f"{{ {body} }}\n")
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_verdicts_on_gcc_builtins_and_gnu_extensions(have_nvrtc, which):
+    rows = [*BUILTINS, *[(name, prelude, body, False) for name, prelude, body, _ in GNU_SYNTAX]]
+    verdicts = nvrtc_verdicts(which, {name: _builtin_source(prelude, body) for name, prelude, body, _ in rows})
+    wrong = {name: verdicts[name][1] for name, _, _, compiles in rows
+             if verdicts[name][0] != {"newer": which != "oldest", "13.5": which == "cuda13"}.get(compiles, compiles)}
+    assert not wrong, wrong
+
+
+def test_nvrtc_takes_designated_initializers_from_cpp20_on(have_nvrtc):
+    _, prelude, body, _ = next(row for row in GNU_SYNTAX if row[0] == "designated_initializer")
+    res = nvrtc.compile_source(_builtin_source(prelude, body), 80, filename="probe.cu",
+                               options=nvrtc.module_options(80, ("-std=c++20",)), name_expressions=[])
+    assert res.ok, res.log
+
+
+def test_the_emulator_refuses_the_gcc_builtins_nvrtc_lacks_naming_the_line_and_what_to_write():
+    # before: each compiled and ran here (g++ has them all), and NVRTC refused it on a GPU
+    refused = [row for row in BUILTINS if row[3] in (False, "13.5")]
+    code = "".join(_builtin_source(prelude, body, f"k{i}") for i, (_, prelude, body, _) in enumerate(refused))
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="gnu.cu")
+    text = str(info.value)
+    for line, (name, _, _, _) in enumerate(refused, 1):
+        assert re.search(rf"^gnu\.cu:{line}:\d+: error: .*(?:is GCC's, which NVRTC does not have|is not available in "
+                         "device code)", text, re.M), (name, text)
+    assert ("__builtin_popcount is GCC's, which NVRTC does not have (NVRTC refuses it: 'identifier "
+            "\"__builtin_popcount\" is undefined'); write __popc(x), or __popcll(x) for 64 bits") in text
+    assert "__builtin_inff is GCC's" in text and "write CUDART_INF_F from <math_constants.h>" in text
+    assert "__builtin_sqrtf is GCC's" in text and "the math functions are built in: drop __builtin_" in text
+    assert "__attribute__((vector_size)) is not available in device code" in text
+    assert "__float128 is not available in device code (NVRTC refuses it too" in text
+
+
+def test_the_emulator_refuses_gnu_syntax_naming_each_line():
+    # before: g++ compiled each (with no warning but for the designated initializer), and NVRTC refused it
+    code = "".join(_builtin_source(prelude, body, f"k{i}") for i, (_, prelude, body, _) in enumerate(GNU_SYNTAX))
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=code, target="sim", filename="syntax.cu")
+    text = str(info.value)
+    for line, (name, _, _, what) in enumerate(GNU_SYNTAX, 1):
+        assert re.search(rf"^syntax\.cu:{line}:\d+: error: {what}\b.* is a GNU extension, which NVRTC refuses",
+                         text, re.M), (name, text)
+    assert len(re.findall("^syntax.cu:", text, re.M)) == len(GNU_SYNTAX), text   # one refusal per place
+    assert "call a lambda in place" in text
+    # under C++20, as NVRTC does, the designated initializer compiles
+    _, prelude, body, _ = GNU_SYNTAX[-1]
+    llmcupy.RawModule(code=_builtin_source(prelude, body), options=("-std=c++20",), target="sim").get_function("k")
+
+
+def test_gnu_syntax_in_the_kernels_own_header_is_refused(tmp_path):
+    (tmp_path / "mine.cuh").write_text("__device__ int twice(int x) { return ({ int t = x; 2 * t; }); }\n")
+    with pytest.raises(sim_compiler.SimCompileError, match=r"mine\.cuh:1:\d+: error: a statement expression"):
+        llmcupy.RawModule(code='#include "mine.cuh"\n' + _builtin_source("", "q[0] = twice(q[1]);"),
+                          options=(f"-I{tmp_path}",), target="sim")
+
+
+def test_the_emulator_takes_and_computes_the_builtins_nvrtc_takes():
+    accepted = [row for row in BUILTINS if row[3] in (True, "newer")]
+    code = "".join(_builtin_source(prelude, body, f"b_{name}") for name, prelude, body, _ in accepted)
+    mod = llmcupy.RawModule(code=code, target="sim")
+    p = np.array([np.nan, -np.inf, 2.0, -1.0], np.float32)
+    q = np.zeros(4, np.int32)
+    u = np.zeros(2, np.uint64)
+    mod.get_function("b_isnan_isinf_isfinite")((1,), (1,), (p, q, u))
+    assert q[0] == 1 + 2 + 4
+    p[:] = [0, 3, -1, 0]
+    mod.get_function("b_copysign")((1,), (1,), (p, q, u))
+    assert p[0] == -3 - 1
+    p[0] = 1.0
+    mod.get_function("b_bit_cast")((1,), (1,), (p, q, u))
+    assert q[0] == 0x3F800000
+    # __builtin_expect keeps its value; __builtin_unreachable on a path never taken
+    q[0] = 1
+    mod.get_function("b_expect")((1,), (1,), (p, q, u))
+    assert p[0] == 1
+    # --device-float128, as NVRTC (for sm_100 and newer), lets __float128 through
+    float128 = next(row for row in BUILTINS if row[0] == "float128")
+    llmcupy.RawModule(code=_builtin_source(float128[1], float128[2]), options=("--device-float128",), target="sim")
+
+
+# What the refusals advise, in one kernel: it compiles under every NVRTC and in the emulator, and computes there
+# what the builtins it replaces compute
+BUILTINS_ADVISED = r"""
+#include <cuda/std/cmath>
+#include <cuda/std/cstring>
+#include <cuda/std/cstddef>
+#include <math_constants.h>
+struct WithB { int a; float b; };
+extern "C" __global__ void advised(float* p, int* q, unsigned long long* u) {
+    unsigned x = (unsigned)q[0];
+    q[1] = __popc(x) + (__popcll(u[0]) << 8);
+    q[2] = __clz(x) + (__clzll(u[0]) << 8);
+    q[3] = (__ffs(x) - 1) + ((__ffsll(u[0]) - 1) << 8);
+    q[4] = __popc(x) & 1;
+    q[5] = (int)__byte_perm(x, 0, 0x0123);
+    q[6] = (int)__byte_perm(x, 0, 0x4401);
+    q[7] = (int)offsetof(WithB, b) + (int)cuda::std::strlen("ab") + abs(-1);
+    p[0] = CUDART_INF_F;
+    p[1] = INFINITY;
+    p[2] = CUDART_NAN_F + NAN;
+    p[3] = signbit(p[4]) + sqrtf(4.0f) + fabsf(-1.0f);
+    memcpy(p + 5, p + 3, sizeof(float));
+    if (q[0] < 0) __trap();
+    __threadfence();
+    atomicAdd(q + 8, 1);
+    int one = 1;
+    decltype(one) t = one;
+    q[9] = t;
+}
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_what_the_builtin_refusals_advise_compiles_under_nvrtc(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"advised": BUILTINS_ADVISED})["advised"]
+    assert ok, log
+
+
+def test_what_the_builtin_refusals_advise_computes_as_the_builtins(libcuxx_mode):
+    mod = llmcupy.RawModule(code=BUILTINS_ADVISED, target="sim")
+    x = 0x00F0_1234
+    p = np.zeros(6, np.float32)
+    p[4] = -2.0
+    q = np.zeros(10, np.int32)
+    q[0] = x
+    u = np.array([0x0000_0100_0000_0000], np.uint64)
+    mod.get_function("advised")((1,), (1,), (p, q, u))
+    assert q[1] == bin(x).count("1") + (1 << 8)
+    assert q[2] == 8 + (23 << 8)
+    assert q[3] == 2 + (40 << 8)
+    assert q[4] == bin(x).count("1") & 1
+    assert q[5] == int.from_bytes(x.to_bytes(4, "little"), "big")
+    assert q[6] == 0x3412
+    assert q[7] == 4 + 2 + 1
+    assert np.isinf(p[0]) and np.isinf(p[1]) and np.isnan(p[2])
+    assert p[3] == 1 + 2 + 1 and p[5] == p[3]
+    assert q[8] == 1 and q[9] == 1

@@ -971,8 +971,10 @@ def _crash():
     # __builtin_trap (SIGILL) kills the process: the emulator turns only SIGSEGV/SIGBUS in kernel
     # code into an exception, so this stands for any crash a launch cannot survive. (The child
     # inherits pytest's faulthandler, which would print a Python traceback of this expected crash.)
+    # Through a -D macro: written in the kernel's source, __builtin_trap is refused (NVRTC lacks it).
     faulthandler.disable()
-    mod = module(r"""__global__ void trap(float* x) { if (threadIdx.x == 5) __builtin_trap(); x[0] = 1.0f; }""")
+    mod = module(r"""__global__ void trap(float* x) { if (threadIdx.x == 5) GCC_TRAP(); x[0] = 1.0f; }""",
+                 options=("-DGCC_TRAP=__builtin_trap",))
     mod.get_function("trap")((1,), (32,), (np.zeros(1, np.float32),))
     return {"ok": True}
 

@@ -660,7 +660,91 @@ _REFUSED_WORDS = {
     "__int128": ('128-bit integer type is only supported in Linux with the "--device-int128" flag in NVRTC',
                  "pass the option --device-int128 (NVRTC and the emulator take it), or use unsigned long long "
                  "with __umul64hi"),
+    "__float128": ('128-bit floating point type is only supported in Linux with the "--device-float128" flag in '
+                   "NVRTC", "use double (NVRTC takes --device-float128 for sm_100 and newer only)"),
 }
+
+# GCC's builtins and GNU keywords that g++ takes in any C++ and NVRTC does not know (NVRTC 12.4, 12.9 and 13.5:
+# 'identifier "__builtin_popcount" is undefined'; measured row by row in tests/test_nvrtc_parity.py, BUILTINS).
+# Refused where the kernel's source writes one, as _REFUSED_WORDS are: never in a header of the emulator or of
+# libcu++, which use them freely (and whose macros, such as INFINITY, expand to some in the kernel's source).
+# NVRTC does take __builtin_expect, __builtin_assume, __builtin_assume_aligned, __builtin_unreachable,
+# __builtin_bit_cast, __builtin_addressof, __builtin_is_constant_evaluated, __builtin_isnan, __builtin_isinf,
+# __builtin_isfinite and __builtin_copysign(f); and from 12.9 on __builtin_FILE, __builtin_LINE, __builtin_FUNCTION.
+_BUILT_IN_MATH = "the math functions are built in: drop __builtin_ (sqrtf, expf, fabsf, ...)"
+_ATOMICS = "CUDA's atomic functions are built in (atomicAdd, atomicCAS, atomicExch, ...), or include <cuda/std/atomic>"
+_MATH_FUNCTIONS = """acos acosh asin asinh atan atan2 atanh cbrt ceil cos cosh erf erfc exp exp10 exp2 expm1 fabs fdim
+    floor fma fmax fmin fmod hypot ldexp lgamma log log10 log1p log2 logb nearbyint nextafter pow remainder rint
+    round sin sinh sqrt tan tanh tgamma trunc""".split()
+BUILTINS_NVRTC_LACKS = {
+    **dict.fromkeys(("__builtin_popcount", "__builtin_popcountl", "__builtin_popcountll"),
+                    "write __popc(x), or __popcll(x) for 64 bits"),
+    **dict.fromkeys(("__builtin_clz", "__builtin_clzl", "__builtin_clzll"), "write __clz(x), or __clzll(x) for 64 bits"),
+    **dict.fromkeys(("__builtin_ctz", "__builtin_ctzl", "__builtin_ctzll"),
+                    "write __ffs(x) - 1, or __ffsll(x) - 1 for 64 bits (x != 0)"),
+    **dict.fromkeys(("__builtin_ffs", "__builtin_ffsl", "__builtin_ffsll"), "write __ffs(x), or __ffsll(x) for 64 bits"),
+    **dict.fromkeys(("__builtin_parity", "__builtin_parityl", "__builtin_parityll"),
+                    "write __popc(x) & 1, or __popcll(x) & 1 for 64 bits"),
+    **dict.fromkeys(("__builtin_bswap16", "__builtin_bswap32", "__builtin_bswap64"),
+                    "write __byte_perm(x, 0, 0x0123), which reverses the 4 bytes of x (__byte_perm(x, 0, 0x4401) the "
+                    "low 2); for 64 bits, reverse each half and swap them"),
+    **dict.fromkeys(("__builtin_memcpy", "__builtin_memset"), "memcpy() and memset() are built in: drop __builtin_"),
+    **dict.fromkeys(("__builtin_memcmp", "__builtin_strlen"), "write the loop, or call cuda::std::memcmp or "
+                                                              "cuda::std::strlen after including <cuda/std/cstring>"),
+    "__builtin_trap": "write __trap(), or assert()",
+    "__builtin_launder": "drop it: use the pointer itself",
+    "__builtin_offsetof": "write offsetof after including <cuda/std/cstddef> (NVRTC 13.5 alone has __builtin_offsetof)",
+    "__builtin_constant_p": "drop it (NVRTC 13.5 alone has it); __builtin_is_constant_evaluated() is built in",
+    **dict.fromkeys(("__builtin_add_overflow", "__builtin_sub_overflow", "__builtin_mul_overflow"),
+                    "compute in a wider type and compare (NVRTC 13.5 alone has these), or __umulhi / __umul64hi for "
+                    "the high bits of a product"),
+    **dict.fromkeys(("__builtin_inff", "__builtin_huge_valf"),
+                    "write CUDART_INF_F from <math_constants.h>, or INFINITY after including <cuda/std/cmath>"),
+    **dict.fromkeys(("__builtin_inf", "__builtin_huge_val"), "write CUDART_INF from <math_constants.h>"),
+    "__builtin_nanf": "write CUDART_NAN_F from <math_constants.h>, or NAN after including <cuda/std/cmath>",
+    "__builtin_nan": "write CUDART_NAN from <math_constants.h>",
+    "__builtin_signbit": "signbit() is built in: drop __builtin_",
+    "__builtin_abs": "abs() is built in: drop __builtin_",
+    **{f"__builtin_{name}{suffix}": _BUILT_IN_MATH for name in _MATH_FUNCTIONS for suffix in ("", "f")},
+    **dict.fromkeys(("__builtin_isnormal", "__builtin_fpclassify"),
+                    "write cuda::std::isnormal or cuda::std::fpclassify after including <cuda/std/cmath>"),
+    **dict.fromkeys(("__builtin_isless", "__builtin_isunordered"), "compare with <, or test isnan()"),
+    "__builtin_prefetch": "drop it: a GPU thread has no prefetch hint for it (load the data into shared memory "
+                          "first, or use cuda::memcpy_async)",
+    "__builtin_alloca": "use a local array of a constant size, malloc(), or dynamic shared memory",
+    **dict.fromkeys(("__builtin_frame_address", "__builtin_return_address"),
+                    "drop it: device code has no use for the stack's addresses"),
+    "__builtin_shuffle": "CUDA's vector types (float4, int4, ...) are structs: build the result from .x, .y, .z, .w "
+                         "(__shfl_sync shuffles across a warp's threads)",
+    **dict.fromkeys(("__builtin_va_list", "__builtin_va_start", "__builtin_va_arg", "__builtin_va_end"),
+                    "write a variadic template (template <class... T>), which NVRTC takes"),
+    **dict.fromkeys(("__sync_fetch_and_add", "__sync_fetch_and_sub", "__sync_fetch_and_or", "__sync_fetch_and_and",
+                     "__sync_add_and_fetch", "__sync_val_compare_and_swap", "__sync_bool_compare_and_swap",
+                     "__sync_lock_test_and_set"), _ATOMICS),
+    "__sync_synchronize": "write __threadfence()",
+    **dict.fromkeys(("__atomic_fetch_add", "__atomic_fetch_sub", "__atomic_fetch_or", "__atomic_fetch_and",
+                     "__atomic_add_fetch", "__atomic_load_n", "__atomic_store_n", "__atomic_exchange_n",
+                     "__atomic_compare_exchange_n", "__atomic_thread_fence"), _ATOMICS),
+    **dict.fromkeys(("__ATOMIC_RELAXED", "__ATOMIC_ACQUIRE", "__ATOMIC_RELEASE", "__ATOMIC_ACQ_REL",
+                     "__ATOMIC_SEQ_CST"), "write cuda::std::memory_order_relaxed, ... after including "
+                                         "<cuda/std/atomic>"),
+    "__typeof__": "write decltype",
+    "__typeof": "write decltype",
+    "__extension__": "drop it",
+    "__label__": "drop it, and give each label a name of its own in the function",
+    **dict.fromkeys(("_Complex", "__complex__", "__real__", "__imag__"),
+                    "use cuda::std::complex after including <cuda/std/complex> (.real(), .imag())"),
+}
+# `__attribute__((vector_size(16)))`: NVRTC warns 'unknown attribute "vector_size"' and drops it, so the type is
+# its element type there ('too many initializer values' at the first {1, 2, 3, 4})
+_VECTOR_SIZE = re.compile(r"\b__attribute__\s*\(\((?:[^()]|\([^()]*\))*?\b(?P<word>(?:__)?vector_size(?:__)?)\s*\(")
+_VECTOR_SIZE_REFUSAL = (
+    "__attribute__((vector_size)) is not available in device code (NVRTC ignores it, 'unknown attribute "
+    "\"vector_size\"', and the type is its element type there); use CUDA's vector types (float4, int4, ..., "
+    "make_float4), which are structs with .x, .y, .z, .w")
+# a candidate for BUILTINS_NVRTC_LACKS (one pass over the source, not one per name)
+_GNU_WORD = re.compile(r"\b(?:__builtin_|__sync_|__atomic_|__ATOMIC_|__typeof|__extension__|__label__|_Complex|"
+                       r"__complex__|__real__|__imag__)\w*")
 
 
 # A lambda annotated __device__ or __host__ (`[] __device__ (float x) {...}`): NVRTC 12 asks for nvcc's
@@ -764,15 +848,18 @@ def _misplaced_grid_constants(text: str):
 
 
 def rewrite_refused_words(code: str, options=()) -> str:
-    """Line-preserving: each word of _REFUSED_WORDS in the source is preceded by a preprocessor error
-    saying why NVRTC refuses it (``__int128`` is allowed with ``--device-int128``, as under NVRTC); so is a
+    """Line-preserving: each word of _REFUSED_WORDS and BUILTINS_NVRTC_LACKS in the source is preceded by a
+    preprocessor error saying why NVRTC refuses it (``__int128`` is allowed with ``--device-int128``, as under
+    NVRTC); so is a vector_size attribute, a
     lambda marked __device__/__host__, a __grid_constant__ other than on a kernel's const parameter, and a kernel with both
     __launch_bounds__ and __maxnreg__."""
     words = [w for w in _REFUSED_WORDS if w in code]
-    if "__int128" in words and any(isinstance(o, str) and o.lstrip("-") == "device-int128" for o in options or ()):
-        words.remove("__int128")
+    for word in ("__int128", "__float128"):
+        if word in words and any(isinstance(o, str) and o.lstrip("-") == f"device-{word[2:]}" for o in options or ()):
+            words.remove(word)
     annotated = "__device__" in code or "__host__" in code or "__grid_constant__" in code
-    if not words and not annotated and "__maxnreg__" not in code:
+    gnu = any(m.group(0) in BUILTINS_NVRTC_LACKS for m in _GNU_WORD.finditer(code)) or "vector_size" in code
+    if not words and not annotated and "__maxnreg__" not in code and not gnu:
         return code
     text = _LITERAL.sub(lambda m: " " * len(m.group(0)), blank_comments(code))
     refusals = []   # (position, message)
@@ -781,6 +868,14 @@ def rewrite_refused_words(code: str, options=()) -> str:
             nvrtc_says, advice = _REFUSED_WORDS[m.group(0)]
             refusals.append((m.start(), f"{m.group(0)} is not available in device code (NVRTC refuses it too: "
                                         f"{nvrtc_says}); {advice}"))
+    if gnu:
+        for m in _GNU_WORD.finditer(text):
+            if m.group(0) not in BUILTINS_NVRTC_LACKS:
+                continue
+            refusals.append((m.start(), f"{m.group(0)} is GCC's, which NVRTC does not have (NVRTC refuses it: "
+                                        f"'identifier \"{m.group(0)}\" is undefined'); "
+                                        f"{BUILTINS_NVRTC_LACKS[m.group(0)]}"))
+        refusals += [(m.start("word"), _VECTOR_SIZE_REFUSAL) for m in _VECTOR_SIZE.finditer(text)]
     if annotated:
         refusals += [(m.start() + m.group(0).index("_"), _LAMBDA_REFUSAL) for m in _ANNOTATED_LAMBDA.finditer(text)]
         refusals += list(_misplaced_grid_constants(text))
@@ -1876,6 +1971,7 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
         + "".join(f"#undef {name}\n" for name in MACROS_NVRTC_LACKS)
         + user_macros
         + '#include "llmcupy_sim_nvrtc_names.h"\n'   # std:: and the C library as NVRTC has them (NAMES_NVRTC_LACKS)
+        + '#pragma GCC diagnostic warning "-Wpedantic"\n'   # GNU syntax NVRTC refuses (_GNU_SYNTAX)
         + f'#line 1 "{safe_name}"\n'
         f"{body}\n"
         + _constant_bank_check(scanned, safe_name)
@@ -1896,6 +1992,9 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=_compiler_env())
         if proc.returncode == 0 and _GCC_AMBIGUITY_EXTENSION in proc.stderr:
             raise SimCompileError(f"the emulator could not compile {filename}:\n{_compiler_says(proc.stderr)}")
+        gnu_syntax = _gnu_syntax_refusals(proc.stderr) if proc.returncode == 0 else []
+        if gnu_syntax:
+            raise SimCompileError(f"the emulator could not compile {filename}:\n" + "\n".join(gnu_syntax))
         if proc.returncode != 0:
             from .platform import refused_option
             refused_option(cxx, proc.stderr)   # the compiler refused the emulator's own options
@@ -1949,6 +2048,48 @@ _LITERAL = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
 # the emulator makes it an error too, in the words g++ uses for the other ambiguous calls.
 _GCC_AMBIGUITY_EXTENSION = ("warning: ISO C++ says that these are ambiguous, even though the worst conversion for "
                             "the first is better than the worst conversion for the second:")
+
+
+# GNU syntax that g++ takes in C++ with a -Wpedantic warning (turned on for the kernel's source and its own headers,
+# after the emulator's header) and NVRTC refuses (12.4, 12.9 and 13.5; tests/test_nvrtc_parity.py, GNU_SYNTAX):
+# g++'s words (any quotes) -> (NVRTC's, what to write instead). Designated initializers warn without -Wpedantic,
+# and only below C++20, as NVRTC refuses them only there.
+_GNU_SYNTAX = {
+    r"ISO C\+\+ forbids braced-groups within expressions": (
+        "a statement expression ({ ... })", "expected an expression",
+        "call a lambda in place, [&] { ...; return value; }(), or a __device__ function"),
+    r"range expressions in switch statements are non-standard": (
+        "a case range (case 1 ... 3:)", 'expected a ":"', "write a case label per value, or an if"),
+    r"taking the address of a label is non-standard|ISO C\+\+ forbids computed gotos": (
+        "a computed goto (&&label, goto *p)", "expected an expression", "use a switch"),
+    r"ISO C\+\+ does not allow .\?:. with omitted middle operand|ISO C\+\+ forbids omitting the middle term": (
+        "a conditional with its middle operand omitted (a ?: b)", "expected an expression", "write a ? a : b"),
+    r"ISO C\+\+ forbids zero-size array": (
+        "an array of size zero", "the size of an array must be greater than zero",
+        "give the array a size of at least 1, or keep a pointer to the data"),
+    r"ISO C\+\+ forbids flexible array member": (
+        "a flexible array member (int data[];)", "incomplete type is not allowed",
+        "give the array its size, or keep a pointer to the data"),
+    r"C\+\+ designated initializers only available with": (
+        "a designated initializer ({.x = 1}) below C++20", "expected an expression",
+        "list the values in order ({1, 2}), or pass -std=c++20, under which NVRTC takes them"),
+}
+_GNU_SYNTAX_WARNING = re.compile(r"^(?P<where>[^\n]*?:\d+:\d+): warning: (?P<said>(?:%s)[^\n]*)"
+                                 % "|".join(f"(?:{k})" for k in _GNU_SYNTAX), re.M)
+
+
+def _gnu_syntax_refusals(stderr: str) -> list[str]:
+    """An error per GNU extension of _GNU_SYNTAX that g++ warned of in the kernel's source or its own headers
+    (one per place; the emulator's headers are not the kernel's)."""
+    refusals = {}
+    for m in _GNU_SYNTAX_WARNING.finditer(stderr):
+        where = m.group("where")
+        if where.startswith(str(INCLUDE_DIR)) or where.rsplit(":", 1)[0] in refusals:
+            continue
+        what, nvrtc_says, advice = next(v for k, v in _GNU_SYNTAX.items() if re.match(k, m.group("said")))
+        refusals[where.rsplit(":", 1)[0]] = (f"{where}: error: {what} is a GNU extension, which NVRTC refuses "
+                                             f"('{nvrtc_says}'); {advice}")
+    return list(refusals.values())
 
 
 def _compiler_says(stderr: str) -> str:
@@ -2058,10 +2199,17 @@ def _unsupported_features(stderr: str) -> str:
     std_advice = _std_advice(stderr)
     if std_advice:
         said.append(std_advice)
-    if re.search(r"error: variable[ -]length array", stderr):   # g++'s and clang's words for -Werror=vla
+    # g++'s and clang's words for -Werror=vla (g++'s under -Wpedantic, which the kernel's source has: "ISO C++ forbids")
+    if re.search(r"error: (?:ISO C\+\+ forbids )?variable[ -]length array", stderr):
         said.append("a local array sized at run time is not CUDA: NVRTC refuses it ('expression must have a "
                     "constant value'); size it with a constant (a template parameter, a constexpr, 32 rather "
                     "than warpSize), or use dynamic shared memory or a buffer passed as an argument")
+    # a float with a double where CUDA has a float and a double overload (fmax(x, 0.0)): under -Wpedantic (the kernel's
+    # source has it) g++ refuses the call itself, where it would otherwise take it with _GCC_AMBIGUITY_EXTENSION's warning
+    if re.search(r"error: call of overloaded .\w+\((?:float&?, double|double, float&?)\). is ambiguous", stderr):
+        said.append("NVRTC refuses such a call too ('more than one instance of overloaded function matches the "
+                    "argument list'): convert an argument so that one overload matches, as fmaxf(x, 0.0f) or "
+                    "fmax((double)x, 0.0)")
     if re.search(r"error: exception handling disabled", stderr):   # g++'s words for -fno-exceptions; clang's:
         said.append("exceptions are not CUDA: NVRTC refuses them ('device code does not support exception "
                     "handling'); report a failure through an output (an error flag) or stop with assert()")
