@@ -1264,10 +1264,9 @@ def translate_options(options, filename: str = "kernel.cu") -> tuple[list[str], 
 # them as builtins and folds a call with constant arguments into a constant, so LLMCUPY_SIM_CONSTANT_INIT took
 # it here. As plain functions they compile to calls of the same C library (no change in value); fabsf, sqrtf and
 # copysignf, which g++ would otherwise inline, become calls too.
-_C_MATH_FUNCTIONS = """acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh erf erfc exp exp2 exp10 expm1
-    fabs fdim floor fma fmax fmin fmod frexp gamma hypot ilogb j0 j1 jn ldexp lgamma llrint llround log log10 log1p
-    log2 logb lrint lround modf nan nearbyint nextafter nexttoward pow pow10 remainder remquo rint round scalb scalbln
-    scalbn significand sin sincos sinh sqrt tan tanh tgamma trunc y0 y1 yn""".split()
+# (those of BUILTINS_NVRTC_LACKS's __builtin_NAME, and the rest of the C library's and glibc's math)
+_C_MATH_FUNCTIONS = _MATH_FUNCTIONS + """copysign frexp gamma ilogb j0 j1 jn llrint llround lrint lround modf nan
+    nexttoward pow10 remquo scalb scalbln scalbn significand sincos y0 y1 yn""".split()
 _UNFOLDED_MATH_FLAGS = tuple(f"-fno-builtin-{name}{suffix}" for name in _C_MATH_FUNCTIONS for suffix in ("", "f")) + (
     "-fno-builtin-abs", "-fno-builtin-labs", "-fno-builtin-llabs")
 GPU_LANGUAGE_FLAGS = ("-fsigned-char", *_UNFOLDED_MATH_FLAGS)
