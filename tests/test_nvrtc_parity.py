@@ -1372,8 +1372,8 @@ def test_every_header_a_kernel_can_include_turns_the_renames_off_inside():
 
 
 def test_the_renames_list_the_same_names_everywhere():
-    def names(file, pattern):
-        return re.findall(pattern, (NAMES_HEADERS / file).read_text())
+    def names(file, pattern):   # less the count of open headers (predefined macros: the host's inside)
+        return [n for n in re.findall(pattern, (NAMES_HEADERS / file).read_text()) if n != "LLMCUPY_SIM_HEADER_DEPTH"]
     expected = list(sim_compiler.NAMES_NVRTC_LACKS)
     assert names("llmcupy_sim_nvrtc_names.h", r"#define (\w+) llmcupy_nvrtc_no_\1\n") == expected
     assert names("llmcupy_sim_nvrtc_names_off.h", r'#pragma push_macro\("(\w+)"\)') == ["std", *expected]
@@ -1673,6 +1673,99 @@ def test_the_emulator_defines_nvrtcs_version_macros(libcuxx_mode, arch):
         module = llmcupy.RawModule(code=head + VERSION_MACROS, target="sim", options=options)
         module.get_function("branch")((1,), (1,), (p,))
         assert p[0] == 1, head
+
+
+# ----------------------------------------------------------------------------------------------
+# predefined macros: the host compiler's (__GNUC__, __x86_64__, ...) are not NVRTC's (__EDG__, __cpp_exceptions)
+
+def _host_only_macros() -> list[str]:
+    """The host compiler's predefined macros (under the emulator's language options) that NVRTC does not define,
+    less the limits and formats of types (sim_compiler.VALUE_MACROS: FLT_MAX is __FLT_MAX__, ...)."""
+    cxx = os.environ.get("CXX", "g++")
+    host = sim_compiler._macro_definitions([cxx, "-std=c++17", "-O2", "-fPIC", "-pthread", "-fno-exceptions",
+                                            "-fno-rtti", "-fsigned-char"], os.devnull)
+    nvrtc_has = {**sim_compiler.NVRTC_PREDEFINED_MACROS, **sim_compiler.NVRTC_CXX17_MACROS}
+    return sorted(name for name in host if not sim_compiler.VALUE_MACROS.fullmatch(name) and name not in nvrtc_has)
+
+
+def _host_macros_absent(but=()) -> str:
+    return "".join(f"#ifdef {name}\n#error \"{name} is defined\"\n#endif\n" for name in _host_only_macros()
+                   if name not in but) + KERNEL
+
+
+def _nvrtc_macros_present(edg_version: str = ">= 603") -> str:
+    # NVRTC 12.0 has __EDG_VERSION__ 603 (the emulator's); 12.4, 12.9 and 13.5 605, 606 and 608
+    checks = [f"#if !defined({name}) || !({name} {'== ' + value if name != '__EDG_VERSION__' else edg_version})\n"
+              f"#error \"{name} is not {value}\"\n#endif\n"
+              for name, value in {**sim_compiler.NVRTC_PREDEFINED_MACROS, **sim_compiler.NVRTC_CXX17_MACROS}.items()]
+    return "".join(checks) + KERNEL
+
+
+def test_the_host_lists_hundreds_of_macros_nvrtc_lacks():
+    # the premise of the tests below: the host compiler's list is read (g++ 12 on x86-64: 146 of them)
+    names = _host_only_macros()
+    assert len(names) > 100 and "__SIZEOF_INT128__" in names, names
+    assert re.search(r"^__(GNUC|clang)__$", "\n".join(names), re.M), names
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_has_none_of_the_host_compilers_macros_and_its_own(have_nvrtc, which):
+    # 13.5 adds C++14's __cpp_digit_separators; the emulator presents 12.0, which lacks it, as 12.4 and 12.9 do
+    but = ("__cpp_digit_separators",) if which == "cuda13" else ()
+    verdicts = nvrtc_verdicts(which, {"absent": _host_macros_absent(but), "present": _nvrtc_macros_present()})
+    assert verdicts["absent"][0], verdicts["absent"][1][-3000:]
+    assert verdicts["present"][0], verdicts["present"][1][-3000:]
+
+
+# a kernel's #if on them, before and after the emulator's headers (which read the system's headers with the host's
+# macros back on), and the macros of those headers that expand to a host macro
+PREDEFINED_BRANCHES = r"""
+#if defined(__GNUC__) || defined(__x86_64__) || defined(__aarch64__) || defined(__SIZEOF_INT128__) \
+    || defined(__OPTIMIZE__) || defined(__linux__) || defined(__clang__) || defined(__BYTE_ORDER__)
+#define HOST 1
+#else
+#define HOST 0
+#endif
+#include <cuda/std/cfloat>
+#include <cuda/std/climits>
+#include <cooperative_groups.h>
+#include <cuda/std/cmath>
+#if defined(__GNUC__) || defined(__x86_64__) || defined(__SIZEOF_INT128__)
+#define HOST_AFTER 1
+#else
+#define HOST_AFTER 0
+#endif
+extern "C" __global__ void branches(float* p, int* q) {
+#if __cpp_exceptions && __EDG__
+    q[0] = HOST + 2 * HOST_AFTER;
+#else
+    q[0] = 8;
+#endif
+    q[1] = INT_MAX; q[2] = CHAR_BIT; p[0] = FLT_MAX; p[1] = DBL_EPSILON;
+}
+#ifndef __GNUC__
+extern "C" __global__ void only_without_gnuc(int* q) { q[0] = 1; }
+#endif
+"""
+
+
+def test_a_kernel_sees_nvrtcs_predefined_macros_not_the_hosts(libcuxx_mode):
+    assert sim_compiler.compiled_kernel_names(PREDEFINED_BRANCHES) == ["branches", "only_without_gnuc"]
+    for source in (_host_macros_absent(), _nvrtc_macros_present("== 603")):
+        llmcupy.RawModule(code=source, target="sim")
+    module = llmcupy.RawModule(code=PREDEFINED_BRANCHES, target="sim")
+    p, q = np.zeros(2, np.float32), np.zeros(3, np.int32)
+    module.get_function("branches")((1,), (1,), (p, q))
+    assert q.tolist() == [0, 2**31 - 1, 8]
+    assert p.tolist() == [np.finfo(np.float32).max, np.finfo(np.float64).eps]
+    module.get_function("only_without_gnuc")((1,), (1,), (q,))
+    assert q[0] == 1
+
+
+def test_a_predefined_macro_the_options_set_is_the_options(libcuxx_mode):
+    # -D and -U win, as under NVRTC: a kernel's own choice is not undone
+    source = "#if __GNUC__ != 3 || defined(__EDG__)\n#error \"the options' macros\"\n#endif\n" + KERNEL
+    llmcupy.RawModule(code=source, target="sim", options=("-D__GNUC__=3", "-U__EDG__"))
 
 
 # ----------------------------------------------------------------------------------------------

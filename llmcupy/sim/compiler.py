@@ -847,6 +847,10 @@ def _misplaced_grid_constants(text: str):
             yield m.start(), _GRID_CONSTANT_REFUSAL
 
 
+_CONDITIONAL_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(?:if|ifdef|ifndef|elif|elifdef|elifndef|undef)\b(?:\\\n|[^\n])*",
+                                   re.M)
+
+
 def rewrite_refused_words(code: str, options=()) -> str:
     """Line-preserving: each word of _REFUSED_WORDS and BUILTINS_NVRTC_LACKS in the source is preceded by a
     preprocessor error saying why NVRTC refuses it (``__int128`` is allowed with ``--device-int128``, as under
@@ -883,6 +887,11 @@ def rewrite_refused_words(code: str, options=()) -> str:
         for m in _GLOBAL_FN.finditer(text):
             if "__launch_bounds__" in m.group(0) and "__maxnreg__" in m.group(0):
                 refusals.append((m.start() + m.group(0).index("__maxnreg__"), _MAXNREG_REFUSAL))
+    # a word an #if or #ifdef only tests (`#ifdef __ATOMIC_RELAXED`) is no use of it: NVRTC takes the test (it has
+    # no such macro, and neither has the kernel's source here: predefined_macro_modes)
+    tests = [m.span() for m in _CONDITIONAL_DIRECTIVE.finditer(text)]
+    refusals = [(position, said) for position, said in refusals
+                if not any(start <= position < end for start, end in tests)]
     out, last = [], 0
     for position, said in sorted(refusals):
         message = said.replace("\\", "\\\\").replace('"', '\\"')
@@ -1403,6 +1412,101 @@ MACROS_NVRTC_LACKS = {
                                    "of your own"),
 }
 
+# The predefined macros of NVRTC 12.0 (the CUDA the emulator presents; measured with the 12.0.76 wheel) that g++
+# lacks, or defines with another value: NVRTC is EDG's front end, and says it has exceptions and RTTI although
+# device code may use neither (a kernel's `#if __cpp_exceptions` takes the branch NVRTC then refuses; so does the
+# emulator, which compiles with -fno-exceptions -fno-rtti). NVRTC 12.4, 12.9 and 13.5 define the same but __EDG_VERSION__ (605, 606, 608), and
+# 13.5 adds __cpp_digit_separators (tests/test_nvrtc_parity.py keeps measuring them). NVRTC_CXX17_MACROS: the
+# feature macros of its C++17 (CuPy's default -std), with their values: a host macro among them with the same
+# value stays as it is.
+NVRTC_PREDEFINED_MACROS = {
+    "__EDG__": "1", "__EDG_VERSION__": "603", "__EDG_IA64_ABI": "1", "__EDG_RUNTIME_USES_NAMESPACES": "1",
+    "__EDG_TYPE_TRAITS_ENABLED": "1", "__cpp_exceptions": "199711", "__cpp_rtti": "199711", "__EXCEPTIONS": "1",
+    "__RTTI": "1", "_BOOL": "1", "_WCHAR_T": "1", "__ARRAY_OPERATORS": "1", "__VARIADIC_TEMPLATES": "1",
+    "__LP64__": "1", "__PRAGMA_REDEFINE_EXTNAME": "1", "__STDCPP_DEFAULT_NEW_ALIGNMENT__": "16",
+    "__STDC_HOSTED__": "1", "__STDC__": "1",
+}
+NVRTC_CXX17_MACROS = dict(item.split("=") for item in """__cplusplus=201703 __cpp_aggregate_bases=201603
+    __cpp_aggregate_nsdmi=201304 __cpp_alias_templates=200704 __cpp_aligned_new=201606 __cpp_attributes=200809
+    __cpp_binary_literals=201304 __cpp_capture_star_this=201603 __cpp_constexpr=201603 __cpp_decltype=200707
+    __cpp_decltype_auto=201304 __cpp_deduction_guides=201703 __cpp_delegating_constructors=200604
+    __cpp_enumerator_attributes=201411 __cpp_fold_expressions=201603 __cpp_generic_lambdas=201304
+    __cpp_guaranteed_copy_elision=201606 __cpp_hex_float=201603 __cpp_if_constexpr=201606
+    __cpp_inheriting_constructors=201511 __cpp_init_captures=201304 __cpp_initializer_lists=200806
+    __cpp_inline_variables=201606 __cpp_lambdas=200907 __cpp_namespace_attributes=201411
+    __cpp_nested_namespace_definitions=201411 __cpp_noexcept_function_type=201510 __cpp_nontype_template_args=201411
+    __cpp_nontype_template_parameter_auto=201606 __cpp_nsdmi=200809 __cpp_range_based_for=201603
+    __cpp_raw_strings=200710 __cpp_ref_qualifiers=200710 __cpp_return_type_deduction=201304
+    __cpp_rvalue_references=200610 __cpp_sized_deallocation=201309 __cpp_static_assert=201411
+    __cpp_structured_bindings=201606 __cpp_template_template_args=201611 __cpp_threadsafe_static_init=200806
+    __cpp_unicode_characters=200704 __cpp_unicode_literals=200710 __cpp_user_defined_literals=200809
+    __cpp_variable_templates=201304 __cpp_variadic_templates=200704 __cpp_variadic_using=201611""".split())
+# The host's predefined macros a kernel still sees: the limits and formats of its types, which the C library's
+# public macros and the emulator's stand-ins expand to (FLT_MAX is __FLT_MAX__, INT64_MAX __INT64_MAX__,
+# ATOMIC_INT_LOCK_FREE __GCC_ATOMIC_INT_LOCK_FREE, ...), for a kernel that includes <cuda/std/cfloat> and writes
+# FLT_MAX. NVRTC lacks them too; a kernel writes them by these names only by mistake.
+VALUE_MACROS = re.compile(r"__(FLT|DBL|LDBL)\w*__|__U?INT\w*_C|__\w+_(MAX|MIN|WIDTH)__|__CHAR_BIT__|__DECIMAL_DIG__|"
+                          r"__GCC_ATOMIC_\w+_LOCK_FREE")
+_MACRO_DEFINITION = re.compile(r"#define (\w+)(\([^)]*\))? ?(.*)")
+
+
+def _macro_definitions(command: list[str], source: str) -> dict[str, str]:
+    """{name: the rest of its #define line} after the preprocessor has read ``source`` (g++ -dM)."""
+    proc = subprocess.run([*command, "-dM", "-E", "-x", "c++", source], capture_output=True, text=True,
+                          env=_compiler_env())
+    if proc.returncode != 0:
+        raise SimCompileError(f"the host compiler could not list its predefined macros:\n{proc.stderr[-2000:]}")
+    return {m[1]: (m[2] or "") + " " + m[3] for m in map(_MACRO_DEFINITION.match, proc.stdout.splitlines()) if m}
+
+
+def _same_value(host: str, nvrtc: str) -> bool:
+    return re.sub(r"(?<=\d)[uUlL]+$", "", host.strip()) == nvrtc
+
+
+@functools.lru_cache(maxsize=16)
+def predefined_macro_modes(command: tuple[str, ...]) -> tuple[str, str]:
+    """(kernel mode, header mode): the #undef and #define lines that give the kernel's source NVRTC's predefined
+    macros, and the emulator's headers the host compiler's again.
+
+    The host compiler predefines some 400 macros NVRTC does not (__GNUC__, __linux__, __x86_64__,
+    __SIZEOF_INT128__, __OPTIMIZE__, ...; NVRTC 12.4, 12.9 and 13.5 define none of them), so a kernel's
+    `#ifdef __GNUC__` or `#ifdef __SIZEOF_INT128__` took another branch here than on a GPU. ``command`` is the
+    compile command; the user's -D and -U names are left as the options set them. Kept: VALUE_MACROS."""
+    user = {flag[2:].partition("=")[0] for flag in command if flag.startswith(("-D", "-U"))}
+    # a pre-include's macros are not the compiler's (the -D ones are the options', and stay as they set them)
+    flags = [flag for k, flag in enumerate(command) if flag != "-include" and (k == 0 or command[k - 1] != "-include")]
+    predefined = {name: definition for name, definition in _macro_definitions(flags, os.devnull).items()
+                  if name not in user}
+    kept = {name for name in predefined if VALUE_MACROS.fullmatch(name)}
+    standard = next((f[5:] for f in reversed(flags) if f.startswith("-std=")), "c++17")
+    cxx17 = standard in ("c++17", "gnu++17")
+    nvrtc = {**NVRTC_PREDEFINED_MACROS, **(NVRTC_CXX17_MACROS if cxx17 else {})}
+    kernel, header = [], []
+    for name in sorted((set(predefined) | set(nvrtc)) - user - kept):   # the options' -D and -U hold
+        if not cxx17 and name.startswith(("__cpp_", "__cplusplus")) and name not in nvrtc:
+            continue   # another C++ standard's feature macros: NVRTC's are measured for C++17 only
+        if name in predefined and name in nvrtc and _same_value(predefined[name], nvrtc[name]):
+            continue
+        kernel.append(f"#undef {name}" + (f"\n#define {name} {nvrtc[name]}" if name in nvrtc else ""))
+        header.append(f"#undef {name}" + (f"\n#define {name}{predefined[name]}" if name in predefined else ""))
+    return "\n".join(kernel) + "\n", "\n".join(header) + "\n"
+
+
+def predefined_macros_prefix(command: list[str], tmp: Path) -> str:
+    """Where the kernel's source starts: NVRTC's predefined macros instead of the host compiler's, and the names of
+    the two files that switch between them (llmcupy_sim_nvrtc_names_off.h and _on.h include them)."""
+    try:
+        kernel, header = predefined_macro_modes(tuple(command))
+    except SimCompileError:
+        return ""   # the host's macros stay: the compile that follows fails too, and says why
+    # a system header: g++ warns of each #undef of a __STDC_ macro elsewhere, in the output of a failed build
+    (tmp / "llmcupy_sim_kernel_macros.h").write_text("#pragma GCC system_header\n" + kernel)
+    (tmp / "llmcupy_sim_header_macros.h").write_text("#pragma GCC system_header\n" + header)
+    return (f'#define LLMCUPY_SIM_HEADER_MACROS "{(tmp / "llmcupy_sim_header_macros.h").absolute()}"\n'
+            f'#define LLMCUPY_SIM_KERNEL_MACROS "{(tmp / "llmcupy_sim_kernel_macros.h").absolute()}"\n'
+            "#include LLMCUPY_SIM_KERNEL_MACROS\n")
+
+
 # The host's std namespace and C library, which the headers under llmcupy_sim.h declare and NVRTC does not
 # (NVRTC 12.4, 12.9 and 13.5: 'namespace "std" has no member "min"', 'identifier "uint32_t" is undefined';
 # tests/test_nvrtc_parity.py keeps measuring each). Where the user's source starts, `std` becomes the
@@ -1594,7 +1698,11 @@ def _preprocessed_source(command: list[str], prefix: str, code: str, safe_name: 
     if _LINE_DIRECTIVE.search(code):
         return None   # its own #line directives renumber the lines: the markers would not map back
     src = tmp / "scan.cpp"
-    src.write_text(f'{prefix}{_KEEP_KEYWORDS}#line 1 "{safe_name}"\n{code}\n')
+    try:
+        macros = predefined_macros_prefix(command, tmp)
+    except OSError:
+        return None
+    src.write_text(f'{prefix}{macros}{_KEEP_KEYWORDS}#line 1 "{safe_name}"\n{code}\n')
     proc = subprocess.run([*command, "-E", str(src), "-o", str(tmp / "scan.i")], capture_output=True, text=True,
                           cwd=tmp, env=_compiler_env())
     if proc.returncode != 0:
@@ -1964,6 +2072,8 @@ def _compile_and_publish(cxx, base_flags, check_flags, flags, includes, volatile
     unit = (
         prefix
         + "#define LLMCUPY_SIM_USER_SOURCE 1\n"   # from here on a host header is refused (HOST_HEADERS)
+        # the host compiler's predefined macros off, NVRTC's on (back to the host's inside the emulator's headers)
+        + predefined_macros_prefix(command, tmp)
         # as NVRTC lacks them; those a libcu++ header defines under NVRTC are kept for its stand-in's (or
         # wrapper's) pop_macro, and those the real libcu++'s host code uses for its wrappers (sim/libcuxx.py)
         + "".join(f"#pragma push_macro(\"{name}\")\n" for name in kept)

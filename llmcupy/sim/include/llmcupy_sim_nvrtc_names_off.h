@@ -1,6 +1,18 @@
 // The emulator's own code in a header a kernel includes: the renames of std and of the host C library's names
 // where the kernel's source starts (NAMES_NVRTC_LACKS in sim/compiler.py, which lists the same names) are off
 // until llmcupy_sim_nvrtc_names_on.h at the header's end. No include guard: every header includes it.
+// The kernel's source has NVRTC's predefined macros, not the host compiler's (__GNUC__, __x86_64__, ...; see
+// predefined_macro_modes in sim/compiler.py, which writes the two files named below): the outermost of these
+// headers turns the host's back on for the system headers it reads, and its llmcupy_sim_nvrtc_names_on.h turns
+// them off again. LLMCUPY_SIM_HEADER_DEPTH is pushed once per header open, so a nested header changes nothing.
+#ifdef LLMCUPY_SIM_HEADER_MACROS
+#ifndef LLMCUPY_SIM_HEADER_DEPTH
+#include LLMCUPY_SIM_HEADER_MACROS
+#endif
+#pragma push_macro("LLMCUPY_SIM_HEADER_DEPTH")
+#undef LLMCUPY_SIM_HEADER_DEPTH
+#define LLMCUPY_SIM_HEADER_DEPTH 1
+#endif
 #pragma push_macro("std")
 #undef std
 #pragma push_macro("int8_t")

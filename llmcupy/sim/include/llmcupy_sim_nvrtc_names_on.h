@@ -121,3 +121,10 @@
 #undef FP_NORMAL
 #define FP_NORMAL 4
 #endif
+// the outermost header closes: the kernel's predefined macros again (llmcupy_sim_nvrtc_names_off.h)
+#ifdef LLMCUPY_SIM_KERNEL_MACROS
+#pragma pop_macro("LLMCUPY_SIM_HEADER_DEPTH")
+#ifndef LLMCUPY_SIM_HEADER_DEPTH
+#include LLMCUPY_SIM_KERNEL_MACROS
+#endif
+#endif
