@@ -1350,7 +1350,7 @@ def test_the_fp_categories_and_comparisons_have_cudas_values_in_the_emulator(lib
 NAMES_HEADERS = sim_compiler.INCLUDE_DIR
 # the emulator's own internals, which llmcupy_sim.h includes before the kernel's source starts
 _INTERNALS = {"llmcupy_sim.h", "llmcupy_sim_check.h", "llmcupy_sim_metrics.h", "llmcupy_sim_switch.h",
-              "llmcupy_sim_nvrtc_names.h", "llmcupy_sim_nvrtc_names_off.h", "llmcupy_sim_nvrtc_names_on.h",
+              "llmcupy_sim_cudart_types.h", "llmcupy_sim_nvrtc_names.h", "llmcupy_sim_nvrtc_names_off.h", "llmcupy_sim_nvrtc_names_on.h",
               # and the pieces of the real libcu++'s wrappers (test_sim_libcuxx.py checks those)
               "llmcupy_sim_libcuxx_begin.h", "llmcupy_sim_libcuxx_end.h", "llmcupy_sim_libcuxx_cudart.h"}
 
@@ -1447,6 +1447,148 @@ def test_the_emulator_compiles_each_device_function_call():
     # before: the directed-rounding forms (__fadd_rz, __dmul_ru, __ll2float_rd, __double2ull_rn, ...), __fns,
     # __brkpt and __builtin_assume were "not declared in this scope" here, though NVRTC compiles them
     llmcupy.RawModule(code=_CALLS_SOURCE, target="sim")
+
+
+# ----------------------------------------------------------------------------------------------
+# the CUDA runtime's types and enumerators: NVRTC declares them in every kernel without an include (its built-in
+# driver_types.h, texture_types.h, library_types.h, ...), and none of the runtime's functions
+
+# (name, the body of k(int* p), NVRTC compiles it: True, False, "12" where NVRTC 12.4 and 12.9 do and 13.5 does not,
+# or "12.9+" where 12.9 and 13.5 do and 12.4 does not; the emulator refuses both, as one of the NVRTCs does)
+CUDART_TYPES = [
+    ("error_t", "cudaError_t e = cudaSuccess; p[0] = (int)e;", True),
+    ("error_enum", "cudaError e = cudaErrorMemoryAllocation; p[0] = e;", True),
+    ("error_compare", "cudaError_t e = (cudaError_t)p[1]; p[0] = e == cudaErrorLaunchFailure || e == cudaErrorAssert;",
+     True),
+    ("stream", "cudaStream_t s = 0; p[0] = s == 0;", True),
+    ("handles", "cudaEvent_t e = 0; cudaGraph_t g = 0; cudaGraphNode_t n = 0; cudaGraphExec_t x = 0; "
+                "cudaArray_t a = 0; cudaMemPool_t m = 0; cudaKernel_t k = 0; cudaFunction_t f = 0; "
+                "p[0] = !e + !g + !n + !x + !a + !m + !k + !f;", True),
+    ("memcpy_kind", "cudaMemcpyKind k = cudaMemcpyHostToDevice; p[0] = k;", True),
+    ("device_attr", "cudaDeviceAttr a = cudaDevAttrMaxThreadsPerBlock; p[0] = a + cudaDevAttrComputeCapabilityMajor;",
+     True),
+    ("limit_cache_memory_type", "p[0] = cudaLimitStackSize + cudaFuncCachePreferShared + cudaMemoryTypeDevice + "
+                                "cudaSharedMemBankSizeFourByte + cudaFuncAttributeMaxDynamicSharedMemorySize;", True),
+    ("access_property", "cudaAccessProperty a = cudaAccessPropertyStreaming; p[0] = a;", True),
+    ("capture_status", "cudaStreamCaptureStatus s = cudaStreamCaptureStatusActive; p[0] = s + cudaStreamCaptureModeRelaxed;",
+     True),
+    ("data_type", "cudaDataType t = CUDA_R_32F; cudaDataType_t u = CUDA_R_16BF; p[0] = t + u;", True),
+    ("round_mode", "cudaRoundMode r = cudaRoundZero; p[0] = r + cudaComputeModeProhibited;", True),
+    ("extent", "cudaExtent e; e.width = 1; e.height = 2; e.depth = 3; p[0] = (int)(e.width + e.height + e.depth);", True),
+    ("extent_braces", "cudaExtent e = {1, 2, 3}; cudaPos q = {4, 5, 6}; p[0] = (int)(e.depth + q.z);", True),
+    ("pitched_ptr", "cudaPitchedPtr q; q.ptr = p; q.pitch = 4; q.xsize = 1; q.ysize = 1; p[0] = (int)q.pitch;", True),
+    ("channel_desc", "cudaChannelFormatDesc d; d.x = 8; d.f = cudaChannelFormatKindFloat; p[0] = d.x + d.f;", True),
+    ("func_attributes", "cudaFuncAttributes a; a.numRegs = 3; a.maxThreadsPerBlock = 256; a.sharedSizeBytes = 0; "
+                        "p[0] = a.numRegs + a.maxThreadsPerBlock + (int)a.sharedSizeBytes;", True),
+    ("device_prop", "cudaDeviceProp d; d.warpSize = 32; d.major = 8; d.multiProcessorCount = 108; d.name[0] = 0; "
+                    "p[0] = sizeof(cudaDeviceProp) > 0 && d.warpSize + d.major + d.multiProcessorCount;", True),
+    ("uuid", "cudaUUID_t u; u.bytes[0] = 1; p[0] = sizeof(cudaUUID_t) + u.bytes[0];", True),
+    # the handles of texture and surface objects are declared; reading through one is refused (below)
+    ("texture_object", "cudaTextureObject_t t = 0; cudaSurfaceObject_t s = 1; p[0] = (int)(t + s + sizeof(t));", True),
+    # CUDA 13 removed cudaLaunchParams and device properties such as clockRate
+    ("launch_params", "p[0] = sizeof(cudaLaunchParams);", "12"),
+    ("device_prop_clock_rate", "cudaDeviceProp d; d.clockRate = 1; p[0] = d.clockRate;", "12"),
+    # enumerators CUDA added after 12.4
+    ("newer_error", "p[0] = cudaErrorInvalidResourceType;", "12.9+"),
+    ("newer_device_attr", "p[0] = cudaDevAttrGpuPciDeviceId;", "12.9+"),
+    # the runtime's functions: host code; and the driver API's names
+    *[(f"{name}", f"p[0] = sizeof(&{name});", False) for name in sim_compiler.CUDA_RUNTIME_FUNCTIONS],
+    ("make_cuda_extent", "cudaExtent e = make_cudaExtent(1, 2, 3); p[0] = (int)e.depth;", False),
+    ("make_cuda_pitched_ptr", "cudaPitchedPtr q = make_cudaPitchedPtr(p, 4, 1, 1); p[0] = (int)q.pitch;", False),
+    ("make_cuda_pos", "cudaPos q = make_cudaPos(1, 2, 3); p[0] = (int)q.z;", False),
+    ("cuda_version", "p[0] = CUDA_VERSION;", False),
+    ("cu_result", "CUresult r = CUDA_SUCCESS; p[0] = r;", False),
+]
+
+
+def _cudart_source(body: str, kernel: str = "k") -> str:
+    return f'extern "C" __global__ void {kernel}(int* p) {{ {body} }}\n'
+
+
+CUDART_HEADER = sim_compiler.INCLUDE_DIR / "llmcupy_sim_cudart_types.h"
+
+
+def _cudart_values_source() -> str:
+    """A static_assert of each enumerator the emulator declares, with the emulator's value, and a sizeof of each type
+    it declares: NVRTC compiles it only where it declares the same names with the same values."""
+    header = re.sub(r"//[^\n]*", "", CUDART_HEADER.read_text())
+    enumerators = re.findall(r"\b(\w+) = (\d+)", header)
+    types = re.findall(r"typedef [^;{}]*?(\w+);", header) + re.findall(r"struct (\w+) \{", header)
+    assert len(enumerators) > 250 and len(types) > 25, (len(enumerators), types)
+    return "".join([*(f'static_assert({name} == {value}, "{name}");\n' for name, value in enumerators),
+                    *(f'static_assert(sizeof({name}) > 0, "{name}");\n' for name in types),
+                    _cudart_source("p[0] = cudaSuccess;")])
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_nvrtc_verdicts_on_the_cuda_runtimes_types(have_nvrtc, which):
+    sources = {name: _cudart_source(body) for name, body, _ in CUDART_TYPES}
+    sources["emulators_values"] = _cudart_values_source()
+    verdicts = nvrtc_verdicts(which, sources)
+    expected = {name: which != "cuda13" if compiles == "12" else which != "oldest" if compiles == "12.9+" else compiles
+                for name, _, compiles in CUDART_TYPES}
+    wrong = {name: verdicts[name][1] for name, compiles in expected.items() if verdicts[name][0] != compiles}
+    assert not wrong, wrong
+    # every enumerator and type the emulator declares, NVRTC declares, with the same value
+    assert verdicts["emulators_values"][0], verdicts["emulators_values"][1][:3000]
+
+
+def test_the_emulator_takes_the_cuda_runtimes_types_where_nvrtc_does_and_only_there():
+    # before: "'cudaError_t' was not declared in this scope", and the same for each of these NVRTC takes
+    taken = [row for row in CUDART_TYPES if row[2] is True]
+    llmcupy.RawModule(code="".join(_cudart_source(body, f"k{i}") for i, (_, body, _) in enumerate(taken)),
+                      target="sim", filename="cudart.cu").get_function("k0")
+    llmcupy.RawModule(code=_cudart_values_source(), target="sim", filename="values.cu").get_function("k")
+    for name, body, compiles in CUDART_TYPES:
+        if compiles is not True:
+            # each refusal says what NVRTC says, but g++'s own for a field CUDA 13 removed and the driver API's names
+            said = None if name in ("device_prop_clock_rate", "cuda_version", "cu_result") else "NVRTC"
+            with pytest.raises(sim_compiler.SimCompileError, match=said):
+                llmcupy.RawModule(code=_cudart_source(body), target="sim", filename=f"{name}.cu")
+
+
+def test_a_runtime_function_or_missing_runtime_name_is_refused_naming_what_to_do():
+    for name in ("cudaGetLastError", "cudaMalloc", "cudaDeviceSynchronize", "cudaGetErrorString"):
+        with pytest.raises(sim_compiler.SimCompileError) as info:
+            llmcupy.RawModule(code=_cudart_source(f"p[0] = sizeof(&{name});"), target="sim", filename="rt.cu")
+        assert f"'{name}': the CUDA runtime API is host code, which a RawModule source does not hold" in str(info.value)
+    with pytest.raises(sim_compiler.SimCompileError) as info:
+        llmcupy.RawModule(code=_cudart_source("p[0] = sizeof(cudaLaunchParams);"), target="sim", filename="rt.cu")
+    assert re.search(r"^rt\.cu:1:\d+: error: .*cudaLaunchParams", str(info.value), re.M), str(info.value)
+    assert ("'cudaLaunchParams': the emulator declares the CUDA runtime's types and enumerators that NVRTC 12.4 to "
+            "13.5 all declare") in str(info.value)
+    with pytest.raises(sim_compiler.SimCompileError, match=r"'make_cudaExtent': NVRTC declares the CUDA runtime's "
+                                                          r"cudaExtent, .* as in cudaExtent e = \{width, height, depth\};"):
+        llmcupy.RawModule(code=_cudart_source("cudaExtent e = make_cudaExtent(1, 2, 3); p[0] = e.depth;"), target="sim")
+    # a texture object compiles as NVRTC's handle; reading through one is what the emulator refuses
+    with pytest.raises(sim_compiler.SimCompileError, match=r"'tex1Dfetch': texture objects are not emulated"):
+        llmcupy.RawModule(code="__global__ void k(cudaTextureObject_t t, float* o) { o[0] = tex1Dfetch<float>(t, 0); }",
+                          target="sim")
+
+
+# what a kernel writes of the runtime's enumerators (NVRTC 12.4, 12.9 and 13.5 give these values)
+CUDART_VALUES = r"""
+extern "C" __global__ void cudart_values(int* p) {
+    cudaError_t e = cudaErrorLaunchFailure;
+    p[0] = e; p[1] = cudaErrorIllegalAddress; p[2] = cudaErrorAssert; p[3] = cudaErrorUnknown;
+    p[4] = cudaMemcpyDeviceToHost; p[5] = cudaDevAttrMaxSharedMemoryPerBlockOptin; p[6] = CUDA_R_16BF;
+    p[7] = cudaAccessPropertyPersisting; p[8] = sizeof(cudaTextureObject_t); p[9] = sizeof(cudaExtent) / sizeof(size_t);
+    cudaStream_t s = 0;
+    p[10] = s == 0 && e != cudaSuccess;
+}
+"""
+
+
+@pytest.mark.parametrize("which", WHICH)
+def test_the_cudart_values_kernel_compiles_under_nvrtc(have_nvrtc, which):
+    ok, log = nvrtc_verdicts(which, {"values": CUDART_VALUES})["values"]
+    assert ok, log
+
+
+def test_the_emulator_gives_the_cuda_runtimes_enumerators_cudas_values():
+    out = np.zeros(11, np.int32)
+    llmcupy.RawModule(code=CUDART_VALUES, target="sim").get_function("cudart_values")((1,), (1,), (out,))
+    assert out.tolist() == [719, 700, 710, 999, 2, 97, 14, 2, 8, 3, 1]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2221,24 +2221,50 @@ def _ambiguity_as_error(stderr: str) -> str:
         "below): convert an argument so that one overload matches, as fmaxf(x, 0.0f) or fmax((double)x, 0.0)")
 
 
+# The CUDA runtime's functions a kernel is most likely to call: host code, which NVRTC does not declare
+# (NVRTC 12.4 to 13.5: 'identifier "cudaMalloc" is undefined'; tests/test_nvrtc_parity.py, CUDART_TYPES). Another
+# cuda... name the emulator lacks gets _CUDART_NAME_ADVICE.
+CUDA_RUNTIME_FUNCTIONS = (
+    "cudaMalloc", "cudaFree", "cudaMemcpy", "cudaMemcpyAsync", "cudaMemset", "cudaDeviceSynchronize", "cudaGetLastError",
+    "cudaPeekAtLastError", "cudaGetErrorString", "cudaGetErrorName", "cudaStreamCreate", "cudaStreamSynchronize",
+    "cudaEventCreate", "cudaEventRecord", "cudaEventSynchronize", "cudaEventElapsedTime", "cudaMallocManaged",
+    "cudaMallocHost", "cudaFreeHost", "cudaMemcpyToSymbol", "cudaGetDevice", "cudaSetDevice", "cudaGetDeviceProperties",
+    "cudaDeviceGetAttribute", "cudaFuncSetAttribute", "cudaLaunchKernel", "cudaMallocAsync", "cudaFreeAsync",
+    "cudaOccupancyMaxActiveBlocksPerMultiprocessor")
+
+# A cuda... name neither declared here nor one of CUDA_RUNTIME_FUNCTIONS: another runtime function (host code), or
+# a type or enumerator the emulator leaves out (llmcupy_sim_cudart_types.h declares those that NVRTC 12.4 to 13.5
+# all declare and a kernel has a use for)
+_CUDART_NAME_ADVICE = (
+    "the emulator declares the CUDA runtime's types and enumerators that NVRTC 12.4 to 13.5 all declare in every "
+    "kernel and a kernel has a use for (cudaError_t and the cudaError... values, cudaStream_t, cudaMemcpyKind, "
+    "cudaDeviceAttr, cudaDataType, cudaExtent, ...), not this name: a runtime function is host code, which NVRTC "
+    "lacks too ('identifier is undefined'), so launch and copy from Python; for another type or enumerator (of the "
+    "host API's options, or one only some CUDA releases declare), write its value or declare it in the source")
+
 # CUDA names the emulator does not define, by the feature they belong to: g++ only says "'X' was not
 # declared in this scope", which reads like a missing #include.
 _UNSUPPORTED = {
-    **dict.fromkeys(("cudaTextureObject_t", "tex1Dfetch", "tex1D", "tex2D", "tex3D", "tex1DLayered",
+    # the handles cudaTextureObject_t and cudaSurfaceObject_t are declared (llmcupy_sim_cudart_types.h, as NVRTC
+    # declares them): a kernel that takes one and never reads through it runs the same
+    **dict.fromkeys(("tex1Dfetch", "tex1D", "tex2D", "tex3D", "tex1DLayered",
                      "tex2DLayered", "texCubemap", "tex2Dgather", "tex2DLod", "texture"),
                     "texture objects are not emulated: pass the data as a const pointer (read with __ldg if "
                     "you like), which runs on both backends"),
     # the host C library's macros, which NVRTC lacks too (MACROS_NVRTC_LACKS)
     **{name: f"NVRTC does not define {name} either (NVRTC {NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: 'identifier "
              f"\"{name}\" is undefined'): {what}" for name, what in MACROS_NVRTC_LACKS.items()},
-    **dict.fromkeys(("cudaSurfaceObject_t", "surf1Dread", "surf1Dwrite", "surf2Dread", "surf2Dwrite", "surf3Dread",
+    **dict.fromkeys(("surf1Dread", "surf1Dwrite", "surf2Dread", "surf2Dwrite", "surf3Dread",
                      "surf3Dwrite"),
                     "surface objects are not emulated: pass the data as a pointer"),
-    **dict.fromkeys(("cudaMalloc", "cudaFree", "cudaMemcpy", "cudaMemcpyAsync", "cudaMemset", "cudaDeviceSynchronize",
-                     "cudaGetLastError", "cudaStreamCreate", "cudaEventRecord", "cudaMallocManaged"),
+    **dict.fromkeys(CUDA_RUNTIME_FUNCTIONS,
                     "the CUDA runtime API is host code, which a RawModule source does not hold (NVRTC compiles "
                     "device code only): allocate and copy with NumPy/CuPy arrays and launch from Python; "
                     "device-side runtime calls (dynamic parallelism) are not emulated"),
+    **dict.fromkeys(("make_cudaExtent", "make_cudaPitchedPtr", "make_cudaPos"),
+                    f"NVRTC declares the CUDA runtime's cudaExtent, cudaPitchedPtr and cudaPos but not their make_ "
+                    f"functions (NVRTC {NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: 'identifier is undefined'): set the "
+                    f"fields, as in cudaExtent e = {{width, height, depth}};"),
     **{f"llmcupy_nvrtc_no_{name}": f"'{name}' is the host C library's, which NVRTC does not have (NVRTC "
        f"{NVRTC_VERSIONS_WITHOUT_HOST_HEADERS}: 'identifier \"{name}\" is undefined'), so this kernel would not "
        f"compile on a GPU; {what}" for name, what in NAMES_NVRTC_LACKS.items()},
@@ -2302,7 +2328,7 @@ def _unsupported_features(stderr: str) -> str:
         if header not in _UNSUPPORTED and header not in libcuxx.REFUSED:
             said.append(f"'{header}': {libcuxx.missing_header_hint()}")
     for name in names:
-        what = _UNSUPPORTED.get(name)
+        what = _UNSUPPORTED.get(name) or (_CUDART_NAME_ADVICE if re.fullmatch(r"cuda[A-Z]\w*", name) else None)
         if what and f"{what}" not in " ".join(said):
             said.append(what if name.startswith(("llmcupy_sim_", "llmcupy_nvrtc_no_")) else f"'{name}': {what}")
     std_advice = _std_advice(stderr)

@@ -202,6 +202,9 @@ struct dim3 {
     constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
+// the CUDA runtime's types and enumerators, which NVRTC declares in every kernel (cudaError_t, cudaStream_t, ...)
+#include "llmcupy_sim_cudart_types.h"
+
 namespace llmcupy_sim {
 
 // ---------------------------------------------------------------------------------------------
