@@ -1524,6 +1524,7 @@ def _cudart_values_source() -> str:
 def test_nvrtc_verdicts_on_the_cuda_runtimes_types(have_nvrtc, which):
     sources = {name: _cudart_source(body) for name, body, _ in CUDART_TYPES}
     sources["emulators_values"] = _cudart_values_source()
+    sources["cudart_values"] = CUDART_VALUES
     verdicts = nvrtc_verdicts(which, sources)
     expected = {name: which != "cuda13" if compiles == "12" else which != "oldest" if compiles == "12.9+" else compiles
                 for name, _, compiles in CUDART_TYPES}
@@ -1531,6 +1532,8 @@ def test_nvrtc_verdicts_on_the_cuda_runtimes_types(have_nvrtc, which):
     assert not wrong, wrong
     # every enumerator and type the emulator declares, NVRTC declares, with the same value
     assert verdicts["emulators_values"][0], verdicts["emulators_values"][1][:3000]
+    # the kernel the emulator runs below (test_the_emulator_gives_the_cuda_runtimes_enumerators_cudas_values)
+    assert verdicts["cudart_values"][0], verdicts["cudart_values"][1]
 
 
 def test_the_emulator_takes_the_cuda_runtimes_types_where_nvrtc_does_and_only_there():
@@ -1566,7 +1569,8 @@ def test_a_runtime_function_or_missing_runtime_name_is_refused_naming_what_to_do
                           target="sim")
 
 
-# what a kernel writes of the runtime's enumerators (NVRTC 12.4, 12.9 and 13.5 give these values)
+# what a kernel writes of the runtime's enumerators (NVRTC 12.4, 12.9 and 13.5 compile it and give these
+# values: test_nvrtc_verdicts_on_the_cuda_runtimes_types)
 CUDART_VALUES = r"""
 extern "C" __global__ void cudart_values(int* p) {
     cudaError_t e = cudaErrorLaunchFailure;
@@ -1577,12 +1581,6 @@ extern "C" __global__ void cudart_values(int* p) {
     p[10] = s == 0 && e != cudaSuccess;
 }
 """
-
-
-@pytest.mark.parametrize("which", WHICH)
-def test_the_cudart_values_kernel_compiles_under_nvrtc(have_nvrtc, which):
-    ok, log = nvrtc_verdicts(which, {"values": CUDART_VALUES})["values"]
-    assert ok, log
 
 
 def test_the_emulator_gives_the_cuda_runtimes_enumerators_cudas_values():

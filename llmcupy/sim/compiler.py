@@ -1412,13 +1412,13 @@ MACROS_NVRTC_LACKS = {
                                    "of your own"),
 }
 
-# The predefined macros of NVRTC 12.0 (the CUDA the emulator presents; measured with the 12.0.76 wheel) that g++
-# lacks, or defines with another value: NVRTC is EDG's front end, and says it has exceptions and RTTI although
-# device code may use neither (a kernel's `#if __cpp_exceptions` takes the branch NVRTC then refuses; so does the
-# emulator, which compiles with -fno-exceptions -fno-rtti). NVRTC 12.4, 12.9 and 13.5 define the same but __EDG_VERSION__ (605, 606, 608), and
+# The predefined macros of NVRTC 12.0 (the CUDA the emulator presents; measured with the 12.0.76 wheel), with its
+# values; a host macro of the same name and value stays as it is, every other is replaced (predefined_macro_modes).
+# NVRTC is EDG's front end, and says it has exceptions and RTTI although device code may use neither (a kernel's
+# `#if __cpp_exceptions` takes the branch NVRTC then refuses; so does the emulator, which compiles with
+# -fno-exceptions -fno-rtti). NVRTC 12.4, 12.9 and 13.5 define the same but __EDG_VERSION__ (605, 606, 608), and
 # 13.5 adds __cpp_digit_separators (tests/test_nvrtc_parity.py keeps measuring them). NVRTC_CXX17_MACROS: the
-# feature macros of its C++17 (CuPy's default -std), with their values: a host macro among them with the same
-# value stays as it is.
+# feature macros of its C++17 (CuPy's default -std).
 NVRTC_PREDEFINED_MACROS = {
     "__EDG__": "1", "__EDG_VERSION__": "603", "__EDG_IA64_ABI": "1", "__EDG_RUNTIME_USES_NAMESPACES": "1",
     "__EDG_TYPE_TRAITS_ENABLED": "1", "__cpp_exceptions": "199711", "__cpp_rtti": "199711", "__EXCEPTIONS": "1",
